@@ -1,0 +1,26 @@
+// Where a tensor lives. Expressions check that all operands agree.
+#pragma once
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace deft {
+
+enum class DeviceType : std::uint8_t { cpu, gpu };
+
+struct Device {
+  DeviceType type = DeviceType::cpu;
+  int index = 0;
+
+  friend constexpr bool operator==(const Device&, const Device&) = default;
+
+  std::string to_string() const {
+    return std::string(type == DeviceType::cpu ? "cpu(" : "gpu(") + std::to_string(index) + ")";
+  }
+  friend std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.to_string(); }
+};
+
+inline constexpr Device cpu(int index = 0) { return {DeviceType::cpu, index}; }
+inline constexpr Device gpu(int index = 0) { return {DeviceType::gpu, index}; }
+
+}  // namespace deft

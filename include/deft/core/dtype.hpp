@@ -1,0 +1,35 @@
+// The element types a tensor may hold and their names.
+#pragma once
+#include <concepts>
+#include <cstdint>
+#include <type_traits>
+
+namespace deft {
+
+enum class DType : std::uint8_t { float32, float64, int32, int64 };
+
+/// Element types deft tensors support.
+template <class T>
+concept Element = std::same_as<T, float> || std::same_as<T, double> ||
+                  std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t>;
+
+template <Element T>
+inline constexpr DType dtype_of = std::is_same_v<T, float>          ? DType::float32
+                                  : std::is_same_v<T, double>       ? DType::float64
+                                  : std::is_same_v<T, std::int32_t> ? DType::int32
+                                                                    : DType::int64;
+
+inline constexpr const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::float32: return "float32";
+    case DType::float64: return "float64";
+    case DType::int32: return "int32";
+    case DType::int64: return "int64";
+  }
+  return "unknown";
+}
+
+template <Element T>
+inline constexpr const char* dtype_name_of = dtype_name(dtype_of<T>);
+
+}  // namespace deft

@@ -1,0 +1,126 @@
+// Shape: a small, trivially copyable list of extents (rank <= max_rank), and numpy broadcasting.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <ostream>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "error.hpp"
+
+namespace deft {
+
+inline constexpr int max_rank = 8;
+
+class Shape {
+ public:
+  constexpr Shape() = default;
+  Shape(std::initializer_list<std::int64_t> dims) { assign(dims.begin(), dims.end()); }
+  explicit Shape(std::span<const std::int64_t> dims) { assign(dims.begin(), dims.end()); }
+  explicit Shape(const std::vector<std::int64_t>& dims) { assign(dims.begin(), dims.end()); }
+
+  DEFT_HD constexpr int rank() const { return rank_; }
+  DEFT_HD constexpr std::int64_t operator[](int i) const { return dims_[i]; }
+  DEFT_HD constexpr std::int64_t& operator[](int i) { return dims_[i]; }
+  const std::int64_t* begin() const { return dims_.data(); }
+  const std::int64_t* end() const { return dims_.data() + rank_; }
+
+  /// Number of elements (1 for a rank-0 shape).
+  DEFT_HD constexpr std::int64_t size() const {
+    std::int64_t n = 1;
+    for (int i = 0; i < rank_; ++i) n *= dims_[i];
+    return n;
+  }
+
+  void push_back(std::int64_t d) {
+    if (rank_ == max_rank) detail::raise("shape rank exceeds the maximum of ", max_rank);
+    check_extent(d);
+    dims_[rank_++] = d;
+  }
+
+  /// The shape without axis `axis` (or with it set to 1 when keep is true).
+  Shape without(int axis, bool keep = false) const {
+    Shape s;
+    for (int i = 0; i < rank_; ++i) {
+      if (i != axis) s.push_back(dims_[i]);
+      else if (keep) s.push_back(1);
+    }
+    return s;
+  }
+
+  friend constexpr bool operator==(const Shape& a, const Shape& b) {
+    if (a.rank_ != b.rank_) return false;
+    for (int i = 0; i < a.rank_; ++i)
+      if (a.dims_[i] != b.dims_[i]) return false;
+    return true;
+  }
+
+  /// "(2, 3)" as numpy writes shapes; "()" for a scalar.
+  std::string to_string() const {
+    std::string s = "(";
+    for (int i = 0; i < rank_; ++i) s += (i ? ", " : "") + std::to_string(dims_[i]);
+    if (rank_ == 1) s += ",";
+    return s + ")";
+  }
+  friend std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.to_string(); }
+
+ private:
+  template <class It>
+  void assign(It first, It last) {
+    for (; first != last; ++first) push_back(*first);
+    check_size();
+  }
+  static void check_extent(std::int64_t d) {
+    if (d < 0) detail::raise("negative extent ", d, " in a shape");
+  }
+  void check_size() const {
+    std::int64_t n = 1;
+    for (int i = 0; i < rank_; ++i) {
+      if (dims_[i] != 0 && n > std::numeric_limits<std::int64_t>::max() / dims_[i])
+        detail::raise<std::length_error>("shape ", to_string(), " has more elements than fit in 64 bits");
+      n *= dims_[i];
+    }
+  }
+
+  std::array<std::int64_t, max_rank> dims_{};
+  int rank_ = 0;
+};
+
+/// Row-major strides of a contiguous tensor of shape s.
+inline std::array<std::int64_t, max_rank> contiguous_strides(const Shape& s) {
+  std::array<std::int64_t, max_rank> st{};
+  std::int64_t acc = 1;
+  for (int i = s.rank() - 1; i >= 0; --i) {
+    st[i] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
+/// numpy broadcasting of two shapes; throws std::invalid_argument naming both.
+inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* what = "operands") {
+  const int r = a.rank() > b.rank() ? a.rank() : b.rank();
+  std::array<std::int64_t, max_rank> out{};
+  for (int i = 0; i < r; ++i) {
+    const int ia = a.rank() - r + i, ib = b.rank() - r + i;
+    const std::int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+    if (da != db && da != 1 && db != 1)
+      detail::raise("cannot broadcast ", what, " of shapes ", a.to_string(), " and ", b.to_string());
+    out[i] = da == 1 ? db : da;
+  }
+  return Shape(std::span<const std::int64_t>(out.data(), r));
+}
+
+/// Normalises a possibly negative axis for a tensor of rank r.
+inline int normalize_axis(int axis, int rank, const char* op) {
+  if (axis < -rank || axis >= rank)
+    detail::raise(op, ": axis ", axis, " is out of range for a tensor of rank ", rank);
+  return axis < 0 ? axis + rank : axis;
+}
+
+}  // namespace deft

@@ -1,0 +1,22 @@
+// deft: deferred tensors. One header for everything.
+//
+//   core/    shapes, dtypes, devices, errors
+//   expr/    expression nodes (what), element functors, kernel views
+//   eval/    evaluators per device (how): eval/cpu/ runs on xsimd
+//   engine/  tasks, the scheduler and its thread pool (where and when)
+//   ops/     the public vocabulary: creation, random, reductions, linalg
+//   io/      printing
+#pragma once
+
+#include "core/config.hpp"
+#include "core/device.hpp"
+#include "core/dtype.hpp"
+#include "core/shape.hpp"
+#include "engine/engine.hpp"
+#include "expr/operators.hpp"
+#include "io/print.hpp"
+#include "ops/creation.hpp"
+#include "ops/linalg.hpp"
+#include "ops/random.hpp"
+#include "ops/reduction.hpp"
+#include "tensor.hpp"

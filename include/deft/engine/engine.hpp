@@ -1,0 +1,391 @@
+// The engine: records tasks, hands them to the workers at sync points or when
+// recorded work passes a bound, makes recording threads wait when in-flight
+// work passes a second bound, and carries failures to the sync points.
+#pragma once
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "stats.hpp"
+#include "task.hpp"
+#include "thread_pool.hpp"
+#include "thresholds.hpp"
+
+namespace deft::engine {
+
+enum class Mode {
+  deferred,    ///< record now, run at a sync point or when a bound is passed
+  synchronous  ///< every statement runs before it returns (debugging; like MXNet's NaiveEngine)
+};
+
+/// Bounds on the work deferral may hold (see docs/engine.md).
+struct Limits {
+  std::size_t max_recorded_tasks = thresholds::max_recorded_tasks;
+  std::size_t max_recorded_bytes = thresholds::max_recorded_bytes;
+  std::size_t max_inflight_tasks = thresholds::max_inflight_tasks;
+  std::size_t max_inflight_bytes = thresholds::max_inflight_bytes;
+};
+
+}  // namespace deft::engine
+
+namespace deft::detail {
+
+class Engine {
+ public:
+  using Ready = std::vector<std::shared_ptr<Task>>;
+
+  /// The process-wide engine. Never destroyed (tensors may outlive main);
+  /// its workers are drained and joined at exit.
+  static Engine& get() {
+    static Engine* engine = [] {
+      auto* e = new Engine();
+      std::atexit([] { get().shutdown(); });
+      return e;
+    }();
+    return *engine;
+  }
+
+  /// Takes a newly built task. In deferred mode it returns at once (unless a
+  /// bound makes it wait); in synchronous mode the task has run when it returns.
+  void record(std::shared_ptr<Task> t) {
+    auto& c = counters();
+    c.recorded.fetch_add(1, std::memory_order_relaxed);
+    c.recorded_live.fetch_add(1, std::memory_order_relaxed);
+    c.recorded_live_bytes.fetch_add(t->bytes, std::memory_order_relaxed);
+    c.add_pending(t->bytes);
+    if (mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) {
+      wait(t);
+      if (t->error) {
+        std::lock_guard lk(m_);
+        if (first_error_ == t->error) first_error_ = nullptr;  // reported here, not again by wait_all
+        std::rethrow_exception(t->error);
+      }
+      return;
+    }
+    Ready ready;
+    std::unique_lock lk(m_);
+    recorded_.push_back(t);
+    if (recorded_.size() > 2 * c.recorded_live.load(std::memory_order_relaxed) + 64) compact_recorded();
+    if (c.recorded_live.load(std::memory_order_relaxed) > limits_.max_recorded_tasks ||
+        c.recorded_live_bytes.load(std::memory_order_relaxed) > limits_.max_recorded_bytes) {
+      c.flushes.fetch_add(1, std::memory_order_relaxed);
+      submit_all_locked(ready);
+    }
+    dispatch_locked(lk, ready);
+    if (over_inflight_bound()) {
+      c.backpressure_waits.fetch_add(1, std::memory_order_relaxed);
+      ++waiters_;
+      done_cv_.wait(lk, [&] { return !over_inflight_bound(); });
+      --waiters_;
+    }
+  }
+
+  /// Blocks until `t` finished (submitting it and what it needs first).
+  void wait(const std::shared_ptr<Task>& t) {
+    if (t->finished()) return;
+    Ready ready;
+    std::unique_lock lk(m_);
+    submit_locked(t, ready);
+    dispatch_locked(lk, ready);
+    ++waiters_;
+    done_cv_.wait(lk, [&] { return t->finished(); });
+    --waiters_;
+  }
+
+  /// Runs every live recorded task; rethrows (and clears) the first failure since the last call.
+  void wait_all() {
+    std::unique_lock lk(m_);
+    drain_locked(lk);
+    auto e = std::exchange(first_error_, nullptr);
+    lk.unlock();
+    if (e) std::rethrow_exception(e);
+  }
+
+  /// `next` fully overwrites the buffer `prev` writes. An unsubmitted `prev`
+  /// is dead work and is cancelled; otherwise `next` must wait for it.
+  void supersede(const std::shared_ptr<Task>& prev, Task& next) {
+    if (!prev || prev->finished()) return;
+    {
+      std::lock_guard lk(m_);
+      if (prev->state.load(std::memory_order_relaxed) != Task::State::recorded) {
+        next.deps.push_back(prev);
+        return;
+      }
+      prev->state.store(Task::State::cancelled, std::memory_order_release);
+    }
+    prev->leave_recorded();
+    counters().sub_pending(prev->bytes);
+    counters().discarded.fetch_add(1, std::memory_order_relaxed);
+    prev->release_closure();
+  }
+
+  engine::Mode mode() const { return mode_.load(); }
+  void set_mode(engine::Mode m) {
+    if (m == engine::Mode::synchronous) quiesce();
+    mode_.store(m);
+  }
+
+  engine::Limits limits() {
+    std::lock_guard lk(m_);
+    return limits_;
+  }
+  void set_limits(const engine::Limits& l) {
+    if (l.max_recorded_tasks == 0 || l.max_inflight_tasks == 0)
+      raise("engine limits: task bounds must be at least 1");
+    std::lock_guard lk(m_);
+    limits_ = l;
+  }
+
+  int num_workers() {
+    std::lock_guard lk(m_);
+    return pool_ ? pool_->size() : 0;
+  }
+  void set_num_workers(int n) {
+    if (n < 1) raise("set_num_workers: need at least one worker, got ", n);
+    std::unique_lock lk(m_);
+    drain_locked(lk);
+    auto old = std::move(pool_);
+    lk.unlock();
+    old.reset();  // joins the old workers
+    lk.lock();
+    if (!shut_down_) pool_ = std::make_unique<ThreadPool>(n, &Engine::run);
+  }
+
+  /// Runs body(i) for i in [0, chunks) on the workers (used by kernels).
+  template <class Body>
+  void parallel_for(std::int64_t chunks, Body&& body) {
+    ThreadPool* p = pool_.get();
+    if (p && chunks > 1) {
+      p->parallel_for(chunks, body);
+    } else {
+      for (std::int64_t i = 0; i < chunks; ++i) body(i);
+    }
+  }
+  int parallelism() const {
+    ThreadPool* p = pool_.get();
+    return p ? p->size() : 1;
+  }
+
+ private:
+  Engine() {
+    int workers = static_cast<int>(std::thread::hardware_concurrency());
+    if (const char* env = std::getenv("DEFT_NUM_WORKERS")) {
+      const int n = std::atoi(env);
+      if (n >= 1) workers = n;
+      else std::fprintf(stderr, "deft: ignoring DEFT_NUM_WORKERS=%s (want a positive integer)\n", env);
+    }
+    if (const char* env = std::getenv("DEFT_ENGINE")) {
+      if (std::strcmp(env, "synchronous") == 0 || std::strcmp(env, "naive") == 0) mode_ = engine::Mode::synchronous;
+      else if (std::strcmp(env, "deferred") != 0)
+        std::fprintf(stderr, "deft: ignoring DEFT_ENGINE=%s (want 'deferred' or 'synchronous')\n", env);
+    }
+    pool_ = std::make_unique<ThreadPool>(workers < 1 ? 1 : workers, &Engine::run);
+  }
+
+  // Finishes submitted work and joins the workers; later work runs inline.
+  void shutdown() {
+    std::unique_lock lk(m_);
+    while (inflight_tasks_ > 0) {
+      ++waiters_;
+      done_cv_.wait(lk);
+      --waiters_;
+    }
+    shut_down_ = true;
+    auto old = std::move(pool_);
+    lk.unlock();
+    old.reset();
+  }
+
+  void quiesce() {
+    std::unique_lock lk(m_);
+    drain_locked(lk);
+  }
+
+  void drain_locked(std::unique_lock<std::mutex>& lk) {
+    Ready ready;
+    submit_all_locked(ready);
+    dispatch_locked(lk, ready);
+    ++waiters_;
+    done_cv_.wait(lk, [&] { return inflight_tasks_ == 0; });
+    --waiters_;
+  }
+
+  bool over_inflight_bound() const {
+    return inflight_tasks_ > limits_.max_inflight_tasks || inflight_bytes_ > limits_.max_inflight_bytes;
+  }
+
+  void compact_recorded() {
+    std::erase_if(recorded_, [](const std::weak_ptr<Task>& w) {
+      auto t = w.lock();
+      return !t || t->state.load(std::memory_order_relaxed) != Task::State::recorded;
+    });
+  }
+
+  void submit_all_locked(Ready& ready) {
+    for (auto& w : recorded_)
+      if (auto t = w.lock()) submit_locked(t, ready);
+    recorded_.clear();
+  }
+
+  // Marks `root` and every recorded task it needs as submitted; tasks with
+  // nothing left to wait for go to `ready`.
+  void submit_locked(const std::shared_ptr<Task>& root, Ready& ready) {
+    Ready work{root};
+    while (!work.empty()) {
+      auto t = std::move(work.back());
+      work.pop_back();
+      if (t->state.load(std::memory_order_relaxed) != Task::State::recorded) continue;
+      t->state.store(Task::State::submitted, std::memory_order_relaxed);
+      t->leave_recorded();
+      ++inflight_tasks_;
+      inflight_bytes_ += t->bytes;
+      t->pending = 0;
+      for (const auto& d : t->deps) {
+        if (d->finished()) continue;
+        d->successors.push_back(t);
+        ++t->pending;
+        if (d->state.load(std::memory_order_relaxed) == Task::State::recorded) work.push_back(d);
+      }
+      if (t->pending == 0) ready.push_back(std::move(t));
+    }
+  }
+
+  // Hands ready tasks to the workers, or runs them here once the pool is gone.
+  void dispatch_locked(std::unique_lock<std::mutex>& lk, Ready& ready) {
+    if (ready.empty()) return;
+    if (pool_) {
+      pool_->push(ready);
+      return;
+    }
+    lk.unlock();
+    while (!ready.empty()) {
+      auto t = std::move(ready.back());
+      ready.pop_back();
+      execute(t, ready);
+    }
+    lk.lock();
+  }
+
+  static void run(std::shared_ptr<Task> t) {
+    Engine& e = get();
+    Ready ready;
+    for (;;) {
+      e.execute(t, ready);
+      if (ready.empty()) return;
+      // Keep one successor on this thread (its inputs are hot in cache).
+      t = std::move(ready.back());
+      ready.pop_back();
+      if (!ready.empty()) {
+        std::unique_lock lk(e.m_);
+        e.dispatch_locked(lk, ready);
+      }
+    }
+  }
+
+  // Runs one task (or skips it) and collects the successors it made ready.
+  void execute(const std::shared_ptr<Task>& t, Ready& ready) {
+    auto& c = counters();
+    std::exception_ptr err = t->inherited_error;
+    for (const auto& d : t->deps)
+      if (!err && d->error) err = d->error;
+    bool own_failure = false;
+    if (auto out = t->output.lock()) {
+      if (err) {
+        c.skipped.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        try {
+          out->allocate();
+          t->execute(*out);
+          c.run.fetch_add(1, std::memory_order_relaxed);
+        } catch (...) {
+          err = std::current_exception();
+          own_failure = true;
+          c.failed.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+      out->error = err;
+    } else {
+      c.discarded.fetch_add(1, std::memory_order_relaxed);  // nobody can read the result
+      err = nullptr;
+    }
+    t->error = err;
+    t->release_closure();
+    t->deps.clear();
+    c.sub_pending(t->bytes);
+    std::lock_guard lk(m_);
+    t->state.store(Task::State::done, std::memory_order_release);
+    --inflight_tasks_;
+    inflight_bytes_ -= t->bytes;
+    if (own_failure && !first_error_) first_error_ = err;
+    for (auto& s : t->successors)
+      if (--s->pending == 0) ready.push_back(std::move(s));
+    t->successors.clear();
+    if (waiters_ > 0) done_cv_.notify_all();
+  }
+
+  std::mutex m_;
+  std::condition_variable done_cv_;
+  int waiters_ = 0;
+  std::vector<std::weak_ptr<Task>> recorded_;
+  std::size_t inflight_tasks_ = 0, inflight_bytes_ = 0;
+  std::exception_ptr first_error_;
+  engine::Limits limits_;
+  std::atomic<engine::Mode> mode_{engine::Mode::deferred};
+  std::unique_ptr<ThreadPool> pool_;
+  bool shut_down_ = false;
+};
+
+}  // namespace deft::detail
+
+namespace deft {
+
+/// Sync point: runs all recorded work and waits for it; rethrows the first
+/// failure since the previous wait_all() (MXNet's waitall).
+inline void wait_all() { detail::Engine::get().wait_all(); }
+
+namespace engine {
+
+inline void set_num_workers(int n) { detail::Engine::get().set_num_workers(n); }
+inline int num_workers() { return detail::Engine::get().num_workers(); }
+/// Switching to synchronous first finishes all recorded work.
+inline void set_mode(Mode m) { detail::Engine::get().set_mode(m); }
+inline Mode mode() { return detail::Engine::get().mode(); }
+inline void set_limits(const Limits& l) { detail::Engine::get().set_limits(l); }
+inline Limits limits() { return detail::Engine::get().limits(); }
+
+inline Stats stats() {
+  auto& c = detail::counters();
+  Stats s;
+  s.tasks_recorded = c.recorded.load();
+  s.tasks_run = c.run.load();
+  s.tasks_discarded = c.discarded.load();
+  s.tasks_failed = c.failed.load();
+  s.tasks_skipped = c.skipped.load();
+  s.flushes = c.flushes.load();
+  s.backpressure_waits = c.backpressure_waits.load();
+  s.bytes_pending = c.pending_bytes.load();
+  s.peak_bytes_pending = c.peak_pending_bytes.load();
+  s.bytes_allocated = c.allocated_bytes.load();
+  s.peak_bytes_allocated = c.peak_allocated_bytes.load();
+  return s;
+}
+
+/// Zeroes the event counters and resets the peaks to the current levels.
+inline void reset_stats() {
+  auto& c = detail::counters();
+  for (auto* a : {&c.recorded, &c.run, &c.discarded, &c.failed, &c.skipped, &c.flushes, &c.backpressure_waits})
+    a->store(0);
+  c.peak_pending_bytes.store(c.pending_bytes.load());
+  c.peak_allocated_bytes.store(c.allocated_bytes.load());
+}
+
+}  // namespace engine
+}  // namespace deft

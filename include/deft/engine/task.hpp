@@ -1,0 +1,95 @@
+// Task: one unit of deferred work writing one output buffer. Tasks form a
+// graph through `deps`; the graph is owned from the user's side (tensor ->
+// buffer -> producer task -> inputs), so work nobody can read is freed, and
+// counted as discarded, before it ever runs.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "buffer.hpp"
+#include "stats.hpp"
+
+namespace deft::detail {
+
+class Task {
+ public:
+  enum class State : std::uint8_t { recorded, submitted, done, cancelled };
+
+  Task(const char* task_name, std::size_t out_bytes) : name(task_name), bytes(out_bytes) {}
+  Task(const Task&) = delete;
+  Task& operator=(const Task&) = delete;
+  virtual ~Task() {
+    if (state.load(std::memory_order_relaxed) == State::recorded) forget_unsubmitted();
+  }
+
+  /// Runs the kernel, writing into `out` (the output, known to be alive).
+  virtual void execute(Buffer& out) = 0;
+  /// Drops the kernel's closure and with it the inputs it kept alive.
+  virtual void release_closure() noexcept = 0;
+
+  bool finished() const {
+    const State s = state.load(std::memory_order_acquire);
+    return s == State::done || s == State::cancelled;
+  }
+
+  /// Reads `b`: orders this task after b's producer, or inherits its failure.
+  void add_input(const std::shared_ptr<Buffer>& b) {
+    if (const auto& p = b->producer; p && p.get() != this && !p->finished()) {
+      for (const auto& d : deps)
+        if (d == p) return;
+      deps.push_back(p);
+    } else if (b->error && !inherited_error) {
+      inherited_error = b->error;
+    }
+  }
+
+  /// Accounting when a recorded task leaves the unsubmitted set (submitted or dropped).
+  void leave_recorded() {
+    counters().recorded_live.fetch_sub(1, std::memory_order_relaxed);
+    counters().recorded_live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+
+  const char* name;
+  std::size_t bytes;
+  std::weak_ptr<Buffer> output;
+  std::vector<std::shared_ptr<Task>> deps;
+  std::exception_ptr inherited_error;  // an input had already failed when this was recorded
+  std::exception_ptr error;            // own failure, or the one propagated from an input
+  std::atomic<State> state{State::recorded};
+
+  // Scheduler bookkeeping, guarded by the engine's mutex.
+  int pending = 0;
+  std::vector<std::shared_ptr<Task>> successors;
+
+ private:
+  void forget_unsubmitted() {
+    leave_recorded();
+    counters().sub_pending(bytes);
+    counters().discarded.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+template <class Kernel>
+class TaskImpl final : public Task {
+ public:
+  TaskImpl(const char* task_name, std::size_t out_bytes, Kernel k)
+      : Task(task_name, out_bytes), kernel_(std::move(k)) {}
+  void execute(Buffer& out) override { (*kernel_)(out); }
+  void release_closure() noexcept override { kernel_.reset(); }
+
+ private:
+  std::optional<Kernel> kernel_;
+};
+
+/// A task running `kernel(Buffer& out)` that writes `bytes` bytes of output.
+template <class Kernel>
+std::shared_ptr<Task> make_task(const char* name, std::size_t bytes, Kernel kernel) {
+  return std::make_shared<TaskImpl<Kernel>>(name, bytes, std::move(kernel));
+}
+
+}  // namespace deft::detail

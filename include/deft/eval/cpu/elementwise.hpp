@@ -1,0 +1,95 @@
+// CPU executor for elementwise expressions: one fused pass over memory,
+// xsimd batches along the innermost dimension, split across workers when the
+// cost model says it pays.
+#pragma once
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+#include "../../engine/engine.hpp"
+#include "../../engine/thresholds.hpp"
+#include "../../expr/kernel_views.hpp"
+
+namespace deft::detail::cpu {
+
+/// out[j - c0] = v(j) for j in [c0, c1) of the current row.
+template <class View, class T>
+inline void eval_row(const View& v, std::int64_t c0, std::int64_t c1, T* out) {
+  std::int64_t j = c0;
+  if constexpr (View::simd && std::is_same_v<typename View::value_type, T>) {
+    using B = xsimd::batch<T>;
+    constexpr std::int64_t W = B::size;
+    for (; j + 2 * W <= c1; j += 2 * W) {
+      const B x0 = v.template batch<B>(j);
+      const B x1 = v.template batch<B>(j + W);
+      x0.store_unaligned(out + (j - c0));
+      x1.store_unaligned(out + (j - c0) + W);
+    }
+    for (; j + W <= c1; j += W) v.template batch<B>(j).store_unaligned(out + (j - c0));
+  }
+  for (; j < c1; ++j) out[j - c0] = v.at(j);
+}
+
+/// Calls f(row_view, c0, c1, linear_start) for each row piece of the linear
+/// range [lo, hi) of a collapsed shape, with the view positioned on the row.
+template <class View, class F>
+inline void for_each_row(View& v, const Shape& s, std::int64_t lo, std::int64_t hi, F&& f) {
+  const int m = s.rank();
+  const int outer = m > 0 ? m - 1 : 0;
+  const std::int64_t n = m > 0 ? s[m - 1] : 1;
+  if (n == 0 || lo >= hi) return;
+  std::array<std::int64_t, max_rank> idx{};
+  std::int64_t row = lo / n, col = lo % n;
+  for (int d = outer - 1; d >= 0; --d) {
+    idx[d] = row % s[d];
+    row /= s[d];
+  }
+  while (lo < hi) {
+    v.set_row(idx.data(), outer);
+    const std::int64_t c1 = std::min(n, col + (hi - lo));
+    f(v, col, c1, lo);
+    lo += c1 - col;
+    col = 0;
+    for (int d = outer - 1; d >= 0; --d) {
+      if (++idx[d] < s[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+/// Writes elements [lo, hi) of the collapsed view into out[0, hi - lo).
+template <class View, class T>
+inline void eval_range(View v, const Shape& s, std::int64_t lo, std::int64_t hi, T* out) {
+  for_each_row(v, s, lo, hi, [&](const View& row, std::int64_t c0, std::int64_t c1, std::int64_t start) {
+    eval_row(row, c0, c1, out + (start - lo));
+  });
+}
+
+/// Splits [0, total) into pieces of at least `align` elements as the cost
+/// model allows and runs body(lo, hi) on each, in parallel.
+template <class Body>
+inline void parallel_range(std::int64_t total, std::int64_t cost_per_element, std::int64_t align, Body&& body) {
+  Engine& eng = Engine::get();
+  const std::int64_t chunks = thresholds::parallel_chunks(total * std::max<std::int64_t>(cost_per_element, 1),
+                                                          eng.parallelism());
+  if (chunks <= 1) {
+    body(std::int64_t{0}, total);
+    return;
+  }
+  std::int64_t len = (total + chunks - 1) / chunks;
+  len = (len + align - 1) / align * align;
+  const std::int64_t pieces = (total + len - 1) / len;
+  eng.parallel_for(pieces, [&](std::int64_t i) { body(i * len, std::min(total, (i + 1) * len)); });
+}
+
+/// Evaluates expression `e` into the contiguous destination `out`
+/// (which has e's shape).
+template <class Expr, class T>
+inline void evaluate(const Expr& e, T* out) {
+  auto v = e.view(e.shape());
+  const Shape s = collapse(v, e.shape());
+  const std::int64_t total = s.size();
+  parallel_range(total, Expr::cost + 1, 64, [&](std::int64_t lo, std::int64_t hi) { eval_range(v, s, lo, hi, out + lo); });
+}
+
+}  // namespace deft::detail::cpu

@@ -1,0 +1,56 @@
+// CPU executor for axis permutations (transpose): a gather along the output
+// order; the 2-D case goes tile by tile so both sides stay in cache.
+#pragma once
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+#include "../../core/shape.hpp"
+#include "elementwise.hpp"
+
+namespace deft::detail::cpu {
+
+/// out (shape `out_shape`, contiguous) = in permuted: out[i0..] = in[i_axes[0]..].
+template <class T>
+inline void permute(const T* in, const Shape& in_shape, const std::array<int, max_rank>& axes, T* out) {
+  const int r = in_shape.rank();
+  const auto in_st = contiguous_strides(in_shape);
+  Shape out_shape;
+  std::array<std::int64_t, max_rank> src_st{};
+  for (int d = 0; d < r; ++d) {
+    out_shape.push_back(in_shape[axes[d]]);
+    src_st[d] = in_st[axes[d]];
+  }
+  const std::int64_t total = out_shape.size();
+  if (r == 2) {
+    constexpr std::int64_t tile = 32;
+    const std::int64_t rows = out_shape[0], cols = out_shape[1];
+    const std::int64_t row_tiles = (rows + tile - 1) / tile;
+    parallel_range(row_tiles, tile * cols, 1, [&](std::int64_t t0, std::int64_t t1) {
+      for (std::int64_t i0 = t0 * tile; i0 < std::min(rows, t1 * tile); i0 += tile)
+        for (std::int64_t j0 = 0; j0 < cols; j0 += tile)
+          for (std::int64_t i = i0; i < std::min(rows, i0 + tile); ++i)
+            for (std::int64_t j = j0; j < std::min(cols, j0 + tile); ++j) out[i * cols + j] = in[i * src_st[0] + j * src_st[1]];
+    });
+    return;
+  }
+  parallel_range(total, 2, 64, [&](std::int64_t lo, std::int64_t hi) {
+    std::array<std::int64_t, max_rank> idx{};
+    std::int64_t rem = lo;
+    for (int d = r - 1; d >= 0; --d) {
+      idx[d] = rem % out_shape[d];
+      rem /= out_shape[d];
+    }
+    for (std::int64_t i = lo; i < hi; ++i) {
+      std::int64_t src = 0;
+      for (int d = 0; d < r; ++d) src += idx[d] * src_st[d];
+      out[i] = in[src];
+      for (int d = r - 1; d >= 0; --d) {
+        if (++idx[d] < out_shape[d]) break;
+        idx[d] = 0;
+      }
+    }
+  });
+}
+
+}  // namespace deft::detail::cpu

@@ -1,0 +1,179 @@
+// Kernel views: the trivially copyable form of an expression that a kernel
+// receives (raw pointers and strides, no ownership). A view walks the output
+// row by row: set_row() positions every leaf, then at(j) / batch<B>(j) read
+// element j of the innermost dimension, where each leaf's stride is 0
+// (broadcast) or 1 (contiguous).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <type_traits>
+
+#include "../core/config.hpp"
+#include "../core/shape.hpp"
+#include "ops.hpp"
+
+namespace deft::detail {
+
+template <class T>
+struct LeafView {
+  using value_type = T;
+  static constexpr bool simd = std::is_floating_point_v<T>;
+  const T* data;
+  const T* row;
+  std::int64_t inner = 1;  // 0 when broadcast along the innermost dimension
+  std::array<std::int64_t, max_rank> strides;
+
+  DEFT_HD void set_row(const std::int64_t* idx, int outer) {
+    std::int64_t off = 0;
+    for (int d = 0; d < outer; ++d) off += idx[d] * strides[d];
+    row = data + off;
+  }
+  DEFT_HD T at(std::int64_t j) const { return row[j * inner]; }
+#if DEFT_HOST_SIMD
+  template <class B>
+  B batch(std::int64_t j) const { return inner ? B::load_unaligned(row + j) : B(*row); }
+#endif
+  template <class F>
+  void for_each_leaf(F&& f) { f(*this); }
+};
+
+template <class T>
+struct ConstantView {
+  using value_type = T;
+  static constexpr bool simd = std::is_floating_point_v<T>;
+  T value;
+  DEFT_HD void set_row(const std::int64_t*, int) {}
+  DEFT_HD T at(std::int64_t) const { return value; }
+#if DEFT_HOST_SIMD
+  template <class B>
+  B batch(std::int64_t) const { return B(value); }
+#endif
+  template <class F>
+  void for_each_leaf(F&&) {}
+};
+
+template <class Op, class A>
+struct UnaryView {
+  using value_type = typename A::value_type;
+  static constexpr bool simd = A::simd;
+  A a;
+  DEFT_HD void set_row(const std::int64_t* idx, int outer) { a.set_row(idx, outer); }
+  DEFT_HD value_type at(std::int64_t j) const { return Op{}(a.at(j)); }
+#if DEFT_HOST_SIMD
+  template <class B>
+  B batch(std::int64_t j) const { return Op{}(a.template batch<B>(j)); }
+#endif
+  template <class F>
+  void for_each_leaf(F&& f) { a.for_each_leaf(f); }
+};
+
+template <class Op, class A, class B_>
+struct BinaryView {
+  using value_type = typename A::value_type;
+  static constexpr bool simd = A::simd && B_::simd;
+  A a;
+  B_ b;
+  DEFT_HD void set_row(const std::int64_t* idx, int outer) {
+    a.set_row(idx, outer);
+    b.set_row(idx, outer);
+  }
+  DEFT_HD value_type at(std::int64_t j) const { return Op{}(a.at(j), b.at(j)); }
+#if DEFT_HOST_SIMD
+  template <class B>
+  B batch(std::int64_t j) const { return Op{}(a.template batch<B>(j), b.template batch<B>(j)); }
+#endif
+  template <class F>
+  void for_each_leaf(F&& f) {
+    a.for_each_leaf(f);
+    b.for_each_leaf(f);
+  }
+};
+
+template <class C, class A, class B_>
+struct SelectView {
+  using value_type = typename A::value_type;
+  static constexpr bool simd = C::simd && A::simd && B_::simd;
+  C c;
+  A a;
+  B_ b;
+  DEFT_HD void set_row(const std::int64_t* idx, int outer) {
+    c.set_row(idx, outer);
+    a.set_row(idx, outer);
+    b.set_row(idx, outer);
+  }
+  DEFT_HD value_type at(std::int64_t j) const { return Where{}(c.at(j), a.at(j), b.at(j)); }
+#if DEFT_HOST_SIMD
+  template <class B>
+  B batch(std::int64_t j) const {
+    return Where{}(c.template batch<B>(j), a.template batch<B>(j), b.template batch<B>(j));
+  }
+#endif
+  template <class F>
+  void for_each_leaf(F&& f) {
+    c.for_each_leaf(f);
+    a.for_each_leaf(f);
+    b.for_each_leaf(f);
+  }
+};
+
+// Conversions change the lane count, so a cast evaluates element by element.
+template <class U, class A>
+struct CastView {
+  using value_type = U;
+  static constexpr bool simd = false;
+  A a;
+  DEFT_HD void set_row(const std::int64_t* idx, int outer) { a.set_row(idx, outer); }
+  DEFT_HD U at(std::int64_t j) const { return convert<U>(a.at(j)); }
+#if DEFT_HOST_SIMD
+  template <class B>
+  B batch(std::int64_t) const = delete;
+#endif
+  template <class F>
+  void for_each_leaf(F&& f) { a.for_each_leaf(f); }
+};
+
+/// The output shape with unit dimensions dropped and neighbours merged where
+/// every leaf allows it; leaves' strides are rewritten to match. Afterwards
+/// the innermost stride of every leaf is 0 or 1.
+template <class View>
+Shape collapse(View& v, const Shape& out) {
+  // Drop unit dimensions.
+  std::array<int, max_rank> keep{};
+  int r = 0;
+  for (int d = 0; d < out.rank(); ++d)
+    if (out[d] != 1) keep[r++] = d;
+  std::array<std::int64_t, max_rank> ext{};
+  for (int i = 0; i < r; ++i) ext[i] = out[keep[i]];
+  v.for_each_leaf([&](auto& leaf) {
+    std::array<std::int64_t, max_rank> s{};
+    for (int i = 0; i < r; ++i) s[i] = leaf.strides[keep[i]];
+    leaf.strides = s;
+  });
+  // Merge dimension i into i-1 where stride[i-1] == stride[i] * ext[i] for all leaves.
+  int m = 0;
+  std::array<std::int64_t, max_rank> merged_ext{};
+  std::array<int, max_rank> group_last{};  // last original dim of each merged group
+  for (int i = 0; i < r; ++i) {
+    bool can = m > 0;
+    if (can)
+      v.for_each_leaf([&](auto& leaf) {
+        if (leaf.strides[group_last[m - 1]] != leaf.strides[i] * ext[i]) can = false;
+      });
+    if (can) {
+      merged_ext[m - 1] *= ext[i];
+      group_last[m - 1] = i;
+    } else {
+      merged_ext[m] = ext[i];
+      group_last[m++] = i;
+    }
+  }
+  v.for_each_leaf([&](auto& leaf) {
+    std::array<std::int64_t, max_rank> s{};
+    for (int i = 0; i < m; ++i) s[i] = leaf.strides[group_last[i]];
+    leaf.strides = s;
+    leaf.inner = m > 0 ? s[m - 1] : 0;
+  });
+  return Shape(std::span<const std::int64_t>(merged_ext.data(), m));
+}
+
+}  // namespace deft::detail

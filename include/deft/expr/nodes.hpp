@@ -1,0 +1,224 @@
+// Expression nodes ("what"): a tree whose type encodes the computation.
+// Building one computes its shape (throwing on mismatch) and nothing else.
+// Leaves share ownership of the storage version they read, so an expression
+// may be kept, copied and evaluated long after its operands went away.
+#pragma once
+#include <array>
+#include <concepts>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include "../core/device.hpp"
+#include "../core/dtype.hpp"
+#include "../core/error.hpp"
+#include "../core/shape.hpp"
+#include "../engine/buffer.hpp"
+#include "kernel_views.hpp"
+#include "ops.hpp"
+
+namespace deft {
+
+template <Element T>
+class Tensor;
+
+/// Base of every expression node. It lives in namespace deft so that
+/// argument-dependent lookup finds deft's operators for any node.
+struct ExpressionBase {};
+
+namespace detail {
+using ExprTag = ExpressionBase;
+template <class T>
+struct is_tensor : std::false_type {};
+template <class T>
+struct is_tensor<Tensor<T>> : std::true_type {};
+}  // namespace detail
+
+/// A deferred expression node (not a tensor).
+template <class E>
+concept Expression = std::is_base_of_v<detail::ExprTag, std::remove_cvref_t<E>>;
+/// Anything that can appear in an expression: a node or a tensor.
+template <class E>
+concept Operand = Expression<E> || detail::is_tensor<std::remove_cvref_t<E>>::value;
+/// A plain number usable as a scalar operand.
+template <class S>
+concept Scalar = std::is_arithmetic_v<std::remove_cvref_t<S>> && !std::is_same_v<std::remove_cvref_t<S>, bool>;
+
+namespace detail {
+
+/// Reads a stored tensor (a snapshot of one storage version).
+template <Element T>
+struct Leaf : ExprTag {
+  using value_type = T;
+  static constexpr int cost = 1;
+  static constexpr bool is_constant = false;
+
+  std::shared_ptr<Buffer> buffer;
+  std::int64_t offset = 0;
+  Shape extent;
+
+  const Shape& shape() const { return extent; }
+  Device device() const { return buffer->device; }
+  template <class F>
+  void for_each_leaf(F&& f) const { f(*this); }
+
+  LeafView<T> view(const Shape& out) const {
+    LeafView<T> v;
+    v.data = buffer->as<const T>() + offset;
+    v.row = v.data;
+    const auto st = contiguous_strides(extent);
+    const int lead = out.rank() - extent.rank();
+    for (int i = 0; i < out.rank(); ++i) {
+      const int j = i - lead;
+      v.strides[i] = (j < 0 || extent[j] == 1) ? 0 : st[j];
+    }
+    return v;
+  }
+};
+
+/// A number broadcast to any shape.
+template <Element T>
+struct Constant : ExprTag {
+  using value_type = T;
+  static constexpr int cost = 0;
+  static constexpr bool is_constant = true;
+  T value;
+
+  explicit Constant(T v) : value(v) {}
+  Shape shape() const { return {}; }
+  Device device() const { return deft::cpu(); }
+  template <class F>
+  void for_each_leaf(F&&) const {}
+  ConstantView<T> view(const Shape&) const { return {value}; }
+};
+
+template <class E>
+using value_t = typename std::remove_cvref_t<E>::value_type;
+
+/// The device of an operand list, checking that all non-constant ones agree.
+template <class A, class B>
+Device common_device(const A& a, const B& b, const char* op) {
+  if constexpr (A::is_constant) return b.device();
+  else if constexpr (B::is_constant) return a.device();
+  else {
+    if (!(a.device() == b.device()))
+      raise(op, ": operands live on different devices, ", a.device(), " and ", b.device());
+    return a.device();
+  }
+}
+
+template <class Op, class A>
+struct Unary : ExprTag {
+  using value_type = value_t<A>;
+  static constexpr int cost = Op::cost + A::cost;
+  static constexpr bool is_constant = A::is_constant;
+  static_assert(!Op::floating_only || std::is_floating_point_v<value_type>,
+                "deft: this function needs a floating-point operand; convert with deft::cast<float>(x)");
+  A a;
+
+  explicit Unary(A x) : a(std::move(x)) {}
+  Shape shape() const { return a.shape(); }
+  Device device() const { return a.device(); }
+  template <class F>
+  void for_each_leaf(F&& f) const { a.for_each_leaf(f); }
+  auto view(const Shape& out) const { return UnaryView<Op, decltype(a.view(out))>{a.view(out)}; }
+};
+
+template <class Op, class A, class B>
+struct Binary : ExprTag {
+  using value_type = value_t<A>;
+  static constexpr int cost = Op::cost + A::cost + B::cost;
+  static constexpr bool is_constant = A::is_constant && B::is_constant;
+  static_assert(std::is_same_v<value_t<A>, value_t<B>>,
+                "deft: operands have different element types; convert one with deft::cast<U>(x)");
+  A a;
+  B b;
+  Shape extent;
+  Device dev;
+
+  Binary(A x, B y)
+      : a(std::move(x)), b(std::move(y)), extent(broadcast_shapes(a.shape(), b.shape(), Op::name)),
+        dev(common_device(a, b, Op::name)) {}
+  const Shape& shape() const { return extent; }
+  Device device() const { return dev; }
+  template <class F>
+  void for_each_leaf(F&& f) const {
+    a.for_each_leaf(f);
+    b.for_each_leaf(f);
+  }
+  auto view(const Shape& out) const {
+    return BinaryView<Op, decltype(a.view(out)), decltype(b.view(out))>{a.view(out), b.view(out)};
+  }
+};
+
+template <class C, class A, class B>
+struct Select : ExprTag {
+  using value_type = value_t<A>;
+  static constexpr int cost = 1 + C::cost + A::cost + B::cost;
+  static constexpr bool is_constant = false;
+  static_assert(std::is_same_v<value_t<A>, value_t<B>> && std::is_same_v<value_t<C>, value_t<A>>,
+                "deft: where(cond, a, b) needs cond, a and b of one element type; use deft::cast<U>(x)");
+  C c;
+  A a;
+  B b;
+  Shape extent;
+  Device dev;
+
+  Select(C cond, A x, B y)
+      : c(std::move(cond)), a(std::move(x)), b(std::move(y)),
+        extent(broadcast_shapes(c.shape(), broadcast_shapes(a.shape(), b.shape(), "where"), "where")),
+        dev(common_device(a, b, "where")) {
+    if constexpr (!C::is_constant)
+      if (!(c.device() == dev)) raise("where: condition on ", c.device(), " but values on ", dev);
+  }
+  const Shape& shape() const { return extent; }
+  Device device() const { return dev; }
+  template <class F>
+  void for_each_leaf(F&& f) const {
+    c.for_each_leaf(f);
+    a.for_each_leaf(f);
+    b.for_each_leaf(f);
+  }
+  auto view(const Shape& out) const {
+    return SelectView<decltype(c.view(out)), decltype(a.view(out)), decltype(b.view(out))>{c.view(out), a.view(out),
+                                                                                          b.view(out)};
+  }
+};
+
+template <Element U, class A>
+struct Cast : ExprTag {
+  using value_type = U;
+  static constexpr int cost = 1 + A::cost;
+  static constexpr bool is_constant = A::is_constant;
+  A a;
+
+  explicit Cast(A x) : a(std::move(x)) {}
+  Shape shape() const { return a.shape(); }
+  Device device() const { return a.device(); }
+  template <class F>
+  void for_each_leaf(F&& f) const { a.for_each_leaf(f); }
+  auto view(const Shape& out) const { return CastView<U, decltype(a.view(out))>{a.view(out)}; }
+};
+
+/// An operand seen with a larger shape it broadcasts to.
+template <class A>
+struct BroadcastTo : ExprTag {
+  using value_type = value_t<A>;
+  static constexpr int cost = A::cost;
+  static constexpr bool is_constant = A::is_constant;
+  A a;
+  Shape extent;
+
+  BroadcastTo(A x, const Shape& target) : a(std::move(x)), extent(target) {
+    if (!(broadcast_shapes(a.shape(), target, "assign") == target))
+      raise("assign: a value of shape ", a.shape().to_string(), " cannot be broadcast to shape ", target.to_string());
+  }
+  const Shape& shape() const { return extent; }
+  Device device() const { return a.device(); }
+  template <class F>
+  void for_each_leaf(F&& f) const { a.for_each_leaf(f); }
+  auto view(const Shape& out) const { return a.view(out); }
+};
+
+}  // namespace detail
+}  // namespace deft

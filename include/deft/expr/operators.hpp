@@ -1,0 +1,113 @@
+// The elementwise vocabulary: operators and functions that build expression
+// nodes from tensors, expressions and plain numbers (numpy broadcasting).
+#pragma once
+#include <type_traits>
+#include <utility>
+
+#include "../tensor.hpp"
+#include "nodes.hpp"
+
+namespace deft {
+namespace detail {
+
+template <class X>
+using expr_t = decltype(as_expr(std::declval<X>()));
+
+/// The element type of the first tensor-like argument.
+template <class A, class B>
+using element_of = value_t<expr_t<std::conditional_t<Operand<A>, A, B>>>;
+
+/// A tensor-like argument as an expression, or a number as a constant of type T.
+template <class T, class X>
+auto operand(X&& x) {
+  if constexpr (Operand<X>) {
+    return as_expr(std::forward<X>(x));
+  } else {
+    static_assert(!(std::is_integral_v<T> && std::is_floating_point_v<std::remove_cvref_t<X>>),
+                  "deft: a floating-point number cannot combine with an integer tensor; use deft::cast<float>(x)");
+    return Constant<T>(static_cast<T>(x));
+  }
+}
+
+template <class X, class Y>
+concept binary_args = (Operand<X> && (Operand<Y> || Scalar<Y>)) || (Scalar<X> && Operand<Y>);
+
+template <class Op, class X, class Y>
+auto make_binary(X&& x, Y&& y) {
+  using T = element_of<X, Y>;
+  auto a = operand<T>(std::forward<X>(x));
+  auto b = operand<T>(std::forward<Y>(y));
+  return Binary<Op, decltype(a), decltype(b)>(std::move(a), std::move(b));
+}
+
+}  // namespace detail
+
+#define DEFT_BINARY_OPERATOR(symbol, Op)                                       \
+  template <class X, class Y>                                                  \
+    requires detail::binary_args<X, Y>                                         \
+  auto operator symbol(X&& x, Y&& y) {                                         \
+    return detail::make_binary<detail::Op>(std::forward<X>(x), std::forward<Y>(y)); \
+  }
+DEFT_BINARY_OPERATOR(+, Add)
+DEFT_BINARY_OPERATOR(-, Sub)
+DEFT_BINARY_OPERATOR(*, Mul)
+DEFT_BINARY_OPERATOR(/, Div)
+DEFT_BINARY_OPERATOR(<, Less)
+DEFT_BINARY_OPERATOR(<=, LessEqual)
+DEFT_BINARY_OPERATOR(>, Greater)
+DEFT_BINARY_OPERATOR(>=, GreaterEqual)
+DEFT_BINARY_OPERATOR(==, Equal)
+DEFT_BINARY_OPERATOR(!=, NotEqual)
+#undef DEFT_BINARY_OPERATOR
+
+#define DEFT_BINARY_FUNCTION(name, Op)                                         \
+  template <class X, class Y>                                                  \
+    requires detail::binary_args<X, Y>                                         \
+  auto name(X&& x, Y&& y) {                                                    \
+    return detail::make_binary<detail::Op>(std::forward<X>(x), std::forward<Y>(y)); \
+  }
+DEFT_BINARY_FUNCTION(maximum, Maximum)
+DEFT_BINARY_FUNCTION(minimum, Minimum)
+DEFT_BINARY_FUNCTION(pow, Pow)
+#undef DEFT_BINARY_FUNCTION
+
+#define DEFT_UNARY_FUNCTION(name, Op)                                          \
+  template <Operand X>                                                         \
+  auto name(X&& x) {                                                           \
+    auto a = as_expr(std::forward<X>(x));                                      \
+    return detail::Unary<detail::Op, decltype(a)>(std::move(a));               \
+  }
+DEFT_UNARY_FUNCTION(operator-, Neg)
+DEFT_UNARY_FUNCTION(abs, Abs)
+DEFT_UNARY_FUNCTION(exp, Exp)
+DEFT_UNARY_FUNCTION(log, Log)
+DEFT_UNARY_FUNCTION(sqrt, Sqrt)
+DEFT_UNARY_FUNCTION(tanh, Tanh)
+DEFT_UNARY_FUNCTION(sigmoid, Sigmoid)
+#undef DEFT_UNARY_FUNCTION
+
+/// max(x, 0) elementwise.
+template <Operand X>
+auto relu(X&& x) {
+  return maximum(std::forward<X>(x), 0);
+}
+
+/// a where cond is nonzero, b elsewhere (each may be a number).
+template <Operand C, class A, class B>
+  requires(Operand<A> || Scalar<A>) && (Operand<B> || Scalar<B>)
+auto where(C&& cond, A&& a, B&& b) {
+  auto c = as_expr(std::forward<C>(cond));
+  using T = detail::value_t<decltype(c)>;
+  auto x = detail::operand<T>(std::forward<A>(a));
+  auto y = detail::operand<T>(std::forward<B>(b));
+  return detail::Select<decltype(c), decltype(x), decltype(y)>(std::move(c), std::move(x), std::move(y));
+}
+
+/// Elementwise conversion to U (float to integer saturates; NaN becomes 0).
+template <Element U, Operand X>
+auto cast(X&& x) {
+  auto a = as_expr(std::forward<X>(x));
+  return detail::Cast<U, decltype(a)>(std::move(a));
+}
+
+}  // namespace deft

@@ -1,0 +1,196 @@
+// Element functors: what each elementwise operation computes, written once for
+// scalars (host and device) and, on the host, for xsimd batches.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "../core/config.hpp"
+
+#if DEFT_HOST_SIMD
+#include <xsimd/xsimd.hpp>
+#endif
+
+namespace deft::detail {
+
+// --- helpers that differ between a scalar and a batch ----------------------
+template <class V>
+DEFT_HD V from_bool(bool c) { return c ? V(1) : V(0); }
+template <class V>
+DEFT_HD V choose(bool c, const V& a, const V& b) { return c ? a : b; }
+template <class V>
+DEFT_HD bool is_nan(const V& a) { return a != a; }
+
+#if DEFT_HOST_SIMD
+template <class V, class T, class A>
+V from_bool(const xsimd::batch_bool<T, A>& c) { return xsimd::select(c, V(T(1)), V(T(0))); }
+template <class T, class A>
+xsimd::batch<T, A> choose(const xsimd::batch_bool<T, A>& c, const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
+  return xsimd::select(c, a, b);
+}
+template <class T, class A>
+xsimd::batch_bool<T, A> is_nan(const xsimd::batch<T, A>& a) { return a != a; }
+#endif
+
+// Signed integer arithmetic wraps (as numpy does) instead of being undefined.
+template <class V>
+inline constexpr bool is_int = std::is_integral_v<V>;
+template <class V, class F>
+DEFT_HD V wrap(V a, V b, F f) {
+  using U = std::make_unsigned_t<V>;
+  return static_cast<V>(f(static_cast<U>(a), static_cast<U>(b)));
+}
+
+// --- unary -------------------------------------------------------------------
+// `floating_only` ops refuse integer tensors at compile time (no silent truncation).
+struct Neg {
+  static constexpr int cost = 1;
+  static constexpr bool floating_only = false;
+  static constexpr const char* name = "neg";
+  template <class V>
+  DEFT_HD V operator()(const V& a) const {
+    if constexpr (is_int<V>) return wrap(V(0), a, [](auto x, auto y) { return x - y; });
+    else return -a;
+  }
+};
+struct Abs {
+  static constexpr int cost = 1;
+  static constexpr bool floating_only = false;
+  static constexpr const char* name = "abs";
+  template <class V>
+  DEFT_HD V operator()(const V& a) const {
+    if constexpr (is_int<V>) return a < 0 ? Neg{}(a) : a;
+    else { using std::abs; return abs(a); }
+  }
+};
+#define DEFT_FLOAT_UNARY(Name, label, cost_, expr)                     \
+  struct Name {                                                      \
+    static constexpr int cost = cost_;                               \
+    static constexpr bool floating_only = true;                      \
+    static constexpr const char* name = label;                       \
+    template <class V>                                               \
+    DEFT_HD V operator()(const V& a) const {                         \
+      using std::exp; using std::log; using std::sqrt; using std::tanh; \
+      return expr;                                                   \
+    }                                                                \
+  };
+DEFT_FLOAT_UNARY(Exp, "exp", 8, exp(a))
+DEFT_FLOAT_UNARY(Log, "log", 8, log(a))
+DEFT_FLOAT_UNARY(Sqrt, "sqrt", 4, sqrt(a))
+DEFT_FLOAT_UNARY(Tanh, "tanh", 12, tanh(a))
+DEFT_FLOAT_UNARY(Sigmoid, "sigmoid", 10, V(1) / (V(1) + exp(-a)))
+#undef DEFT_FLOAT_UNARY
+
+// --- binary ------------------------------------------------------------------
+struct Add {
+  static constexpr int cost = 1;
+  static constexpr const char* name = "+";
+  template <class V>
+  DEFT_HD V operator()(const V& a, const V& b) const {
+    if constexpr (is_int<V>) return wrap(a, b, [](auto x, auto y) { return x + y; });
+    else return a + b;
+  }
+};
+struct Sub {
+  static constexpr int cost = 1;
+  static constexpr const char* name = "-";
+  template <class V>
+  DEFT_HD V operator()(const V& a, const V& b) const {
+    if constexpr (is_int<V>) return wrap(a, b, [](auto x, auto y) { return x - y; });
+    else return a - b;
+  }
+};
+struct Mul {
+  static constexpr int cost = 1;
+  static constexpr const char* name = "*";
+  template <class V>
+  DEFT_HD V operator()(const V& a, const V& b) const {
+    if constexpr (is_int<V>) return wrap(a, b, [](auto x, auto y) { return x * y; });
+    else return a * b;
+  }
+};
+// Integer division by zero gives 0 (no SIGFPE); INT_MIN / -1 wraps.
+struct Div {
+  static constexpr int cost = 4;
+  static constexpr const char* name = "/";
+  template <class V>
+  DEFT_HD V operator()(const V& a, const V& b) const {
+    if constexpr (is_int<V>) {
+      if (b == 0) return V(0);
+      if (b == -1) return Neg{}(a);
+      return a / b;
+    } else {
+      return a / b;
+    }
+  }
+};
+// maximum/minimum propagate NaN from either side, as numpy does.
+struct Maximum {
+  static constexpr int cost = 1;
+  static constexpr const char* name = "maximum";
+  template <class V>
+  DEFT_HD V operator()(const V& a, const V& b) const { return choose((a > b) | is_nan(a), a, b); }
+};
+struct Minimum {
+  static constexpr int cost = 1;
+  static constexpr const char* name = "minimum";
+  template <class V>
+  DEFT_HD V operator()(const V& a, const V& b) const { return choose((a < b) | is_nan(a), a, b); }
+};
+struct Pow {
+  static constexpr int cost = 16;
+  static constexpr const char* name = "pow";
+  template <class V>
+  DEFT_HD V operator()(const V& a, const V& b) const {
+    if constexpr (is_int<V>) {  // exponentiation by squaring; negative exponents as numpy's 1/a^n truncated
+      if (b < 0) return a == 1 ? V(1) : a == -1 ? ((b & 1) ? V(-1) : V(1)) : V(0);
+      V result = 1, base = a;
+      for (V e = b; e > 0; e >>= 1) {
+        if (e & 1) result = Mul{}(result, base);
+        base = Mul{}(base, base);
+      }
+      return result;
+    } else {
+      using std::pow;
+      return pow(a, b);
+    }
+  }
+};
+
+// Comparisons give masks of the operands' type: 1 where true, 0 elsewhere.
+#define DEFT_COMPARISON(Name, label, op)                                         \
+  struct Name {                                                                \
+    static constexpr int cost = 1;                                             \
+    static constexpr const char* name = label;                                 \
+    template <class V>                                                         \
+    DEFT_HD V operator()(const V& a, const V& b) const { return from_bool<V>(a op b); } \
+  };
+DEFT_COMPARISON(Less, "<", <)
+DEFT_COMPARISON(LessEqual, "<=", <=)
+DEFT_COMPARISON(Greater, ">", >)
+DEFT_COMPARISON(GreaterEqual, ">=", >=)
+DEFT_COMPARISON(Equal, "==", ==)
+DEFT_COMPARISON(NotEqual, "!=", !=)
+#undef DEFT_COMPARISON
+
+/// where(c, a, b): a where c is nonzero, b elsewhere.
+struct Where {
+  static constexpr int cost = 1;
+  template <class V>
+  DEFT_HD V operator()(const V& c, const V& a, const V& b) const { return choose(c != V(0), a, b); }
+};
+
+/// Float to integer conversion that never invokes undefined behaviour:
+/// NaN becomes 0 and out-of-range values saturate.
+template <class To, class From>
+DEFT_HD To convert(From v) {
+  if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    if (v != v) return To(0);
+    if (v <= From(std::numeric_limits<To>::lowest())) return std::numeric_limits<To>::lowest();
+    if (v >= From(std::numeric_limits<To>::max())) return std::numeric_limits<To>::max();
+  }
+  return static_cast<To>(v);
+}
+
+}  // namespace deft::detail

@@ -1,0 +1,44 @@
+// Creation functions: full, zeros, ones, arange. Each records one task (so an
+// unused tensor is never filled); from-values construction is Tensor's own.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "../eval/cpu/elementwise.hpp"
+#include "../expr/nodes.hpp"
+#include "../tensor.hpp"
+
+namespace deft {
+
+/// A tensor of `shape` with every element `value`.
+template <Element T = float>
+Tensor<T> full(const Shape& shape, T value, Device device = cpu()) {
+  const detail::BroadcastTo<detail::Constant<T>> e(detail::Constant<T>(value), shape);
+  return detail::record_new<T>(
+      "full", shape, device, [e](detail::Buffer& out) { detail::cpu::evaluate(e, out.as<T>()); }, [](detail::Task&) {});
+}
+template <Element T = float>
+Tensor<T> zeros(const Shape& shape, Device device = cpu()) { return full<T>(shape, T(0), device); }
+template <Element T = float>
+Tensor<T> ones(const Shape& shape, Device device = cpu()) { return full<T>(shape, T(1), device); }
+
+/// start, start + step, ... up to (not including) stop, as numpy.arange.
+template <Element T = float>
+Tensor<T> arange(T start, T stop, T step = T(1), Device device = cpu()) {
+  if (step == T(0)) detail::raise("arange: step must not be zero");
+  const double span = (double(stop) - double(start)) / double(step);
+  const std::int64_t n = span > 0 ? std::int64_t(std::ceil(span)) : 0;
+  return detail::record_new<T>(
+      "arange", Shape{n}, device,
+      [start, step, n](detail::Buffer& out) {
+        T* p = out.as<T>();
+        detail::cpu::parallel_range(n, 1, 64, [&](std::int64_t lo, std::int64_t hi) {
+          for (std::int64_t i = lo; i < hi; ++i) p[i] = static_cast<T>(start + static_cast<T>(i) * step);
+        });
+      },
+      [](detail::Task&) {});
+}
+template <Element T = float>
+Tensor<T> arange(T stop) { return arange<T>(T(0), stop); }
+
+}  // namespace deft

@@ -1,0 +1,123 @@
+// Matrix products and transposes. Both materialise: each records one task,
+// so independent products run in parallel (`dot(a, b) + dot(c, d)`).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "../eval/cpu/gemm.hpp"
+#include "../eval/cpu/permute.hpp"
+#include "../expr/operators.hpp"
+#include "../tensor.hpp"
+
+namespace deft {
+namespace detail {
+
+/// How a product maps onto `batch` GEMMs of (m x k) * (k x n).
+struct ProductPlan {
+  std::int64_t batch = 1, m = 1, n = 1, k = 1;
+  bool shared_rhs = true;  // the right operand is the same matrix for every batch
+  Shape out;
+};
+
+inline ProductPlan plan_product(const Shape& a, const Shape& b, const char* op) {
+  auto fail = [&] {
+    raise(op, ": cannot multiply shapes ", a.to_string(), " and ", b.to_string(),
+          " (supported: (k)(k), (m,k)(k,n), (m,k)(k), (k)(k,n), (b,m,k)(b,k,n), (b,m,k)(k,n))");
+  };
+  ProductPlan p;
+  const int ra = a.rank(), rb = b.rank();
+  if (ra == 0 || rb == 0 || ra > 3 || rb > 3 || (ra < 3 && rb == 3)) fail();
+  const std::int64_t ka = a[ra - 1], kb = rb == 1 ? b[0] : b[rb - 2];
+  if (ka != kb)
+    raise(op, ": inner extents differ: ", a.to_string(), " has ", ka, " columns but ", b.to_string(), " has ", kb,
+          " rows");
+  p.k = ka;
+  p.m = ra >= 2 ? a[ra - 2] : 1;
+  p.n = rb >= 2 ? b[rb - 1] : 1;
+  if (ra == 3) p.batch = a[0];
+  if (rb == 3) {
+    if (b[0] != a[0]) raise(op, ": batch extents differ: ", a.to_string(), " and ", b.to_string());
+    p.shared_rhs = false;
+  }
+  if (ra == 3) p.out.push_back(p.batch);
+  if (ra >= 2) p.out.push_back(p.m);
+  if (rb >= 2) p.out.push_back(p.n);
+  return p;
+}
+
+/// A leaf over a contiguous value: tensors as they are, expressions evaluated first.
+template <class X>
+auto materialized_leaf(X&& x) {
+  if constexpr (is_tensor<std::remove_cvref_t<X>>::value) return x.leaf();
+  else return eval(std::forward<X>(x)).leaf();
+}
+
+}  // namespace detail
+
+/// Matrix product (numpy dot for ranks 1-2, batched for rank 3).
+template <Operand A, Operand B>
+auto dot(A&& a, B&& b) {
+  auto la = detail::materialized_leaf(std::forward<A>(a));
+  auto lb = detail::materialized_leaf(std::forward<B>(b));
+  using T = detail::value_t<decltype(la)>;
+  static_assert(std::is_same_v<T, detail::value_t<decltype(lb)>>,
+                "deft: dot needs operands of one element type; use deft::cast<U>(x)");
+  const auto plan = detail::plan_product(la.shape(), lb.shape(), "dot");
+  const Device dev = detail::common_device(la, lb, "dot");
+  return detail::record_new<T>(
+      "dot", plan.out, dev,
+      [la, lb, plan](detail::Buffer& out) {
+        const T* pa = la.buffer->template as<const T>() + la.offset;
+        const T* pb = lb.buffer->template as<const T>() + lb.offset;
+        T* pc = out.as<T>();
+        for (std::int64_t i = 0; i < plan.batch; ++i)
+          detail::cpu::gemm(plan.m, plan.n, plan.k, pa + i * plan.m * plan.k,
+                            pb + (plan.shared_rhs ? 0 : i * plan.k * plan.n), pc + i * plan.m * plan.n);
+      },
+      [&](detail::Task& t) {
+        t.add_input(la.buffer);
+        t.add_input(lb.buffer);
+      });
+}
+/// Same as dot.
+template <Operand A, Operand B>
+auto matmul(A&& a, B&& b) { return dot(std::forward<A>(a), std::forward<B>(b)); }
+
+/// Axes permuted: out.shape[i] = x.shape[axes[i]] (a new tensor).
+template <Operand X>
+auto transpose(X&& x, const std::vector<int>& axes) {
+  auto l = detail::materialized_leaf(std::forward<X>(x));
+  using T = detail::value_t<decltype(l)>;
+  const Shape in = l.shape();
+  if (int(axes.size()) != in.rank())
+    detail::raise("transpose: ", axes.size(), " axes given for a tensor of shape ", in.to_string());
+  std::array<int, max_rank> perm{};
+  std::array<bool, max_rank> seen{};
+  Shape out;
+  for (int d = 0; d < in.rank(); ++d) {
+    const int a = normalize_axis(axes[d], in.rank(), "transpose");
+    if (seen[a]) detail::raise("transpose: axis ", axes[d], " repeated for shape ", in.to_string());
+    seen[a] = true;
+    perm[d] = a;
+    out.push_back(in[a]);
+  }
+  return detail::record_new<T>(
+      "transpose", out, l.device(),
+      [l, perm](detail::Buffer& b) {
+        detail::cpu::permute(l.buffer->template as<const T>() + l.offset, l.shape(), perm, b.as<T>());
+      },
+      [&](detail::Task& t) { t.add_input(l.buffer); });
+}
+/// Axes reversed (the usual matrix transpose for rank 2).
+template <Operand X>
+auto transpose(X&& x) {
+  const int r = as_expr(x).shape().rank();
+  std::vector<int> axes(r);
+  std::iota(axes.rbegin(), axes.rend(), 0);
+  return transpose(std::forward<X>(x), axes);
+}
+
+}  // namespace deft

@@ -1,0 +1,120 @@
+// Reductions over all elements or along one axis: sum mean max min norm argmax.
+// Each records one task; an expression operand is consumed block by block.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "../eval/cpu/reduce.hpp"
+#include "../expr/operators.hpp"
+#include "../tensor.hpp"
+
+namespace deft {
+namespace detail {
+
+template <class E>
+auto input_declarer(const E& e) {
+  return [&e](Task& t) { e.for_each_leaf([&](const auto& leaf) { t.add_input(leaf.buffer); }); };
+}
+
+/// The result shape of reducing `in` over `axis` (all axes when empty).
+inline Shape reduced_shape(const Shape& in, std::optional<int> axis, bool keepdims) {
+  if (axis) return in.without(*axis, keepdims);
+  Shape s;
+  if (keepdims)
+    for (int d = 0; d < in.rank(); ++d) s.push_back(1);
+  return s;
+}
+
+template <template <class> class R, class X>
+auto reduce(const char* name, X&& x, std::optional<int> axis, bool keepdims, bool needs_elements) {
+  auto e = as_expr(std::forward<X>(x));
+  using T = value_t<decltype(e)>;
+  const Shape in = e.shape();
+  if (axis) axis = normalize_axis(*axis, in.rank(), name);
+  if (needs_elements && (axis ? in[*axis] == 0 : in.size() == 0))
+    raise(name, ": cannot reduce an empty extent (shape ", in.to_string(), axis ? ", axis " + std::to_string(*axis) : "",
+          ")");
+  const Shape out = reduced_shape(in, axis, keepdims);
+  if (axis)
+    return record_new<T>(name, out, e.device(), [e, ax = *axis](Buffer& b) { cpu::reduce_axis<R<T>>(e, ax, b.as<T>()); },
+                         input_declarer(e));
+  return record_new<T>(name, out, e.device(), [e](Buffer& b) { cpu::reduce_all<R<T>>(e, b.as<T>()); },
+                       input_declarer(e));
+}
+
+template <class X>
+void require_floating(const char* name) {
+  static_assert(std::is_floating_point_v<value_t<expr_t<X>>>,
+                "deft: mean and norm need a floating-point operand; use deft::cast<float>(x)");
+  (void)name;
+}
+
+}  // namespace detail
+
+/// Sum of all elements (a 0-d tensor), or along `axis`.
+template <Operand X>
+auto sum(X&& x) { return detail::reduce<detail::cpu::SumReducer>("sum", std::forward<X>(x), std::nullopt, false, false); }
+template <Operand X>
+auto sum(X&& x, int axis, bool keepdims = false) {
+  return detail::reduce<detail::cpu::SumReducer>("sum", std::forward<X>(x), axis, keepdims, false);
+}
+/// Arithmetic mean (floating point only; NaN for an empty tensor).
+template <Operand X>
+auto mean(X&& x) {
+  detail::require_floating<X>("mean");
+  return detail::reduce<detail::cpu::MeanReducer>("mean", std::forward<X>(x), std::nullopt, false, false);
+}
+template <Operand X>
+auto mean(X&& x, int axis, bool keepdims = false) {
+  detail::require_floating<X>("mean");
+  return detail::reduce<detail::cpu::MeanReducer>("mean", std::forward<X>(x), axis, keepdims, false);
+}
+/// Largest element (NaN if any is NaN); throws for an empty tensor.
+template <Operand X>
+auto max(X&& x) { return detail::reduce<detail::cpu::MaxReducer>("max", std::forward<X>(x), std::nullopt, false, true); }
+template <Operand X>
+auto max(X&& x, int axis, bool keepdims = false) {
+  return detail::reduce<detail::cpu::MaxReducer>("max", std::forward<X>(x), axis, keepdims, true);
+}
+/// Smallest element (NaN if any is NaN); throws for an empty tensor.
+template <Operand X>
+auto min(X&& x) { return detail::reduce<detail::cpu::MinReducer>("min", std::forward<X>(x), std::nullopt, false, true); }
+template <Operand X>
+auto min(X&& x, int axis, bool keepdims = false) {
+  return detail::reduce<detail::cpu::MinReducer>("min", std::forward<X>(x), axis, keepdims, true);
+}
+/// Euclidean (L2) norm (floating point only).
+template <Operand X>
+auto norm(X&& x) {
+  detail::require_floating<X>("norm");
+  return detail::reduce<detail::cpu::NormReducer>("norm", std::forward<X>(x), std::nullopt, false, false);
+}
+template <Operand X>
+auto norm(X&& x, int axis, bool keepdims = false) {
+  detail::require_floating<X>("norm");
+  return detail::reduce<detail::cpu::NormReducer>("norm", std::forward<X>(x), axis, keepdims, false);
+}
+
+/// Flat index of the first largest element (int64, 0-d), or indices along `axis`.
+template <Operand X>
+Tensor<std::int64_t> argmax(X&& x) {
+  auto e = as_expr(std::forward<X>(x));
+  if (e.shape().size() == 0) detail::raise("argmax: an empty tensor (shape ", e.shape().to_string(), ") has no maximum");
+  return detail::record_new<std::int64_t>(
+      "argmax", Shape{}, e.device(), [e](detail::Buffer& b) { detail::cpu::argmax_all(e, b.as<std::int64_t>()); },
+      detail::input_declarer(e));
+}
+template <Operand X>
+Tensor<std::int64_t> argmax(X&& x, int axis, bool keepdims = false) {
+  auto e = as_expr(std::forward<X>(x));
+  const Shape in = e.shape();
+  axis = normalize_axis(axis, in.rank(), "argmax");
+  if (in[axis] == 0) detail::raise("argmax: axis ", axis, " of shape ", in.to_string(), " is empty");
+  return detail::record_new<std::int64_t>(
+      "argmax", in.without(axis, keepdims), e.device(),
+      [e, axis](detail::Buffer& b) { detail::cpu::argmax_axis(e, axis, b.as<std::int64_t>()); }, detail::input_declarer(e));
+}
+
+}  // namespace deft

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what deft needs to build its tests and examples on Debian/Ubuntu:
+# a C++20 compiler, CMake, xsimd and Boost.Test. Safe to run again.
+set -euo pipefail
+packages=(g++ cmake make libxsimd-dev libboost-test-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deft setup: installing ${missing[*]}"
+  as_root=()
+  [ "$(id -u)" -eq 0 ] || as_root=(sudo)
+  "${as_root[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+echo "deft setup: dependencies present"

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <type_traits>
@@ -41,12 +42,20 @@ inline void require_cpu(Device d, const char* op) {
 template <Element T>
 Tensor<T> tensor_from_buffer(std::shared_ptr<Buffer> b, const Shape& s);
 
+/// Bytes of a T tensor of shape s; std::length_error when that overflows.
+template <Element T>
+std::size_t bytes_for(const Shape& s) {
+  if (std::uint64_t(s.size()) > std::numeric_limits<std::size_t>::max() / sizeof(T))
+    raise<std::length_error>("a ", dtype_name_of<T>, " tensor of shape ", s.to_string(), " needs more bytes than fit in memory");
+  return std::size_t(s.size()) * sizeof(T);
+}
+
 /// Records a task that writes a new tensor of `shape`: kernel(Buffer&) fills
 /// it; add_inputs(Task&) declares what it reads.
 template <Element T, class Kernel, class AddInputs>
 Tensor<T> record_new(const char* name, const Shape& shape, Device dev, Kernel kernel, AddInputs&& add_inputs) {
   require_cpu(dev, name);
-  auto buf = std::make_shared<Buffer>(std::size_t(shape.size()) * sizeof(T), dev);
+  auto buf = std::make_shared<Buffer>(bytes_for<T>(shape), dev);
   auto task = make_task(name, buf->bytes, std::move(kernel));
   add_inputs(*task);
   task->output = buf;

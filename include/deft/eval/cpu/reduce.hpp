@@ -190,9 +190,9 @@ struct Best {
   }
 };
 template <class T>
-inline void argmax_update(Best<T>& best, const T* p, std::int64_t n, std::int64_t start, std::int64_t stride_index = 1) {
+inline void argmax_update(Best<T>& best, const T* p, std::int64_t n, std::int64_t start) {
   for (std::int64_t i = 0; i < n; ++i) {
-    const Best<T> c{p[i], (start + i) / stride_index};
+    const Best<T> c{p[i], start + i};
     if (c.better_than(best)) best = c;
   }
 }
@@ -222,29 +222,40 @@ inline void argmax_axis(const Expr& e, int axis, std::int64_t* out) {
   auto v = e.view(e.shape());
   const Shape s = collapse(v, e.shape());
   const AxisSplit g(e.shape(), axis);
-  parallel_range(g.outer * g.inner, g.len * (Expr::cost + 1), 1, [&](std::int64_t r0, std::int64_t r1) {
-    if (g.inner == 1) {
-      for (std::int64_t o = r0; o < r1; ++o) {
+  if (g.inner == 1) {
+    parallel_range(g.outer, g.len * (Expr::cost + 1), 1, [&](std::int64_t o0, std::int64_t o1) {
+      for (std::int64_t o = o0; o < o1; ++o) {
         Best<T> best{T(0), -1};
         visit_values(v, s, o * g.len, (o + 1) * g.len, [&](const T* p, std::int64_t n, std::int64_t start) {
           argmax_update(best, p, n, start - o * g.len);
         });
         out[o] = best.index;
       }
-      return;
-    }
-    for (std::int64_t r = r0; r < r1; ++r) {  // one output element at a time (strided reads)
-      const std::int64_t o = r / g.inner, i = r % g.inner;
-      Best<T> best{T(0), -1};
-      for (std::int64_t j = 0; j < g.len; ++j)
-        visit_values(v, s, (o * g.len + j) * g.inner + i, (o * g.len + j) * g.inner + i + 1,
-                     [&](const T* p, std::int64_t, std::int64_t) {
-                       const Best<T> c{*p, j};
-                       if (c.better_than(best)) best = c;
-                     });
-      out[r] = best.index;
-    }
-  });
+    });
+    return;
+  }
+  // Along a leading axis: a tile of `inner` candidates advanced row by row.
+  constexpr std::int64_t tile = thresholds::reduce_block;
+  const std::int64_t tiles_per_outer = (g.inner + tile - 1) / tile;
+  parallel_range(g.outer * tiles_per_outer, g.len * std::min(g.inner, tile) * (Expr::cost + 1), 1,
+                 [&](std::int64_t t0, std::int64_t t1) {
+                   std::vector<Best<T>> best(tile);
+                   for (std::int64_t t = t0; t < t1; ++t) {
+                     const std::int64_t o = t / tiles_per_outer, i0 = (t % tiles_per_outer) * tile;
+                     const std::int64_t w = std::min(tile, g.inner - i0);
+                     std::fill(best.begin(), best.begin() + w, Best<T>{T(0), -1});
+                     for (std::int64_t j = 0; j < g.len; ++j) {
+                       const std::int64_t base = (o * g.len + j) * g.inner + i0;
+                       visit_values(v, s, base, base + w, [&](const T* p, std::int64_t n, std::int64_t start) {
+                         for (std::int64_t i = 0; i < n; ++i) {
+                           const Best<T> c{p[i], j};
+                           if (c.better_than(best[start - base + i])) best[start - base + i] = c;
+                         }
+                       });
+                     }
+                     for (std::int64_t i = 0; i < w; ++i) out[o * g.inner + i0 + i] = best[i].index;
+                   }
+                 });
 }
 
 }  // namespace deft::detail::cpu

@@ -21,7 +21,7 @@
 #include "core/error.hpp"
 #include "core/shape.hpp"
 #include "engine/engine.hpp"
-#include "eval/cpu/elementwise.hpp"
+#include "eval/executor.hpp"
 #include "expr/nodes.hpp"
 
 namespace deft {
@@ -33,11 +33,6 @@ struct Var {
   std::mutex m;
   std::shared_ptr<Buffer> current;
 };
-
-inline void require_cpu(Device d, const char* op) {
-  if (d.type != DeviceType::cpu)
-    raise(op, ": tensors on ", d, " need deft's CUDA backend, which this build does not include");
-}
 
 template <Element T>
 Tensor<T> tensor_from_buffer(std::shared_ptr<Buffer> b, const Shape& s);
@@ -54,7 +49,7 @@ std::size_t bytes_for(const Shape& s) {
 /// it; add_inputs(Task&) declares what it reads.
 template <Element T, class Kernel, class AddInputs>
 Tensor<T> record_new(const char* name, const Shape& shape, Device dev, Kernel kernel, AddInputs&& add_inputs) {
-  require_cpu(dev, name);
+  require_backend(dev, name);
   auto buf = std::make_shared<Buffer>(bytes_for<T>(shape), dev);
   auto task = make_task(name, buf->bytes, std::move(kernel));
   add_inputs(*task);
@@ -69,7 +64,7 @@ template <Expression E>
 Tensor<value_t<E>> record_expression(const E& e) {
   using T = value_t<E>;
   return record_new<T>(
-      "elementwise", e.shape(), e.device(), [e](Buffer& out) { cpu::evaluate(e, out.as<T>()); },
+      "elementwise", e.shape(), e.device(), [e](Buffer& out) { on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>()); }); },
       [&](Task& t) { e.for_each_leaf([&](const auto& leaf) { t.add_input(leaf.buffer); }); });
 }
 
@@ -88,7 +83,7 @@ class Tensor {
 
   /// A tensor holding `values` (row-major) with `shape`; ready at once.
   Tensor(std::vector<T> values, Shape shape, Device device = cpu()) : shape_(shape) {
-    detail::require_cpu(device, "Tensor(values, shape)");
+    detail::require_backend(device, "Tensor(values, shape)");
     if (std::int64_t(values.size()) != shape.size())
       detail::raise("Tensor(values, shape): ", values.size(), " values cannot fill shape ", shape.to_string(), " (",
                     shape.size(), " elements)");
@@ -258,7 +253,7 @@ class Tensor {
   template <class E>
   void assign(E e, const char* op) {
     auto& v = var();
-    detail::require_cpu(v.current->device, op);
+    detail::require_backend(v.current->device, op);
     if (!(e.device() == v.current->device))
       detail::raise(op, ": cannot write a value on ", e.device(), " into a tensor on ", v.current->device);
     std::shared_ptr<detail::Task> task;
@@ -277,7 +272,7 @@ class Tensor {
       if (!overlaps && cur.use_count() == 1 + same) {
         // Nobody else can see this version: write it in place.
         task = detail::make_task(op, std::size_t(size()) * sizeof(T),
-                                 [e, off](detail::Buffer& out) { detail::cpu::evaluate(e, out.as<T>() + off); });
+                                 [e, off](detail::Buffer& out) { detail::on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>() + off); }); });
         e.for_each_leaf([&](const auto& l) { task->add_input(l.buffer); });
         if (same == 0 && whole) detail::Engine::get().supersede(cur->producer, *task);
         else task->add_input(cur);
@@ -287,11 +282,11 @@ class Tensor {
         // Copy-on-write: pending readers keep the old version.
         auto fresh = std::make_shared<detail::Buffer>(cur->bytes, cur->device);
         if (whole) {
-          task = detail::make_task(op, fresh->bytes, [e](detail::Buffer& out) { detail::cpu::evaluate(e, out.as<T>()); });
+          task = detail::make_task(op, fresh->bytes, [e](detail::Buffer& out) { detail::on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>()); }); });
         } else {
           task = detail::make_task(op, fresh->bytes, [e, off, old = cur](detail::Buffer& out) {
             std::memcpy(out.data, old->data, old->bytes);
-            detail::cpu::evaluate(e, out.as<T>() + off);
+            detail::on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>() + off); });
           });
           task->add_input(cur);
         }

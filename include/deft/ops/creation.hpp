@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "../eval/cpu/elementwise.hpp"
+#include "../eval/executor.hpp"
 #include "../expr/nodes.hpp"
 #include "../tensor.hpp"
 
@@ -15,7 +15,7 @@ template <Element T = float>
 Tensor<T> full(const Shape& shape, T value, Device device = cpu()) {
   const detail::BroadcastTo<detail::Constant<T>> e(detail::Constant<T>(value), shape);
   return detail::record_new<T>(
-      "full", shape, device, [e](detail::Buffer& out) { detail::cpu::evaluate(e, out.as<T>()); }, [](detail::Task&) {});
+      "full", shape, device, [e](detail::Buffer& out) { detail::on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>()); }); }, [](detail::Task&) {});
 }
 template <Element T = float>
 Tensor<T> zeros(const Shape& shape, Device device = cpu()) { return full<T>(shape, T(0), device); }
@@ -32,8 +32,10 @@ Tensor<T> arange(T start, T stop, T step = T(1), Device device = cpu()) {
       "arange", Shape{n}, device,
       [start, step, n](detail::Buffer& out) {
         T* p = out.as<T>();
-        detail::cpu::parallel_range(n, 1, 64, [&](std::int64_t lo, std::int64_t hi) {
-          for (std::int64_t i = lo; i < hi; ++i) p[i] = static_cast<T>(start + static_cast<T>(i) * step);
+        detail::on_device(out.device, [&](auto ex) {
+          ex.parallel_range(n, 1, 64, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t i = lo; i < hi; ++i) p[i] = static_cast<T>(start + static_cast<T>(i) * step);
+          });
         });
       },
       [](detail::Task&) {});

@@ -7,8 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "../eval/cpu/gemm.hpp"
-#include "../eval/cpu/permute.hpp"
+#include "../eval/executor.hpp"
 #include "../expr/operators.hpp"
 #include "../tensor.hpp"
 
@@ -73,9 +72,11 @@ auto dot(A&& a, B&& b) {
         const T* pa = la.buffer->template as<const T>() + la.offset;
         const T* pb = lb.buffer->template as<const T>() + lb.offset;
         T* pc = out.as<T>();
-        for (std::int64_t i = 0; i < plan.batch; ++i)
-          detail::cpu::gemm(plan.m, plan.n, plan.k, pa + i * plan.m * plan.k,
-                            pb + (plan.shared_rhs ? 0 : i * plan.k * plan.n), pc + i * plan.m * plan.n);
+        detail::on_device(out.device, [&](auto ex) {
+          for (std::int64_t i = 0; i < plan.batch; ++i)
+            ex.gemm(plan.m, plan.n, plan.k, pa + i * plan.m * plan.k, pb + (plan.shared_rhs ? 0 : i * plan.k * plan.n),
+                    pc + i * plan.m * plan.n);
+        });
       },
       [&](detail::Task& t) {
         t.add_input(la.buffer);
@@ -107,7 +108,9 @@ auto transpose(X&& x, const std::vector<int>& axes) {
   return detail::record_new<T>(
       "transpose", out, l.device(),
       [l, perm](detail::Buffer& b) {
-        detail::cpu::permute(l.buffer->template as<const T>() + l.offset, l.shape(), perm, b.as<T>());
+        detail::on_device(b.device, [&](auto ex) {
+          ex.permute(l.buffer->template as<const T>() + l.offset, l.shape(), perm, b.as<T>());
+        });
       },
       [&](detail::Task& t) { t.add_input(l.buffer); });
 }

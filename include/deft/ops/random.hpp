@@ -10,7 +10,7 @@
 #include <type_traits>
 
 #include "../core/config.hpp"
-#include "../eval/cpu/elementwise.hpp"
+#include "../eval/executor.hpp"
 #include "../tensor.hpp"
 
 namespace deft::detail {
@@ -60,9 +60,9 @@ enum class Distribution { uniform, normal };
 
 // Element i of a call uses Philox block i / 2: two 32-bit words per element
 // (one pair per uniform, a Box-Muller pair per two normals).
-template <class T, Distribution D>
-inline void fill_random(T* out, std::int64_t n, std::uint64_t key, std::uint64_t stream, double a, double b) {
-  cpu::parallel_range((n + 1) / 2, 40, 32, [&](std::int64_t q0, std::int64_t q1) {
+template <class T, Distribution D, class Executor>
+inline void fill_random(Executor ex, T* out, std::int64_t n, std::uint64_t key, std::uint64_t stream, double a, double b) {
+  ex.parallel_range((n + 1) / 2, 40, 32, [&](std::int64_t q0, std::int64_t q1) {
     for (std::int64_t q = q0; q < q1; ++q) {
       const auto w = Philox::block(key, stream, std::uint64_t(q));
       double v[2];
@@ -89,7 +89,9 @@ Tensor<T> random_tensor(const char* name, double a, double b, const Shape& shape
   const auto [key, stream] = RandomState::get().next_call();
   return record_new<T>(
       name, shape, device,
-      [a, b, key, stream, n = shape.size()](Buffer& out) { fill_random<T, D>(out.as<T>(), n, key, stream, a, b); },
+      [a, b, key, stream, n = shape.size()](Buffer& out) {
+        on_device(out.device, [&](auto ex) { fill_random<T, D>(ex, out.as<T>(), n, key, stream, a, b); });
+      },
       [](Task&) {});
 }
 

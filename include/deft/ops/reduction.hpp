@@ -6,7 +6,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "../eval/cpu/reduce.hpp"
+#include "../eval/executor.hpp"
+#include "../expr/reducers.hpp"
 #include "../expr/operators.hpp"
 #include "../tensor.hpp"
 
@@ -38,9 +39,9 @@ auto reduce(const char* name, X&& x, std::optional<int> axis, bool keepdims, boo
           ")");
   const Shape out = reduced_shape(in, axis, keepdims);
   if (axis)
-    return record_new<T>(name, out, e.device(), [e, ax = *axis](Buffer& b) { cpu::reduce_axis<R<T>>(e, ax, b.as<T>()); },
+    return record_new<T>(name, out, e.device(), [e, ax = *axis](Buffer& b) { on_device(b.device, [&](auto ex) { ex.template reduce_axis<R<T>>(e, ax, b.as<T>()); }); },
                          input_declarer(e));
-  return record_new<T>(name, out, e.device(), [e](Buffer& b) { cpu::reduce_all<R<T>>(e, b.as<T>()); },
+  return record_new<T>(name, out, e.device(), [e](Buffer& b) { on_device(b.device, [&](auto ex) { ex.template reduce_all<R<T>>(e, b.as<T>()); }); },
                        input_declarer(e));
 }
 
@@ -55,46 +56,46 @@ void require_floating(const char* name) {
 
 /// Sum of all elements (a 0-d tensor), or along `axis`.
 template <Operand X>
-auto sum(X&& x) { return detail::reduce<detail::cpu::SumReducer>("sum", std::forward<X>(x), std::nullopt, false, false); }
+auto sum(X&& x) { return detail::reduce<detail::SumReducer>("sum", std::forward<X>(x), std::nullopt, false, false); }
 template <Operand X>
 auto sum(X&& x, int axis, bool keepdims = false) {
-  return detail::reduce<detail::cpu::SumReducer>("sum", std::forward<X>(x), axis, keepdims, false);
+  return detail::reduce<detail::SumReducer>("sum", std::forward<X>(x), axis, keepdims, false);
 }
 /// Arithmetic mean (floating point only; NaN for an empty tensor).
 template <Operand X>
 auto mean(X&& x) {
   detail::require_floating<X>("mean");
-  return detail::reduce<detail::cpu::MeanReducer>("mean", std::forward<X>(x), std::nullopt, false, false);
+  return detail::reduce<detail::MeanReducer>("mean", std::forward<X>(x), std::nullopt, false, false);
 }
 template <Operand X>
 auto mean(X&& x, int axis, bool keepdims = false) {
   detail::require_floating<X>("mean");
-  return detail::reduce<detail::cpu::MeanReducer>("mean", std::forward<X>(x), axis, keepdims, false);
+  return detail::reduce<detail::MeanReducer>("mean", std::forward<X>(x), axis, keepdims, false);
 }
 /// Largest element (NaN if any is NaN); throws for an empty tensor.
 template <Operand X>
-auto max(X&& x) { return detail::reduce<detail::cpu::MaxReducer>("max", std::forward<X>(x), std::nullopt, false, true); }
+auto max(X&& x) { return detail::reduce<detail::MaxReducer>("max", std::forward<X>(x), std::nullopt, false, true); }
 template <Operand X>
 auto max(X&& x, int axis, bool keepdims = false) {
-  return detail::reduce<detail::cpu::MaxReducer>("max", std::forward<X>(x), axis, keepdims, true);
+  return detail::reduce<detail::MaxReducer>("max", std::forward<X>(x), axis, keepdims, true);
 }
 /// Smallest element (NaN if any is NaN); throws for an empty tensor.
 template <Operand X>
-auto min(X&& x) { return detail::reduce<detail::cpu::MinReducer>("min", std::forward<X>(x), std::nullopt, false, true); }
+auto min(X&& x) { return detail::reduce<detail::MinReducer>("min", std::forward<X>(x), std::nullopt, false, true); }
 template <Operand X>
 auto min(X&& x, int axis, bool keepdims = false) {
-  return detail::reduce<detail::cpu::MinReducer>("min", std::forward<X>(x), axis, keepdims, true);
+  return detail::reduce<detail::MinReducer>("min", std::forward<X>(x), axis, keepdims, true);
 }
 /// Euclidean (L2) norm (floating point only).
 template <Operand X>
 auto norm(X&& x) {
   detail::require_floating<X>("norm");
-  return detail::reduce<detail::cpu::NormReducer>("norm", std::forward<X>(x), std::nullopt, false, false);
+  return detail::reduce<detail::NormReducer>("norm", std::forward<X>(x), std::nullopt, false, false);
 }
 template <Operand X>
 auto norm(X&& x, int axis, bool keepdims = false) {
   detail::require_floating<X>("norm");
-  return detail::reduce<detail::cpu::NormReducer>("norm", std::forward<X>(x), axis, keepdims, false);
+  return detail::reduce<detail::NormReducer>("norm", std::forward<X>(x), axis, keepdims, false);
 }
 
 /// Flat index of the first largest element (int64, 0-d), or indices along `axis`.
@@ -103,7 +104,7 @@ Tensor<std::int64_t> argmax(X&& x) {
   auto e = as_expr(std::forward<X>(x));
   if (e.shape().size() == 0) detail::raise("argmax: an empty tensor (shape ", e.shape().to_string(), ") has no maximum");
   return detail::record_new<std::int64_t>(
-      "argmax", Shape{}, e.device(), [e](detail::Buffer& b) { detail::cpu::argmax_all(e, b.as<std::int64_t>()); },
+      "argmax", Shape{}, e.device(), [e](detail::Buffer& b) { detail::on_device(b.device, [&](auto ex) { ex.argmax_all(e, b.as<std::int64_t>()); }); },
       detail::input_declarer(e));
 }
 template <Operand X>
@@ -114,7 +115,7 @@ Tensor<std::int64_t> argmax(X&& x, int axis, bool keepdims = false) {
   if (in[axis] == 0) detail::raise("argmax: axis ", axis, " of shape ", in.to_string(), " is empty");
   return detail::record_new<std::int64_t>(
       "argmax", in.without(axis, keepdims), e.device(),
-      [e, axis](detail::Buffer& b) { detail::cpu::argmax_axis(e, axis, b.as<std::int64_t>()); }, detail::input_declarer(e));
+      [e, axis](detail::Buffer& b) { detail::on_device(b.device, [&](auto ex) { ex.argmax_axis(e, axis, b.as<std::int64_t>()); }); }, detail::input_declarer(e));
 }
 
 }  // namespace deft

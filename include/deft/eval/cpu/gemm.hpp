@@ -150,7 +150,7 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, con
           const T* row = a + i * k;
           B acc(T(0));
           std::int64_t p = 0;
-          for (; p + B::size <= k; p += B::size) acc = xsimd::fma(B::load_unaligned(row + p), B::load_unaligned(b + p), acc);
+          for (; p + std::int64_t(B::size) <= k; p += std::int64_t(B::size)) acc = xsimd::fma(B::load_unaligned(row + p), B::load_unaligned(b + p), acc);
           T s = xsimd::hadd(acc);
           for (; p < k; ++p) s += row[p] * b[p];
           c[i] = s;

@@ -9,45 +9,10 @@
 #include <vector>
 
 #include "../../expr/nodes.hpp"
+#include "../../expr/reducers.hpp"
 #include "elementwise.hpp"
 
 namespace deft::detail::cpu {
-
-// --- reducers: how values combine --------------------------------------------
-template <class T>
-struct SumReducer {
-  static T identity() { return T(0); }
-  template <class V>
-  static V step(const V& acc, const V& x) { return Add{}(acc, x); }
-  static T merge(T a, T b) { return Add{}(a, b); }
-  static T finish(T acc, std::int64_t) { return acc; }
-};
-template <class T>
-struct MeanReducer : SumReducer<T> {
-  static T finish(T acc, std::int64_t n) { return n ? acc / T(n) : std::numeric_limits<T>::quiet_NaN(); }
-};
-template <class T>
-struct NormReducer : SumReducer<T> {  // sum of squares, then the square root
-  template <class V>
-  static V step(const V& acc, const V& x) { return acc + x * x; }
-  static T finish(T acc, std::int64_t) { return std::sqrt(acc); }
-};
-template <class T>
-struct MaxReducer {
-  static T identity() { return std::numeric_limits<T>::lowest(); }
-  template <class V>
-  static V step(const V& acc, const V& x) { return Maximum{}(x, acc); }  // x first: a NaN in x sticks
-  static T merge(T a, T b) { return Maximum{}(a, b); }
-  static T finish(T acc, std::int64_t) { return acc; }
-};
-template <class T>
-struct MinReducer {
-  static T identity() { return std::numeric_limits<T>::max(); }
-  template <class V>
-  static V step(const V& acc, const V& x) { return Minimum{}(x, acc); }
-  static T merge(T a, T b) { return Minimum{}(a, b); }
-  static T finish(T acc, std::int64_t) { return acc; }
-};
 
 /// Reduces n contiguous values with R (SIMD with four accumulators).
 template <class R, class T>
@@ -166,7 +131,7 @@ inline void reduce_axis(const Expr& e, int axis, T* out) {
                          std::int64_t i = 0;
                          if constexpr (std::is_floating_point_v<T>) {
                            using B = xsimd::batch<T>;
-                           for (; i + B::size <= n; i += B::size)
+                           for (; i + std::int64_t(B::size) <= n; i += std::int64_t(B::size))
                              R::step(B::load_unaligned(a + i), B::load_unaligned(p + i)).store_unaligned(a + i);
                          }
                          for (; i < n; ++i) a[i] = R::step(a[i], p[i]);

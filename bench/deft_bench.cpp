@@ -242,7 +242,7 @@ void bench_parallel() {
   {
     // Reference: the same FMA loop on every thread at once, by hand (std::thread).
     const int all = engine::num_workers();
-    constexpr long iterations = 2000000;
+    constexpr long iterations = 10000000;  // about 15 ms on one AVX-512 core
     auto spin = [&](int threads) {
       std::vector<std::thread> ts;
       std::vector<float> out(threads);
@@ -304,6 +304,13 @@ void write_csv(const std::string& path) {
         << r.unit << ',' << r.median << ',' << r.min << '\n';
 }
 
+/// The first field of /proc/loadavg (other processes competing for the cores), or "n/a".
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string first;
+  return in >> first ? first : "n/a";
+}
+
 void usage() {
   std::fprintf(stderr, "usage: deft_bench [--filter SUBSTRING] [--csv FILE] [--repeats N]\n"
                        "groups: record, sync_vs_deferred, parallel\n");
@@ -324,8 +331,9 @@ int main(int argc, char** argv) {
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
-  std::printf("deft_bench: deft %d.%d.%d, %d workers, median and min of %d repeats after 1 warm-up\n",
-              DEFT_VERSION_MAJOR, DEFT_VERSION_MINOR, DEFT_VERSION_PATCH, engine::num_workers(), opts.repeats);
+  std::printf("deft_bench: deft %d.%d.%d, %d workers, median and min of %d repeats after 1 warm-up, load average before start %s\n",
+              DEFT_VERSION_MAJOR, DEFT_VERSION_MINOR, DEFT_VERSION_PATCH, engine::num_workers(), opts.repeats,
+              load_average().c_str());
   std::printf("%-18s %-28s %-8s %7s %-16s %-7s %12s %12s\n", "group", "case", "library", "threads", "size", "unit",
               "median", "min");
   if (selected("record")) bench_record();

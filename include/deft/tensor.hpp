@@ -70,11 +70,14 @@ Tensor<value_t<E>> record_expression(const E& e) {
 
 }  // namespace detail
 
+namespace detail {
+/// An operand other than a Tensor<T> itself (those are copied as handles).
+template <class E, class T>
+concept foreign_operand = Operand<E> && !std::is_same_v<std::remove_cvref_t<E>, Tensor<T>>;
+}  // namespace detail
+
 template <Element T = float>
 class Tensor {
-  template <class E>
-  static constexpr bool is_foreign_operand = Operand<E> && !std::is_same_v<std::remove_cvref_t<E>, Tensor>;
-
  public:
   using value_type = T;
 
@@ -97,7 +100,7 @@ class Tensor {
 
   /// Records the evaluation of `e` (nothing runs yet).
   template <class E>
-    requires is_foreign_operand<E>
+    requires detail::foreign_operand<E, T>
   Tensor(E&& e) {  // NOLINT: implicit on purpose, `Tensor c = a * b + 2;`
     static_assert(std::is_same_v<detail::value_t<decltype(as_expr(std::forward<E>(e)))>, T>,
                   "deft: the expression's element type differs from the tensor's; use deft::cast<U>(expr)");
@@ -112,7 +115,7 @@ class Tensor {
   /// Rebinds this handle to the value of `e`. The storage is reused in place
   /// when this handle is its only owner and the shape is unchanged.
   template <class E>
-    requires is_foreign_operand<E>
+    requires detail::foreign_operand<E, T>
   Tensor& operator=(E&& e) {
     auto x = as_expr(std::forward<E>(e));
     static_assert(std::is_same_v<detail::value_t<decltype(x)>, T>,
@@ -209,13 +212,7 @@ class Tensor {
 
   // --- internal -------------------------------------------------------------
   /// A snapshot of the current version, as an expression leaf.
-  detail::Leaf<T> leaf() const {
-    detail::Leaf<T> l;
-    l.buffer = buffer();
-    l.offset = offset_;
-    l.extent = shape_;
-    return l;
-  }
+  detail::Leaf<T> leaf() const { return detail::Leaf<T>(buffer(), offset_, shape_); }
 
  private:
   template <Element U>
@@ -259,42 +256,45 @@ class Tensor {
     std::shared_ptr<detail::Task> task;
     {
       std::lock_guard lk(v.m);
-      auto& cur = v.current;
-      int same = 0;
-      bool overlaps = false;
-      e.for_each_leaf([&](const auto& l) {
-        if (l.buffer != cur) return;
-        if (l.offset == offset_ && l.extent == shape_) ++same;
-        else overlaps = true;
+      std::shared_ptr<detail::Buffer> cur = v.current;
+      // The task's own reads of `cur` stop owning it (see Leaf); it is
+      // ordered after cur's producer and keeps cur alive itself.
+      bool reads_cur = false, overlaps = false;
+      e.for_each_leaf([&](auto& l) {
+        if (l.source != cur.get()) return;
+        reads_cur = true;
+        if (l.offset != offset_ || !(l.extent == shape_)) overlaps = true;
+        l.buffer.reset();
       });
       const bool whole = offset_ == 0 && covers_storage();
       const std::int64_t off = offset_;
-      if (!overlaps && cur.use_count() == 1 + same) {
+      const std::size_t bytes = cur->bytes;
+      // use_count: `cur` here and v.current. More means a reader we cannot order.
+      if (!overlaps && cur.use_count() == 2) {
         // Nobody else can see this version: write it in place.
-        task = detail::make_task(op, std::size_t(size()) * sizeof(T),
-                                 [e, off](detail::Buffer& out) { detail::on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>() + off); }); });
-        e.for_each_leaf([&](const auto& l) { task->add_input(l.buffer); });
-        if (same == 0 && whole) detail::Engine::get().supersede(cur->producer, *task);
+        task = detail::make_task(op, std::size_t(size()) * sizeof(T), [e, off](detail::Buffer& out) {
+          detail::on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>() + off); });
+        });
+        if (!reads_cur && whole) detail::Engine::get().supersede(cur->producer, *task);
         else task->add_input(cur);
         task->output = cur;
         cur->producer = task;
       } else {
         // Copy-on-write: pending readers keep the old version.
-        auto fresh = std::make_shared<detail::Buffer>(cur->bytes, cur->device);
-        if (whole) {
-          task = detail::make_task(op, fresh->bytes, [e](detail::Buffer& out) { detail::on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>()); }); });
-        } else {
-          task = detail::make_task(op, fresh->bytes, [e, off, old = cur](detail::Buffer& out) {
-            std::memcpy(out.data, old->data, old->bytes);
-            detail::on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>() + off); });
-          });
-          task->add_input(cur);
-        }
-        e.for_each_leaf([&](const auto& l) { task->add_input(l.buffer); });
+        auto fresh = std::make_shared<detail::Buffer>(bytes, cur->device);
+        auto old = (reads_cur || !whole) ? cur : nullptr;  // still read: the task keeps it alive
+        task = detail::make_task(op, bytes, [e, off, whole, old](detail::Buffer& out) {
+          if (!whole) std::memcpy(out.data, old->data, old->bytes);
+          detail::on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>() + off); });
+        });
+        if (reads_cur || !whole) task->add_input(cur);
         task->output = fresh;
         fresh->producer = task;
-        cur = std::move(fresh);
+        v.current = std::move(fresh);
       }
+      e.for_each_leaf([&](const auto& l) {
+        if (l.buffer) task->add_input(l.buffer);
+      });
     }
     detail::Engine::get().record(std::move(task));
   }
@@ -313,6 +313,10 @@ Tensor<T> tensor_from_buffer(std::shared_ptr<Buffer> b, const Shape& s) {
   return t;
 }
 }  // namespace detail
+
+/// `Tensor c = a * b + 2;` deduces the element type of the expression.
+template <Expression E>
+Tensor(E&&) -> Tensor<detail::value_t<E>>;
 
 /// The expression form of an operand: a leaf for a tensor, the node itself otherwise.
 template <Element T>

@@ -2,6 +2,7 @@
 // recorded work passes a bound, makes recording threads wait when in-flight
 // work passes a second bound, and carries failures to the sync points.
 #pragma once
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -62,7 +63,7 @@ class Engine {
     c.recorded_live_bytes.fetch_add(t->bytes, std::memory_order_relaxed);
     c.add_pending(t->bytes);
     if (mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) {
-      wait(t);
+      run_now(t);
       if (t->error) {
         std::lock_guard lk(m_);
         if (first_error_ == t->error) first_error_ = nullptr;  // reported here, not again by wait_all
@@ -98,6 +99,29 @@ class Engine {
     ++waiters_;
     done_cv_.wait(lk, [&] { return t->finished(); });
     --waiters_;
+  }
+
+  /// Runs `t` on the calling thread when nothing it needs is pending
+  /// (synchronous mode: no hand-off to a worker), else waits for it.
+  void run_now(const std::shared_ptr<Task>& t) {
+    Ready ready;
+    bool here = false;
+    {
+      std::unique_lock lk(m_);
+      submit_locked(t, ready);
+      if (pool_) {
+        auto it = std::find(ready.begin(), ready.end(), t);
+        if (it != ready.end()) {
+          ready.erase(it);
+          here = true;
+        }
+      }
+      dispatch_locked(lk, ready);
+    }
+    if (!here) return wait(t);
+    execute(t, ready);
+    std::unique_lock lk(m_);
+    dispatch_locked(lk, ready);
   }
 
   /// Runs every live recorded task; rethrows (and clears) the first failure since the last call.

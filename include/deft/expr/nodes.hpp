@@ -53,18 +53,29 @@ struct Leaf : ExprTag {
   static constexpr int cost = 1;
   static constexpr bool is_constant = false;
 
+  // `source` is what the leaf reads; `buffer` owns it. A task writing a
+  // buffer in place drops the ownership its own reads of that buffer hold
+  // (it keeps the buffer alive while it runs), so that they do not count as
+  // foreign readers of the next version.
   std::shared_ptr<Buffer> buffer;
+  const Buffer* source = nullptr;
   std::int64_t offset = 0;
   Shape extent;
 
+  Leaf() = default;
+  Leaf(std::shared_ptr<Buffer> b, std::int64_t off, const Shape& s)
+      : buffer(std::move(b)), source(buffer.get()), offset(off), extent(s) {}
+
   const Shape& shape() const { return extent; }
-  Device device() const { return buffer->device; }
+  Device device() const { return source->device; }
   template <class F>
   void for_each_leaf(F&& f) const { f(*this); }
+  template <class F>
+  void for_each_leaf(F&& f) { f(*this); }
 
   LeafView<T> view(const Shape& out) const {
     LeafView<T> v;
-    v.data = buffer->as<const T>() + offset;
+    v.data = source->as<const T>() + offset;
     v.row = v.data;
     const auto st = contiguous_strides(extent);
     const int lead = out.rank() - extent.rank();
@@ -89,6 +100,8 @@ struct Constant : ExprTag {
   Device device() const { return deft::cpu(); }
   template <class F>
   void for_each_leaf(F&&) const {}
+  template <class F>
+  void for_each_leaf(F&&) {}
   ConstantView<T> view(const Shape&) const { return {value}; }
 };
 
@@ -121,6 +134,8 @@ struct Unary : ExprTag {
   Device device() const { return a.device(); }
   template <class F>
   void for_each_leaf(F&& f) const { a.for_each_leaf(f); }
+  template <class F>
+  void for_each_leaf(F&& f) { a.for_each_leaf(f); }
   auto view(const Shape& out) const { return UnaryView<Op, decltype(a.view(out))>{a.view(out)}; }
 };
 
@@ -143,6 +158,11 @@ struct Binary : ExprTag {
   Device device() const { return dev; }
   template <class F>
   void for_each_leaf(F&& f) const {
+    a.for_each_leaf(f);
+    b.for_each_leaf(f);
+  }
+  template <class F>
+  void for_each_leaf(F&& f) {
     a.for_each_leaf(f);
     b.for_each_leaf(f);
   }
@@ -179,6 +199,12 @@ struct Select : ExprTag {
     a.for_each_leaf(f);
     b.for_each_leaf(f);
   }
+  template <class F>
+  void for_each_leaf(F&& f) {
+    c.for_each_leaf(f);
+    a.for_each_leaf(f);
+    b.for_each_leaf(f);
+  }
   auto view(const Shape& out) const {
     return SelectView<decltype(c.view(out)), decltype(a.view(out)), decltype(b.view(out))>{c.view(out), a.view(out),
                                                                                           b.view(out)};
@@ -197,6 +223,8 @@ struct Cast : ExprTag {
   Device device() const { return a.device(); }
   template <class F>
   void for_each_leaf(F&& f) const { a.for_each_leaf(f); }
+  template <class F>
+  void for_each_leaf(F&& f) { a.for_each_leaf(f); }
   auto view(const Shape& out) const { return CastView<U, decltype(a.view(out))>{a.view(out)}; }
 };
 
@@ -217,6 +245,8 @@ struct BroadcastTo : ExprTag {
   Device device() const { return a.device(); }
   template <class F>
   void for_each_leaf(F&& f) const { a.for_each_leaf(f); }
+  template <class F>
+  void for_each_leaf(F&& f) { a.for_each_leaf(f); }
   auto view(const Shape& out) const { return a.view(out); }
 };
 

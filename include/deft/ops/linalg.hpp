@@ -69,8 +69,8 @@ auto dot(A&& a, B&& b) {
   return detail::record_new<T>(
       "dot", plan.out, dev,
       [la, lb, plan](detail::Buffer& out) {
-        const T* pa = la.buffer->template as<const T>() + la.offset;
-        const T* pb = lb.buffer->template as<const T>() + lb.offset;
+        const T* pa = la.source->template as<const T>() + la.offset;
+        const T* pb = lb.source->template as<const T>() + lb.offset;
         T* pc = out.as<T>();
         detail::on_device(out.device, [&](auto ex) {
           for (std::int64_t i = 0; i < plan.batch; ++i)
@@ -109,7 +109,7 @@ auto transpose(X&& x, const std::vector<int>& axes) {
       "transpose", out, l.device(),
       [l, perm](detail::Buffer& b) {
         detail::on_device(b.device, [&](auto ex) {
-          ex.permute(l.buffer->template as<const T>() + l.offset, l.shape(), perm, b.as<T>());
+          ex.permute(l.source->template as<const T>() + l.offset, l.shape(), perm, b.as<T>());
         });
       },
       [&](detail::Task& t) { t.add_input(l.buffer); });

@@ -86,10 +86,10 @@ inline void fill_random(Executor ex, T* out, std::int64_t n, std::uint64_t key, 
 
 template <Element T, Distribution D>
 Tensor<T> random_tensor(const char* name, double a, double b, const Shape& shape, Device device) {
-  const auto [key, stream] = RandomState::get().next_call();
+  const auto call = RandomState::get().next_call();
   return record_new<T>(
       name, shape, device,
-      [a, b, key, stream, n = shape.size()](Buffer& out) {
+      [a, b, key = call.first, stream = call.second, n = shape.size()](Buffer& out) {
         on_device(out.device, [&](auto ex) { fill_random<T, D>(ex, out.as<T>(), n, key, stream, a, b); });
       },
       [](Task&) {});

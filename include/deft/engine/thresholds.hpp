@@ -44,10 +44,10 @@ inline constexpr std::int64_t gemm_nc = 2048;  // columns of a packed B block (L
 // --- bounds on deferred work (defaults of engine::Limits) -----------------
 // Recorded but unsubmitted work is handed to the workers past these...
 inline constexpr std::size_t max_recorded_tasks = 256;
-inline constexpr std::size_t max_recorded_bytes = std::size_t(256) << 20;
+inline constexpr std::size_t max_recorded_bytes = std::size_t(64) << 20;
 // ...and the recording thread waits while submitted work exceeds these.
 inline constexpr std::size_t max_inflight_tasks = 1024;
-inline constexpr std::size_t max_inflight_bytes = std::size_t(512) << 20;
+inline constexpr std::size_t max_inflight_bytes = std::size_t(128) << 20;
 
 // Storage alignment: one cache line, enough for any SIMD width deft uses.
 inline constexpr std::size_t alignment = 64;

@@ -1,0 +1,195 @@
+// Elementwise operations on float32/float64 against a naive double-precision
+// reference: every operator and function, with tensors and scalars on both
+// sides, NaN/infinity handling and cast<U>.
+#include <tuple>
+
+#include "common.hpp"
+
+using namespace dt;
+namespace engine = deft::engine;
+
+namespace {
+
+using FloatTypes = std::tuple<float, double>;
+
+// Shapes used for same-shape checks: a small one with SIMD tails and a large
+// one that the engine splits across workers.
+const std::vector<std::vector<i64>> kShapes = {{3, 37}, {300, 257}};
+
+}  // namespace
+
+// =============================================================================
+BOOST_FIXTURE_TEST_SUITE(elementwise, EngineFixture)
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(arithmetic_tensor_tensor, T, FloatTypes) {
+  std::mt19937 g(101);
+  for (const auto& d : kShapes) {
+    const std::size_t n = product(d);
+    const auto a = random_values<T>(g, n, -10, 10);
+    const auto b = away_from_zero<T>(g, n, 0.5, 5);
+    const double rt = arith_rtol<T>;
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return x + y; }, [](double x, double y) { return x + y; }, rt, 0, "a+b");
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return x - y; }, [](double x, double y) { return x - y; }, rt, 0, "a-b");
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return x * y; }, [](double x, double y) { return x * y; }, rt, 0, "a*b");
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return x / y; }, [](double x, double y) { return x / y; }, rt, 0, "a/b");
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return deft::maximum(x, y); }, [](double x, double y) { return std::max(x, y); }, 0, 0, "maximum");
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return deft::minimum(x, y); }, [](double x, double y) { return std::min(x, y); }, 0, 0, "minimum");
+    // A fused expression using both leaves twice.
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return (x - y) * x + y / (y * y + 1); },
+                 [](double x, double y) { return (x - y) * x + y / (y * y + 1); }, 4 * rt, 4 * rt * 200, "fused");
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(arithmetic_with_scalars, T, FloatTypes) {
+  std::mt19937 g(102);
+  for (const auto& d : kShapes) {
+    const std::size_t n = product(d);
+    const auto a = away_from_zero<T>(g, n, 0.5, 8);
+    const double rt = arith_rtol<T>;
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return x + 2.5; }, [](double x) { return x + 2.5; }, rt, 0, "a+2.5");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return 2.5 + x; }, [](double x) { return 2.5 + x; }, rt, 0, "2.5+a");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return x - 0.75; }, [](double x) { return x - 0.75; }, rt, 0, "a-0.75");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return 0.75 - x; }, [](double x) { return 0.75 - x; }, rt, 0, "0.75-a");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return x * -1.5; }, [](double x) { return x * -1.5; }, rt, 0, "a*-1.5");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return 3 * x; }, [](double x) { return 3 * x; }, rt, 0, "3*a");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return x / 4; }, [](double x) { return x / 4; }, rt, 0, "a/4");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return 3 / x; }, [](double x) { return 3 / x; }, rt, 0, "3/a");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return -x; }, [](double x) { return -x; }, 0, 0, "-a");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return -(x * 2) + 1; }, [](double x) { return -(x * 2) + 1; }, rt, 0, "-(2a)+1");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return deft::maximum(x, 0.25); }, [](double x) { return std::max(x, 0.25); }, 0, 0, "maximum(a,0.25)");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return deft::maximum(-1, x); }, [](double x) { return std::max(-1.0, x); }, 0, 0, "maximum(-1,a)");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return deft::minimum(x, 0.25); }, [](double x) { return std::min(x, 0.25); }, 0, 0, "minimum(a,0.25)");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return deft::minimum(2, x); }, [](double x) { return std::min(2.0, x); }, 0, 0, "minimum(2,a)");
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(unary_functions, T, FloatTypes) {
+  std::mt19937 g(103);
+  const double rt = transc_rtol<T>, at = transc_atol<T>;
+  for (const auto& d : kShapes) {
+    const std::size_t n = product(d);
+    const auto any = random_values<T>(g, n, -10, 10);
+    const auto pos = random_values<T>(g, n, 0.01, 100);
+    check_unary(any, d, [](auto& x) -> Tensor<T> { return deft::exp(x); }, [](double x) { return std::exp(x); }, rt, 0, "exp");
+    check_unary(pos, d, [](auto& x) -> Tensor<T> { return deft::log(x); }, [](double x) { return std::log(x); }, rt, at, "log");
+    check_unary(pos, d, [](auto& x) -> Tensor<T> { return deft::sqrt(x); }, [](double x) { return std::sqrt(x); }, arith_rtol<T>, 0, "sqrt");
+    check_unary(any, d, [](auto& x) -> Tensor<T> { return deft::abs(x); }, [](double x) { return std::abs(x); }, 0, 0, "abs");
+    check_unary(any, d, [](auto& x) -> Tensor<T> { return deft::tanh(x * 0.5); }, [](double x) { return std::tanh(double(T(x * 0.5))); }, rt, at, "tanh");
+    check_unary(any, d, [](auto& x) -> Tensor<T> { return deft::sigmoid(x); }, [](double x) { return 1 / (1 + std::exp(-x)); }, rt, at, "sigmoid");
+    check_unary(any, d, [](auto& x) -> Tensor<T> { return deft::relu(x); }, [](double x) { return x > 0 ? x : 0.0; }, 0, 0, "relu");
+    // Compositions, fused into one pass.
+    check_unary(pos, d, [](auto& x) -> Tensor<T> { return deft::exp(deft::log(x) * 0.5) - deft::sqrt(x); },
+                [](double) { return 0.0; }, 0, 100 * rt, "exp(log(x)/2)-sqrt(x)");
+    check_unary(any, d, [](auto& x) -> Tensor<T> { return deft::sigmoid(deft::abs(x) - 3) * deft::tanh(x); },
+                [](double x) { return 1 / (1 + std::exp(-(std::abs(x) - 3))) * std::tanh(x); }, 10 * rt, at, "sigmoid*tanh");
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(pow_float, T, FloatTypes) {
+  std::mt19937 g(104);
+  const double rt = transc_rtol<T>, at = transc_atol<T>;
+  for (const auto& d : kShapes) {
+    const std::size_t n = product(d);
+    const auto base = random_values<T>(g, n, 0.1, 4);
+    const auto ex = random_values<T>(g, n, -3, 3);
+    check_binary(base, d, ex, d, [](auto& x, auto& y) -> Tensor<T> { return deft::pow(x, y); },
+                 [](double x, double y) { return std::pow(x, y); }, rt, at, "pow(a,b)");
+    check_unary(base, d, [](auto& x) -> Tensor<T> { return deft::pow(x, 2); }, [](double x) { return x * x; }, rt, at, "pow(a,2)");
+    check_unary(ex, d, [](auto& x) -> Tensor<T> { return deft::pow(2, x); }, [](double x) { return std::pow(2.0, x); }, rt, at, "pow(2,a)");
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(comparisons_give_masks, T, FloatTypes) {
+  std::mt19937 g(105);
+  for (const auto& d : kShapes) {
+    const std::size_t n = product(d);
+    const auto a = random_values<T>(g, n, -5, 5);
+    const auto b = with_ties(g, a, random_values<T>(g, n, -5, 5));
+    auto m = [](bool c) { return c ? 1.0 : 0.0; };
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return x < y; }, [&](double x, double y) { return m(x < y); }, 0, 0, "<");
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return x <= y; }, [&](double x, double y) { return m(x <= y); }, 0, 0, "<=");
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return x > y; }, [&](double x, double y) { return m(x > y); }, 0, 0, ">");
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return x >= y; }, [&](double x, double y) { return m(x >= y); }, 0, 0, ">=");
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return x == y; }, [&](double x, double y) { return m(x == y); }, 0, 0, "==");
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return x != y; }, [&](double x, double y) { return m(x != y); }, 0, 0, "!=");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return x < 0.5; }, [&](double x) { return m(x < 0.5); }, 0, 0, "a<0.5");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return 0.5 < x; }, [&](double x) { return m(0.5 < x); }, 0, 0, "0.5<a");
+    check_unary(a, d, [](auto& x) -> Tensor<T> { return 1 >= x; }, [&](double x) { return m(1 >= x); }, 0, 0, "1>=a");
+    // Masks are numbers: they combine arithmetically.
+    check_binary(a, d, b, d, [](auto& x, auto& y) -> Tensor<T> { return (x > y) * x + (x <= y) * y; },
+                 [](double x, double y) { return std::max(x, y); }, 0, 0, "mask arithmetic");
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(where_selects, T, FloatTypes) {
+  std::mt19937 g(106);
+  for (const auto& d : kShapes) {
+    const std::size_t n = product(d);
+    const auto a = random_values<T>(g, n, -5, 5);
+    const auto b = random_values<T>(g, n, -5, 5);
+    // A condition of zeros and arbitrary nonzero values (not only 1).
+    auto c = random_values<T>(g, n, -2, 2);
+    std::bernoulli_distribution zero(0.5);
+    for (auto& x : c)
+      if (zero(g)) x = 0;
+    const Tensor<T> ta = make(a, shape_of(d)), tb = make(b, shape_of(d)), tc = make(c, shape_of(d));
+    std::vector<double> r1(n), r2(n), r3(n), r4(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      r1[i] = c[i] != 0 ? a[i] : b[i];
+      r2[i] = a[i] > b[i] ? a[i] - b[i] : 2.5;
+      r3[i] = c[i] != 0 ? -1.0 : b[i];
+      r4[i] = c[i] != 0 ? 1.0 : 0.0;
+    }
+    check_tensor(Tensor<T>(deft::where(tc, ta, tb)), d, r1, 0, 0, "where(c,a,b)");
+    check_tensor(Tensor<T>(deft::where(ta > tb, ta - tb, 2.5)), d, r2, arith_rtol<T>, 0, "where(a>b,a-b,2.5)");
+    check_tensor(Tensor<T>(deft::where(tc, -1, tb)), d, r3, 0, 0, "where(c,-1,b)");
+    check_tensor(Tensor<T>(deft::where(tc, 1, 0)), d, r4, 0, 0, "where(c,1,0)");
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(nan_and_infinity, T, FloatTypes) {
+  const T nan = std::numeric_limits<T>::quiet_NaN(), inf = std::numeric_limits<T>::infinity();
+  const Tensor<T> a = make<T>({nan, 1, 2, -inf}, Shape{4});
+  const Tensor<T> b = make<T>({0, nan, 3, 0}, Shape{4});
+  check_tensor(Tensor<T>(deft::maximum(a, b)), {4}, {NAN, NAN, 3, 0}, 0, 0, "maximum propagates NaN");
+  check_tensor(Tensor<T>(deft::minimum(a, b)), {4}, {NAN, NAN, 2, -INFINITY}, 0, 0, "minimum propagates NaN");
+  check_tensor(Tensor<T>(deft::relu(a)), {4}, {NAN, 1, 2, 0}, 0, 0, "relu");
+  check_tensor(Tensor<T>(a == a), {4}, {0, 1, 1, 1}, 0, 0, "NaN != NaN");
+  check_tensor(Tensor<T>(b / 0), {4}, {NAN, NAN, INFINITY, NAN}, 0, 0, "x/0");
+  check_tensor(Tensor<T>(deft::exp(a)), {4}, {NAN, std::exp(1.0), std::exp(2.0), 0}, transc_rtol<T>, 0, "exp");
+}
+
+// cast<U> between every pair of element types used here.
+BOOST_AUTO_TEST_CASE(cast_between_types) {
+  std::mt19937 g(107);
+  const std::vector<i64> d{5, 71};
+  const auto f = random_values<float>(g, 355, -1000, 1000);
+  const Tensor<float> tf = make(f, shape_of(d));
+  std::vector<double> trunc(f.size()), asf(f.size());
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    trunc[i] = double(std::int64_t(f[i]));  // toward zero
+    asf[i] = double(f[i]);
+  }
+  check_tensor(Tensor<double>(deft::cast<double>(tf)), d, asf, 0, 0, "float->double");
+  check_tensor(Tensor<std::int32_t>(deft::cast<std::int32_t>(tf)), d, trunc, 0, 0, "float->int32");
+  check_tensor(Tensor<std::int64_t>(deft::cast<std::int64_t>(tf * 2)), d,
+               [&] { std::vector<double> r; for (float x : f) r.push_back(double(std::int64_t(x * 2))); return r; }(), 0, 0,
+               "float expr->int64");
+  const auto iv = random_values<std::int32_t>(g, 355, -100000, 100000);
+  const Tensor<std::int32_t> ti = make(iv, shape_of(d));
+  check_tensor(Tensor<float>(deft::cast<float>(ti) / 2), d,
+               [&] { std::vector<double> r; for (auto x : iv) r.push_back(double(float(x) / 2)); return r; }(), 0, 0,
+               "int32->float");
+  check_tensor(Tensor<std::int64_t>(deft::cast<std::int64_t>(ti) * 100000), d,
+               [&] { std::vector<double> r; for (auto x : iv) r.push_back(double(std::int64_t(x) * 100000)); return r; }(), 0,
+               0, "int32->int64 (no overflow)");
+  const Tensor<double> td = make<double>({1.0 + 1e-12, -2.75, 1e30}, Shape{3});
+  check_tensor(Tensor<float>(deft::cast<float>(td)), {3}, {1.0, -2.75, double(float(1e30))}, 0, 0, "double->float");
+  // Float to integer saturates and maps NaN to 0.
+  const Tensor<float> special = make<float>({1e20f, -1e20f, NAN, -0.9f, 2.9f}, Shape{5});
+  check_tensor(Tensor<std::int32_t>(deft::cast<std::int32_t>(special)), {5},
+               {2147483647.0, -2147483648.0, 0, 0, 2}, 0, 0, "saturating cast");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+

@@ -34,13 +34,21 @@ inline void settle() {
   }
 }
 
-/// Puts the engine in its default state (deferred mode, default limits) around
-/// every test case and restores the worker count, so that one test's failure
-/// or settings never leak into the next one.
+/// The engine mode the process started in (DEFT_ENGINE=synchronous selects
+/// synchronous mode; CTest runs the numeric suites that way too).
+inline deft::engine::Mode initial_mode() {
+  static const deft::engine::Mode m = deft::engine::mode();
+  return m;
+}
+
+/// Puts the engine in a known state (the process's initial mode, default
+/// limits, no pending failure) around every test case and restores the worker
+/// count, so that one test's failure or settings never leak into the next.
 struct EngineFixture {
+  deft::engine::Mode mode;
   int workers;
-  EngineFixture() {
-    deft::engine::set_mode(deft::engine::Mode::deferred);
+  explicit EngineFixture(deft::engine::Mode m = initial_mode()) : mode(m) {
+    deft::engine::set_mode(mode);
     deft::engine::set_limits(deft::engine::Limits{});
     settle();
     workers = deft::engine::num_workers();
@@ -48,7 +56,7 @@ struct EngineFixture {
   }
   ~EngineFixture() {
     try {
-      deft::engine::set_mode(deft::engine::Mode::deferred);
+      deft::engine::set_mode(mode);
       settle();
       deft::engine::set_limits(deft::engine::Limits{});
       if (deft::engine::num_workers() != workers) deft::engine::set_num_workers(workers);
@@ -57,6 +65,14 @@ struct EngineFixture {
     }
   }
 };
+
+/// For suites about deferral itself: always deferred mode.
+struct DeferredFixture : EngineFixture {
+  DeferredFixture() : EngineFixture(deft::engine::Mode::deferred) {}
+};
+
+/// True when statements are deferred (checks of laziness only apply then).
+inline bool deferred_mode() { return deft::engine::mode() == deft::engine::Mode::deferred; }
 
 /// Scoped worker count.
 struct WorkersGuard {

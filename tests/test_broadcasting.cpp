@@ -261,8 +261,8 @@ BOOST_AUTO_TEST_CASE(mismatch_throws_at_build_time) {
   // Nothing was recorded or run by the failed statements, and no sync happened.
   const auto s = engine::stats();
   BOOST_TEST(s.tasks_recorded == 1u);  // ones({3}) only
-  BOOST_TEST(s.tasks_run == 0u);
-  BOOST_TEST(!small.is_ready());
+  BOOST_TEST(s.tasks_run == (deferred_mode() ? 0u : 1u));
+  if (deferred_mode()) BOOST_TEST(!small.is_ready());
   check_tensor(small, {3}, {1, 1, 1}, 0, 0, "target untouched");
 }
 

@@ -238,10 +238,19 @@ BOOST_AUTO_TEST_CASE(reductions_consume_expressions) {
   check_reduction<float>(Kind::max, result_of(deft::max(a + row, 1, false)), bc, d, 1, false, "a+row");
   const auto wh = values([](double x, double, double) { return x > 0 ? x : 10.0; });
   check_reduction<float>(Kind::min, result_of(deft::min(deft::where(a > 0, a, 10), 1, false)), wh, d, 1, false, "where");
+  // A cast operand (evaluated element by element, without SIMD).
+  const auto wide = values([](double x, double y, double) { return double(float(x)) * double(float(y)); });
+  check_reduction<double>(Kind::sum, result_of(deft::sum(deft::cast<double>(a) * deft::cast<double>(b), 0)), wide, d,
+                          0, false, "cast<double>(a)*cast<double>(b)");
+  check_reduction<double>(Kind::argmax, result_of(deft::argmax(deft::cast<double>(a) * deft::cast<double>(b), 0)),
+                          wide, d, 0, false, "cast<double>(a)*cast<double>(b)");
   // A rows() view: only its rows are reduced.
   const std::vector<double> mid(ab1.begin() + 2 * 301, ab1.begin() + 7 * 301);
   const auto rows_view = a.rows(2, 7);
   check_reduction<float>(Kind::sum, result_of(deft::sum(rows_view * b.rows(2, 7) + 1, 1, false)), mid, {5, 301}, 1, false, "rows(2,7)");
+  const std::vector<double> mid_a(av.begin() + 2 * 301, av.begin() + 7 * 301);
+  check_reduction<float>(Kind::argmax, result_of(deft::argmax(rows_view, 0)), mid_a, {5, 301}, 0, false, "rows(2,7)");
+  check_reduction<float>(Kind::max, result_of(deft::max(rows_view, 0, true)), mid_a, {5, 301}, 0, true, "rows(2,7)");
 }
 
 BOOST_AUTO_TEST_CASE(argmax_returns_int64) {

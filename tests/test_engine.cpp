@@ -1,0 +1,888 @@
+// The engine and the handle semantics: aliasing and snapshots, deferral and
+// discarding (via stats), failures carried to sync points, synchronous mode,
+// several user threads, and the bounds on deferred work.
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "common.hpp"
+
+using namespace dt;
+namespace engine = deft::engine;
+
+namespace {
+
+/// A task that throws std::runtime_error(msg) when it runs (internal API).
+Tensor<float> failing(const char* msg = "boom", i64 n = 4) {
+  return deft::detail::record_new<float>(
+      "boom", deft::Shape{n}, deft::cpu(), [msg](deft::detail::Buffer&) { throw std::runtime_error(msg); },
+      [](deft::detail::Task&) {});
+}
+
+/// Runs f, which must throw E whose what() contains `msg`.
+template <class E, class F>
+void expect_throw(F f, const std::string& msg, const std::string& what) {
+  bool thrown = false;
+  try {
+    f();
+  } catch (const E& e) {
+    thrown = true;
+    BOOST_TEST(std::string(e.what()).find(msg) != std::string::npos, what << ": message '" << e.what() << "'");
+  } catch (const std::exception& e) {
+    BOOST_ERROR(what << ": unexpected exception " << e.what());
+    return;
+  }
+  BOOST_TEST(thrown, what << ": nothing thrown");
+}
+
+std::vector<float> iota_values(std::size_t n, float start = 0, float step = 1) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = start + step * float(i);
+  return v;
+}
+
+engine::Stats since(const engine::Stats& before) {
+  const auto now = engine::stats();
+  engine::Stats d = now;
+  d.tasks_recorded -= before.tasks_recorded;
+  d.tasks_run -= before.tasks_run;
+  d.tasks_discarded -= before.tasks_discarded;
+  d.tasks_failed -= before.tasks_failed;
+  d.tasks_skipped -= before.tasks_skipped;
+  d.flushes -= before.flushes;
+  d.backpressure_waits -= before.backpressure_waits;
+  return d;
+}
+
+}  // namespace
+
+// =============================================================================
+BOOST_FIXTURE_TEST_SUITE(aliasing, EngineFixture)
+
+BOOST_AUTO_TEST_CASE(self_assignment_expressions) {
+  std::mt19937 g(701);
+  const auto av = random_values<float>(g, 1000, -3, 3);
+  const auto bv = random_values<float>(g, 1000, -3, 3);
+  Tensor<float> a = make(av, Shape{10, 100});
+  const Tensor<float> b = make(bv, Shape{10, 100});
+  a = a + b;        // sole owner: evaluated in place
+  a = a * a - b;    // reads a twice
+  a = deft::exp(a * 0.01);
+  std::vector<double> ref(1000);
+  for (int i = 0; i < 1000; ++i) {
+    const double x = double(float(av[i] + bv[i]));
+    ref[i] = std::exp((x * x - bv[i]) * 0.01);
+  }
+  check_tensor(a, {10, 100}, ref, 1e-5, 0, "a = a + b; a = a*a - b; a = exp(a/100)");
+  // a = a + (its own first row, broadcast): each row reads the old first row.
+  Tensor<float> m = make(av, Shape{10, 100});
+  m += m.rows(0, 1);
+  std::vector<double> ref2(1000);
+  for (int i = 0; i < 10; ++i)
+    for (int j = 0; j < 100; ++j) ref2[i * 100 + j] = double(float(av[i * 100 + j] + av[j]));
+  check_tensor(m, {10, 100}, ref2, 0, 0, "m += m.rows(0,1)");
+  Tensor<float> n = make(av, Shape{10, 100});
+  n += n;
+  std::vector<double> ref3(av.begin(), av.end());
+  for (auto& x : ref3) x *= 2;
+  check_tensor(n, {10, 100}, ref3, 0, 0, "n += n");
+}
+
+BOOST_AUTO_TEST_CASE(compound_assignment_is_shared) {
+  std::mt19937 g(702);
+  const auto av = random_values<float>(g, 6 * 5, -3, 3);
+  const auto bv = away_from_zero<float>(g, 6 * 5, 0.5, 2);
+  Tensor<float> a = make(av, Shape{6, 5});
+  const Tensor<float> b = make(bv, Shape{6, 5});
+  Tensor<float> other = a;           // another handle on the same storage
+  Tensor<float> view = a.rows(2, 4);  // a view of rows 2 and 3
+  a += b;
+  std::vector<double> ref(30);
+  for (int i = 0; i < 30; ++i) ref[i] = double(float(av[i] + bv[i]));
+  check_tensor(other, {6, 5}, ref, 0, 0, "+= seen through a copied handle");
+  check_tensor(view, {2, 5}, std::vector<double>(ref.begin() + 10, ref.begin() + 20), 0, 0, "+= seen through rows()");
+  a -= 1;
+  a *= b;
+  a /= 2;
+  for (int i = 0; i < 30; ++i) ref[i] = double(float(float(float(ref[i] - 1) * bv[i]) / 2));
+  check_tensor(other, {6, 5}, ref, 0, 0, "-= *= /= seen through a copied handle");
+  // assign() writes into the storage too (unlike `=`, which rebinds).
+  other.assign(b);
+  check_tensor(a, {6, 5}, to_double(bv), 0, 0, "assign through another handle");
+}
+
+BOOST_AUTO_TEST_CASE(writes_through_views_change_the_parent) {
+  Tensor<float> a = make(iota_values(12), Shape{4, 3});
+  Tensor<float> v = a.rows(1, 3);
+  v += 100;
+  check_tensor(a, {4, 3}, {0, 1, 2, 103, 104, 105, 106, 107, 108, 9, 10, 11}, 0, 0, "rows view +=");
+  v *= make<float>({1, 0, -1}, Shape{3});
+  check_tensor(a, {4, 3}, {0, 1, 2, 103, 0, -105, 106, 0, -108, 9, 10, 11}, 0, 0, "rows view *= row");
+  a.rows(3, 4).assign(make<float>({7}, Shape{1}));
+  check_tensor(a, {4, 3}, {0, 1, 2, 103, 0, -105, 106, 0, -108, 7, 7, 7}, 0, 0, "rows(3,4).assign");
+  a.reshape({-1}).rows(0, 2) -= 50;
+  check_tensor(a, {4, 3}, {-50, -49, 2, 103, 0, -105, 106, 0, -108, 7, 7, 7}, 0, 0, "reshape view -=");
+  // A view of a deferred value, written before anything ran.
+  Tensor<float> p = make(iota_values(6), Shape{3, 2}) * 2;
+  p.rows(0, 1) += 1;
+  check_tensor(p, {3, 2}, {1, 3, 4, 6, 8, 10}, 0, 0, "view write on a pending tensor");
+}
+
+BOOST_AUTO_TEST_CASE(overlapping_view_updates) {
+  Tensor<float> a = make(iota_values(12), Shape{6, 2});
+  a.rows(0, 3) += a.rows(3, 6);  // disjoint regions of one storage
+  check_tensor(a, {6, 2}, {6, 8, 10, 12, 14, 16, 6, 7, 8, 9, 10, 11}, 0, 0, "rows(0,3) += rows(3,6)");
+  a.rows(1, 5) -= a.rows(0, 4);  // overlapping, shifted by one row: reads the old values
+  check_tensor(a, {6, 2}, {6, 8, 4, 4, 4, 4, -8, -9, 2, 2, 10, 11}, 0, 0, "rows(1,5) -= rows(0,4)");
+  a.rows(2, 4) *= a.rows(2, 4);  // the same region
+  check_tensor(a, {6, 2}, {6, 8, 4, 4, 16, 16, 64, 81, 2, 2, 10, 11}, 0, 0, "rows(2,4) *= rows(2,4)");
+  // The same on a value that is still pending, with a pending reader of it.
+  Tensor<float> p = make(iota_values(12), Shape{6, 2}) * 1;
+  const Tensor<float> total = deft::sum(p);
+  p.rows(0, 3) += p.rows(3, 6);
+  p += 1;
+  BOOST_TEST(total.item() == 66.f);
+  check_tensor(p, {6, 2}, {7, 9, 11, 13, 15, 17, 7, 8, 9, 10, 11, 12}, 0, 0, "pending p");
+}
+
+BOOST_AUTO_TEST_CASE(handles_and_updates_interleaved) {
+  const std::vector<float> v0 = iota_values(6, 1);
+  Tensor<float> a = make(v0, Shape{6});
+  Tensor<float> c = a;  // shares a's storage
+  a += 1;               // seen by c
+  a = a * 2;            // rebinds a only
+  check_tensor(c, {6}, {2, 3, 4, 5, 6, 7}, 0, 0, "c after a += 1; a = a * 2");
+  check_tensor(a, {6}, {4, 6, 8, 10, 12, 14}, 0, 0, "a");
+  Tensor<float> b = c * 2;  // a reader recorded between two updates
+  c += 1;
+  c += 1;
+  check_tensor(b, {6}, {4, 6, 8, 10, 12, 14}, 0, 0, "b reads c between updates");
+  check_tensor(c, {6}, {4, 5, 6, 7, 8, 9}, 0, 0, "c");
+  // Overwriting a tensor that a pending reader still needs.
+  Tensor<float> x = make(v0, Shape{6}) + 0;
+  const Tensor<float> y = x * 10;
+  x = make(v0, Shape{6}) * -1;  // sole owner, same shape: written in place only if y is done
+  check_tensor(y, {6}, {10, 20, 30, 40, 50, 60}, 0, 0, "reader of the overwritten value");
+  check_tensor(x, {6}, {-1, -2, -3, -4, -5, -6}, 0, 0, "x overwritten");
+}
+
+BOOST_AUTO_TEST_CASE(normalise_by_own_sum) {
+  std::mt19937 g(703);
+  const auto av = random_values<float>(g, 5000, 0.1, 1);
+  Tensor<float> a = make(av, Shape{50, 100});
+  a = a / deft::sum(a);
+  double total = 0;
+  for (float x : av) total += x;
+  std::vector<double> ref(av.size());
+  for (std::size_t i = 0; i < av.size(); ++i) ref[i] = av[i] / total;
+  check_tensor(a, {50, 100}, ref, 1e-5, 0, "a = a / sum(a)");
+  BOOST_TEST(deft::sum(a).item() == 1.f, boost::test_tools::tolerance(1e-5f));
+  // Row normalisation with keepdims, in place.
+  Tensor<float> b = make(av, Shape{50, 100});
+  b /= deft::sum(b, 1, true);
+  const auto rows = deft::sum(b, 1).to_vector();
+  for (float r : rows) BOOST_TEST(r == 1.f, boost::test_tools::tolerance(1e-5f));
+}
+
+BOOST_AUTO_TEST_CASE(product_with_itself) {
+  std::mt19937 g(704);
+  const auto xv = random_values<float>(g, 40 * 40, -1, 1);
+  Tensor<float> x = make(xv, Shape{40, 40});
+  x = deft::dot(x, x);
+  const auto r = [&] {
+    std::vector<double> out(1600, 0);
+    for (int i = 0; i < 40; ++i)
+      for (int j = 0; j < 40; ++j)
+        for (int k = 0; k < 40; ++k) out[i * 40 + j] += double(xv[i * 40 + k]) * xv[k * 40 + j];
+    return out;
+  }();
+  check_tensor(x, {40, 40}, r, 1e-5, 1e-5, "x = dot(x, x)");
+  x = deft::dot(x, x) * 0 + x;  // x on both sides, rebinding
+  check_tensor(x, {40, 40}, r, 1e-5, 1e-5, "x = dot(x,x)*0 + x");
+}
+
+BOOST_AUTO_TEST_CASE(expressions_snapshot_their_operands) {
+  std::mt19937 g(705);
+  const auto av = random_values<float>(g, 64, -5, 5);
+  Tensor<float> a = make(av, Shape{8, 8});
+  auto e = a * 2;  // an expression: a snapshot of a's current value
+  a += 1;          // in place, after the expression was built
+  const Tensor<float> c = e;
+  std::vector<double> twice(64), plus1(64);
+  for (int i = 0; i < 64; ++i) {
+    twice[i] = 2.0 * av[i];
+    plus1[i] = double(float(av[i] + 1));
+  }
+  check_tensor(c, {8, 8}, twice, 0, 0, "expression built before +=");
+  check_tensor(a, {8, 8}, plus1, 0, 0, "a after +=");
+  // The same with a partial write through a view, and with a pending value.
+  Tensor<float> p = make(av, Shape{8, 8}) * 1;
+  auto snap = p + 0;
+  p.rows(0, 2) *= 0;
+  check_tensor(Tensor<float>(snap), {8, 8}, to_double(av), 0, 0, "snapshot before a view write");
+  std::vector<double> zeroed = to_double(av);
+  std::fill(zeroed.begin(), zeroed.begin() + 16, 0.0);
+  check_tensor(p, {8, 8}, zeroed, 0, 0, "after the view write");
+  // Rebinding leaves other handles with the old value.
+  Tensor<float> x = make(av, Shape{8, 8});
+  Tensor<float> old = x;
+  x = x + 1;
+  check_tensor(old, {8, 8}, to_double(av), 0, 0, "copy keeps the old value after x = x + 1");
+  check_tensor(x, {8, 8}, plus1, 0, 0, "x rebound");
+  // A reduction recorded before an in-place update reads the old value.
+  Tensor<float> y = make(av, Shape{8, 8});
+  const Tensor<float> s = deft::sum(y);
+  y *= 0;
+  double total = 0;
+  for (float v : av) total += v;
+  BOOST_TEST(s.item() == float(total), boost::test_tools::tolerance(1e-5f));
+  BOOST_TEST(deft::sum(y).item() == 0.f);
+}
+
+BOOST_AUTO_TEST_CASE(repeated_in_place_steps) {
+  std::mt19937 g(706);
+  const auto xv = random_values<float>(g, 3000, -1, 1);
+  Tensor<float> x = make(xv, Shape{3000});
+  Tensor<float> y = make(xv, Shape{3000});
+  for (int i = 0; i < 100; ++i) {
+    x = x + 1;
+    y += 1;
+  }
+  std::vector<double> ref(3000);
+  for (int i = 0; i < 3000; ++i) {
+    float v = xv[i];
+    for (int k = 0; k < 100; ++k) v += 1;
+    ref[i] = v;
+  }
+  check_tensor(x, {3000}, ref, 0, 0, "100 x  x = x + 1");
+  check_tensor(y, {3000}, ref, 0, 0, "100 x  y += 1");
+}
+
+BOOST_AUTO_TEST_CASE(clone_is_independent) {
+  Tensor<float> a = make(iota_values(5), Shape{5});
+  Tensor<float> c = a.clone();
+  a += 10;
+  check_tensor(c, {5}, {0, 1, 2, 3, 4}, 0, 0, "clone keeps its values");
+  c *= 2;
+  check_tensor(a, {5}, {10, 11, 12, 13, 14}, 0, 0, "original unaffected by the clone");
+}
+
+BOOST_AUTO_TEST_CASE(empty_handle) {
+  Tensor<float> t;
+  BOOST_TEST(!t);
+  BOOST_CHECK_THROW(t.to_vector(), std::logic_error);
+  BOOST_CHECK_THROW(t.wait_to_read(), std::logic_error);
+  Tensor<float> a = deft::ones({2});
+  Tensor<float> moved = std::move(a);
+  BOOST_TEST(bool(moved));
+  check_tensor(moved, {2}, {1, 1}, 0, 0, "moved-to handle");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// =============================================================================
+BOOST_FIXTURE_TEST_SUITE(deferred, DeferredFixture)
+
+BOOST_AUTO_TEST_CASE(building_an_expression_records_nothing) {
+  const Tensor<float> a = make(iota_values(100), Shape{100}), b = make(iota_values(100, 1), Shape{100});
+  engine::reset_stats();
+  auto e = a * b + 2;
+  auto f = deft::sigmoid(e) * deft::where(e > 3, e, 0) - deft::maximum(a, 1);
+  (void)f;
+  const auto s = engine::stats();
+  BOOST_TEST(s.tasks_recorded == 0u);
+  BOOST_TEST(s.tasks_run == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(assignment_records_one_task_and_runs_none) {
+  const Tensor<float> a = make(iota_values(1000), Shape{1000}), b = make(iota_values(1000, 1), Shape{1000});
+  engine::reset_stats();
+  const Tensor<float> c = a * b + 2;
+  auto s = engine::stats();
+  BOOST_TEST(s.tasks_recorded == 1u);  // one fused task for the whole expression
+  BOOST_TEST(s.tasks_run == 0u);
+  BOOST_TEST(!c.is_ready());
+  BOOST_TEST((dims_of(c.shape()) == std::vector<i64>{1000}));  // metadata needs no sync
+  BOOST_TEST(engine::stats().tasks_run == 0u);
+  c.wait_to_read();
+  s = engine::stats();
+  BOOST_TEST(s.tasks_run == 1u);
+  BOOST_TEST(c.is_ready());
+  std::vector<double> ref(1000);
+  for (int i = 0; i < 1000; ++i) ref[i] = double(i) * (i + 1) + 2;
+  check_tensor(c, {1000}, ref, 0, 0, "a*b+2");
+}
+
+BOOST_AUTO_TEST_CASE(only_what_is_needed_runs) {
+  const Tensor<float> x = make(iota_values(100), Shape{100});
+  engine::reset_stats();
+  const Tensor<float> u = x + 1;
+  const Tensor<float> v = x + 2;
+  const Tensor<float> w = u * 3;
+  w.wait_to_read();  // needs u, not v
+  BOOST_TEST(engine::stats().tasks_run == 2u);
+  BOOST_TEST(!v.is_ready());
+  deft::wait_all();
+  BOOST_TEST(engine::stats().tasks_run == 3u);
+  BOOST_TEST(v.to_vector()[10] == 12.f);
+}
+
+// The seeds' lazy-evaluation experiment: only the last assignment runs.
+BOOST_AUTO_TEST_CASE(overwritten_assignments_are_discarded) {
+  const Tensor<float> x = make<float>({1, 2}, Shape{1, 2});
+  engine::reset_stats();
+  Tensor<float> a = x + 1;
+  a = x + 2;
+  a = x + 3;
+  std::ostringstream os;
+  os << a;
+  const auto s = engine::stats();
+  BOOST_TEST(s.tasks_recorded == 3u);
+  BOOST_TEST(s.tasks_run == 1u);
+  BOOST_TEST(s.tasks_discarded == 2u);
+  BOOST_TEST(os.str().rfind("[[4, 5]]", 0) == 0u, os.str());
+}
+
+BOOST_AUTO_TEST_CASE(thousand_overwrites_run_once) {
+  const Tensor<float> x = make(iota_values(4096), Shape{64, 64});
+  deft::wait_all();
+  engine::reset_stats();
+  Tensor<float> y = x + 1;
+  for (int i = 1; i < 1000; ++i) y = x + 1;
+  deft::wait_all();
+  const auto s = engine::stats();
+  BOOST_TEST(s.tasks_recorded == 1000u);
+  BOOST_TEST(s.tasks_run == 1u);
+  BOOST_TEST(s.tasks_discarded >= 999u);
+  BOOST_TEST(s.tasks_failed == 0u);
+  BOOST_TEST(s.tasks_skipped == 0u);
+  BOOST_TEST(s.flushes == 0u);  // discarded work never counted against the bound
+  check_tensor(y, {64, 64}, to_double(iota_values(4096, 1)), 0, 0, "y");
+}
+
+BOOST_AUTO_TEST_CASE(dropped_handles_discard_their_work) {
+  const Tensor<float> x = make(iota_values(5000), Shape{5000});
+  engine::reset_stats();
+  {
+    Tensor<float> t = x * 3;
+    Tensor<float> u = deft::sum(t * t);
+    Tensor<float> w = deft::dot(x, x);
+  }
+  deft::wait_all();
+  auto s = engine::stats();
+  BOOST_TEST(s.tasks_recorded == 3u);
+  BOOST_TEST(s.tasks_run == 0u);
+  BOOST_TEST(s.tasks_discarded == 3u);
+  BOOST_TEST(s.bytes_pending == 0u);
+  // An intermediate whose handle is gone still runs when a live result needs it.
+  engine::reset_stats();
+  Tensor<float> keep;
+  {
+    Tensor<float> t = x + 1;
+    keep = t * 2;
+  }
+  BOOST_TEST(keep.to_vector()[4] == 10.f);
+  s = engine::stats();
+  BOOST_TEST(s.tasks_run == 2u);
+  BOOST_TEST(s.tasks_discarded == 0u);
+}
+
+// An in-place update of a tensor dropped before any sync is dead work too.
+// (Before 953413b the update task owned its own output buffer through its
+// expression, a cycle that kept both alive and ran them at the next wait_all.)
+BOOST_AUTO_TEST_CASE(dropped_in_place_updates_are_discarded) {
+  const Tensor<float> x = deft::ones({1000});
+  deft::wait_all();
+  engine::reset_stats();
+  {
+    Tensor<float> t = x + 1;
+    t += 1;
+    t *= t;
+    t.rows(0, 10) -= 3;
+  }
+  deft::wait_all();
+  const auto s = engine::stats();
+  BOOST_TEST(s.tasks_recorded == 4u);
+  BOOST_TEST(s.tasks_run == 0u);
+  BOOST_TEST(s.tasks_discarded == 4u);
+  BOOST_TEST(s.bytes_allocated == 1000u * sizeof(float));  // only x
+}
+
+BOOST_AUTO_TEST_CASE(independent_products_in_parallel) {
+  WorkersGuard w(2);
+  std::mt19937 g(801);
+  const i64 n = 200;
+  std::vector<std::vector<float>> v;
+  for (int i = 0; i < 4; ++i) v.push_back(random_values<float>(g, n * n, -1, 1));
+  const Tensor<float> a = make(v[0], Shape{n, n}), b = make(v[1], Shape{n, n}), c = make(v[2], Shape{n, n}),
+                      d = make(v[3], Shape{n, n});
+  engine::reset_stats();
+  const Tensor<float> r = deft::dot(a, b) + deft::dot(c, d);
+  BOOST_TEST(engine::stats().tasks_recorded == 3u);  // two products, one sum
+  std::vector<double> ref(n * n, 0), scale(n * n, 0);
+  for (i64 i = 0; i < n; ++i)
+    for (i64 k = 0; k < n; ++k)
+      for (i64 j = 0; j < n; ++j) {
+        const double p = double(v[0][i * n + k]) * v[1][k * n + j], q = double(v[2][i * n + k]) * v[3][k * n + j];
+        ref[i * n + j] += p + q;
+        scale[i * n + j] += std::abs(p) + std::abs(q);
+      }
+  const auto got = r.to_vector();
+  std::size_t bad = 0;
+  for (i64 i = 0; i < n * n; ++i)
+    if (std::abs(got[i] - ref[i]) > 1e-5 * scale[i]) ++bad;
+  BOOST_TEST(bad == 0u);
+  BOOST_TEST(engine::stats().tasks_run == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(sync_points) {
+  const Tensor<float> x = make(iota_values(6), Shape{2, 3});
+  engine::reset_stats();
+  const Tensor<float> a = x + 1, b = x + 2, c = deft::sum(x), d = x * 2;
+  BOOST_TEST(engine::stats().tasks_run == 0u);
+  a.wait_to_read();
+  BOOST_TEST(engine::stats().tasks_run == 1u);
+  (void)b.to_vector();
+  BOOST_TEST(engine::stats().tasks_run == 2u);
+  BOOST_TEST(c.item() == 15.f);
+  BOOST_TEST(engine::stats().tasks_run == 3u);
+  std::ostringstream os;
+  os << d;
+  BOOST_TEST(engine::stats().tasks_run == 4u);
+  const Tensor<float> e = x - 1;
+  deft::wait_all();
+  BOOST_TEST(engine::stats().tasks_run == 5u);
+  BOOST_TEST(e.is_ready());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// =============================================================================
+BOOST_FIXTURE_TEST_SUITE(exceptions, DeferredFixture)
+
+BOOST_AUTO_TEST_CASE(failure_reaches_sync_points_and_skips_dependents) {
+  engine::reset_stats();
+  Tensor<float> boom;
+  BOOST_CHECK_NO_THROW(boom = failing());
+  Tensor<float> y, z;
+  BOOST_CHECK_NO_THROW(y = boom + 1);
+  BOOST_CHECK_NO_THROW(z = y * 2);
+  BOOST_TEST(engine::stats().tasks_recorded == 3u);
+  BOOST_TEST(engine::stats().tasks_run == 0u);
+  expect_throw<std::runtime_error>([&] { z.wait_to_read(); }, "boom", "z.wait_to_read");
+  auto s = engine::stats();
+  BOOST_TEST(s.tasks_failed == 1u);
+  BOOST_TEST(s.tasks_skipped == 2u);
+  BOOST_TEST(s.tasks_run == 0u);
+  BOOST_TEST(z.is_ready());  // finished, with a failure
+  expect_throw<std::runtime_error>([&] { (void)z.to_vector(); }, "boom", "z.to_vector");
+  expect_throw<std::runtime_error>([&] { (void)y.to_vector(); }, "boom", "y.to_vector");
+  expect_throw<std::runtime_error>([&] { boom.wait_to_read(); }, "boom", "boom.wait_to_read");
+  expect_throw<std::runtime_error>([&] { (void)deft::sum(z).item(); }, "boom", "sum(z).item");
+  expect_throw<std::runtime_error>([&] { (void)z.rows(1, 2).item(); }, "boom", "view item");
+  expect_throw<std::runtime_error>([&] { std::ostringstream os; os << z; }, "boom", "printing");
+  // wait_all rethrows the failure once, then it is cleared.
+  expect_throw<std::runtime_error>([] { deft::wait_all(); }, "boom", "first wait_all");
+  BOOST_CHECK_NO_THROW(deft::wait_all());
+  s = engine::stats();
+  BOOST_TEST(s.tasks_failed == 1u);  // the failing kernel ran once
+}
+
+BOOST_AUTO_TEST_CASE(unrelated_work_in_the_same_batch_is_fine) {
+  const Tensor<float> x = make(iota_values(4), Shape{4});
+  engine::reset_stats();
+  const Tensor<float> ok = x * 3;
+  const Tensor<float> boom = failing();
+  const Tensor<float> mixed = boom + ok;
+  const Tensor<float> ok2 = ok + 1;
+  const Tensor<float> big = deft::dot(make(iota_values(300 * 300, 0, 0.001f), Shape{300, 300}), deft::ones({300}));
+  expect_throw<std::runtime_error>([] { deft::wait_all(); }, "boom", "wait_all");
+  check_tensor(ok, {4}, {0, 3, 6, 9}, 0, 0, "ok");
+  check_tensor(ok2, {4}, {1, 4, 7, 10}, 0, 0, "ok2");
+  const auto bv = big.to_vector();
+  BOOST_TEST(bv[299] == float(299 * 300 * 0.3 + 0.001 * 299 * 300 / 2), boost::test_tools::tolerance(1e-4f));
+  expect_throw<std::runtime_error>([&] { mixed.wait_to_read(); }, "boom", "mixed");
+  const auto s = engine::stats();
+  BOOST_TEST(s.tasks_failed == 1u);
+  BOOST_TEST(s.tasks_skipped == 1u);
+  BOOST_TEST(s.tasks_run == 4u);  // ok, ok2, the ones() for big... and big
+}
+
+BOOST_AUTO_TEST_CASE(engine_keeps_working_after_a_failure) {
+  const Tensor<float> boom = failing();
+  BOOST_CHECK_THROW(deft::wait_all(), std::runtime_error);
+  // A dependent recorded after the failure inherits it.
+  const Tensor<float> late = boom * 2 + 1;
+  expect_throw<std::runtime_error>([&] { (void)late.to_vector(); }, "boom", "dependent recorded after the failure");
+  BOOST_CHECK_NO_THROW(deft::wait_all());  // inherited, not a new failure
+  // New work is computed correctly.
+  std::mt19937 g(901);
+  const auto av = random_values<float>(g, 64 * 64, -1, 1);
+  const Tensor<float> a = make(av, Shape{64, 64});
+  const Tensor<float> r = deft::sum(deft::dot(a, a) * 0 + a, 0);
+  std::vector<double> ref(64, 0);
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 64; ++j) ref[j] += av[i * 64 + j];
+  check_tensor(r, {64}, ref, 1e-5, 1e-5, "after the failure");
+  BOOST_CHECK_NO_THROW(deft::wait_all());
+}
+
+BOOST_AUTO_TEST_CASE(two_failures_one_report) {
+  const Tensor<float> a = failing("first"), b = failing("second");
+  bool thrown = false;
+  try {
+    deft::wait_all();
+  } catch (const std::runtime_error& e) {
+    thrown = true;
+    const std::string m = e.what();
+    BOOST_TEST((m == "first" || m == "second"), m);
+  }
+  BOOST_TEST(thrown);
+  BOOST_CHECK_NO_THROW(deft::wait_all());
+  expect_throw<std::runtime_error>([&] { a.wait_to_read(); }, "first", "a");
+  expect_throw<std::runtime_error>([&] { b.wait_to_read(); }, "second", "b");
+}
+
+BOOST_AUTO_TEST_CASE(failing_work_that_is_overwritten_never_runs) {
+  const Tensor<float> x = make(iota_values(4), Shape{4});
+  engine::reset_stats();
+  Tensor<float> t = failing();
+  t = x + 1;  // sole owner, same shape: the failing task is dead work
+  BOOST_CHECK_NO_THROW(deft::wait_all());
+  check_tensor(t, {4}, {1, 2, 3, 4}, 0, 0, "t");
+  BOOST_TEST(engine::stats().tasks_failed == 0u);
+  BOOST_TEST(engine::stats().tasks_discarded == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(in_place_update_with_a_failing_operand) {
+  Tensor<float> a = make(iota_values(4), Shape{4});
+  a += failing();
+  expect_throw<std::runtime_error>([&] { (void)a.to_vector(); }, "boom", "a after += failing");
+  BOOST_CHECK_THROW(deft::wait_all(), std::runtime_error);
+  a.assign(make(iota_values(4, 5), Shape{4}));  // a full overwrite recovers the tensor
+  check_tensor(a, {4}, {5, 6, 7, 8}, 0, 0, "a after assign");
+}
+
+BOOST_AUTO_TEST_CASE(allocation_failure_surfaces_at_the_sync_point) {
+  // 2^58 floats (2^60 bytes) cannot be allocated on any machine, whatever the
+  // overcommit policy; the brief's 2^42 elements would be allocatable (and then
+  // touched) under vm.overcommit_memory=1.
+  engine::reset_stats();
+  Tensor<float> huge;
+  BOOST_CHECK_NO_THROW(huge = deft::full<float>({i64(1) << 58}, 1.f));
+  Tensor<float> dependent;
+  BOOST_CHECK_NO_THROW(dependent = huge + 1);
+  bool bad_alloc = false;
+  try {
+    huge.wait_to_read();
+  } catch (const std::bad_alloc&) {
+    bad_alloc = true;
+  }
+  BOOST_TEST(bad_alloc, "huge.wait_to_read() should rethrow std::bad_alloc");
+  BOOST_CHECK_THROW(dependent.wait_to_read(), std::bad_alloc);
+  BOOST_CHECK_THROW(deft::wait_all(), std::bad_alloc);
+  BOOST_CHECK_NO_THROW(deft::wait_all());
+  const auto s = engine::stats();
+  BOOST_TEST(s.tasks_failed == 1u);
+  BOOST_TEST(s.tasks_skipped == 1u);
+  // The engine survives: accounting is back and new work runs.
+  huge = Tensor<float>();
+  dependent = Tensor<float>();
+  BOOST_TEST(engine::stats().bytes_pending == 0u);
+  const Tensor<float> ok = deft::full<float>({1000}, 2.f) * 3;
+  BOOST_TEST(deft::sum(ok).item() == 6000.f);
+}
+
+BOOST_AUTO_TEST_CASE(bad_engine_settings_throw) {
+  BOOST_CHECK_THROW(engine::set_num_workers(0), std::invalid_argument);
+  BOOST_CHECK_THROW(engine::set_limits(engine::Limits{.max_recorded_tasks = 0}), std::invalid_argument);
+  BOOST_CHECK_THROW(engine::set_limits(engine::Limits{.max_inflight_tasks = 0}), std::invalid_argument);
+  BOOST_TEST(engine::limits().max_recorded_tasks == engine::Limits{}.max_recorded_tasks);
+  BOOST_TEST(engine::num_workers() >= 1);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// =============================================================================
+namespace {
+
+/// A program mixing every kind of operation; returns all its results.
+std::vector<double> mixed_program() {
+  deft::random::seed(2024);
+  const Tensor<float> a = deft::random::uniform<float>(-1, 1, {64, 48});
+  const Tensor<float> b = deft::random::normal<float>(0, 1, {48, 32});
+  Tensor<float> c = deft::dot(a, b);
+  c += deft::sum(a, 0, true).rows(0, 1).reshape({48}).rows(0, 32).reshape({1, 32});
+  Tensor<float> d = deft::relu(c) * deft::sigmoid(c) - deft::transpose(deft::transpose(c));
+  d = d / (deft::norm(d) + 1);
+  Tensor<float> v = d.rows(3, 9);
+  v *= 2;
+  const Tensor<std::int64_t> am = deft::argmax(d, 1);
+  const Tensor<float> m = deft::mean(deft::exp(d * 0.1), 0);
+  const Tensor<std::int32_t> ints = deft::cast<std::int32_t>(d * 1000) / 7;
+  std::vector<double> out;
+  for (float x : d.to_vector()) out.push_back(x);
+  for (auto x : am.to_vector()) out.push_back(double(x));
+  for (float x : m.to_vector()) out.push_back(x);
+  for (auto x : ints.to_vector()) out.push_back(x);
+  out.push_back(deft::max(d).item());
+  return out;
+}
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_SUITE(synchronous, DeferredFixture)
+
+BOOST_AUTO_TEST_CASE(same_results_as_deferred) {
+  const auto deferred = mixed_program();
+  std::vector<double> sync;
+  {
+    ModeGuard guard(engine::Mode::synchronous);
+    BOOST_TEST((engine::mode() == engine::Mode::synchronous));
+    sync = mixed_program();
+  }
+  BOOST_TEST((engine::mode() == engine::Mode::deferred));
+  BOOST_TEST(same_bits(deferred, sync));
+  BOOST_TEST(deferred.size() == 64u * 32 + 64 + 32 + 64 * 32 + 1);
+}
+
+BOOST_AUTO_TEST_CASE(statements_run_before_they_return) {
+  const Tensor<float> x = make(iota_values(10), Shape{10});
+  ModeGuard guard(engine::Mode::synchronous);
+  engine::reset_stats();
+  const Tensor<float> c = x * 2 + 1;
+  BOOST_TEST(c.is_ready());
+  BOOST_TEST(engine::stats().tasks_run == 1u);
+  Tensor<float> d = c;
+  d += 1;
+  BOOST_TEST(engine::stats().tasks_run == 2u);
+  const Tensor<float> s = deft::sum(d);
+  BOOST_TEST(s.is_ready());
+  BOOST_TEST(s.item() == 110.f);  // d shares c's storage: sum of 2i+2
+}
+
+BOOST_AUTO_TEST_CASE(failure_throws_at_the_statement) {
+  ModeGuard guard(engine::Mode::synchronous);
+  expect_throw<std::runtime_error>([] { (void)failing(); }, "boom", "recording a failing task");
+  BOOST_CHECK_NO_THROW(deft::wait_all());  // reported at the statement, not again
+  // The engine goes on.
+  const Tensor<float> ok = deft::ones({3}) * 4;
+  BOOST_TEST(ok.to_vector() == std::vector<float>({4, 4, 4}));
+}
+
+BOOST_AUTO_TEST_CASE(switching_mode_finishes_recorded_work) {
+  const Tensor<float> x = make(iota_values(10), Shape{10});
+  const Tensor<float> pending = x * 5;
+  BOOST_TEST(!pending.is_ready());
+  {
+    ModeGuard guard(engine::Mode::synchronous);
+    BOOST_TEST(pending.is_ready());
+  }
+  BOOST_TEST(pending.to_vector()[3] == 15.f);
+  // Back in deferred mode, assignments are deferred again.
+  const Tensor<float> later = x + 1;
+  BOOST_TEST(!later.is_ready());
+}
+
+BOOST_AUTO_TEST_CASE(guard_restores_mode_after_an_exception) {
+  try {
+    ModeGuard guard(engine::Mode::synchronous);
+    (void)failing();
+  } catch (const std::runtime_error&) {
+  }
+  BOOST_TEST((engine::mode() == engine::Mode::deferred));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// =============================================================================
+BOOST_FIXTURE_TEST_SUITE(threads, EngineFixture)
+
+BOOST_AUTO_TEST_CASE(four_user_threads) {
+  // A shared read-only input, still pending when the threads start.
+  std::vector<float> base(300 * 40);
+  for (std::size_t i = 0; i < base.size(); ++i) base[i] = float(i % 97) * 0.01f;
+  const Tensor<float> shared = make(base, Shape{300, 40}) * 2 + 1;
+  std::vector<double> shared_ref(base.size());
+  for (std::size_t i = 0; i < base.size(); ++i) shared_ref[i] = double(base[i]) * 2 + 1;
+  double shared_col0 = 0;
+  for (int i = 0; i < 300; ++i) shared_col0 += shared_ref[i * 40];
+
+  std::atomic<int> failures{0};
+  std::mutex mu;
+  std::string first_failure;
+  auto fail = [&](const std::string& msg) {
+    if (failures++ == 0) {
+      std::lock_guard lk(mu);
+      first_failure = msg;
+    }
+  };
+  auto close = [](double got, double ref, double tol) { return std::abs(got - ref) <= tol * (1 + std::abs(ref)); };
+
+  auto work = [&](int id) {
+    try {
+      std::mt19937 g(1000 + id);
+      for (int it = 0; it < 25; ++it) {
+        const auto av = random_values<float>(g, 33 * 17, -1, 1);
+        const auto bv = random_values<float>(g, 17 * 9, -1, 1);
+        const Tensor<float> a = make(av, Shape{33, 17}), b = make(bv, Shape{17, 9});
+        Tensor<float> c = deft::dot(a, b);
+        c = deft::relu(c) + float(id);
+        Tensor<float> e = a * 2;
+        e += 1;
+        const Tensor<float> col = deft::sum(shared * float(it + 1), 0);
+        const Tensor<float> s = deft::sum(c, 0);
+        if (it % 5 == 0) deft::wait_all();
+        const auto cv = c.to_vector();
+        for (int i = 0; i < 33; ++i)
+          for (int j = 0; j < 9; ++j) {
+            double r = 0;
+            for (int k = 0; k < 17; ++k) r += double(av[i * 17 + k]) * bv[k * 9 + j];
+            r = std::max(r, 0.0) + id;
+            if (!close(cv[i * 9 + j], r, 1e-5)) return fail("thread " + std::to_string(id) + ": dot/relu wrong");
+          }
+        const auto ev = e.rows(3, 10).to_vector();
+        for (int i = 0; i < 7 * 17; ++i)
+          if (!close(ev[i], 2.0 * av[3 * 17 + i] + 1, 1e-6)) return fail("thread " + std::to_string(id) + ": e wrong");
+        if (!close(col.to_vector()[0], shared_col0 * (it + 1), 1e-5))
+          return fail("thread " + std::to_string(id) + ": shared input wrong");
+        double srow = 0;
+        for (int i = 0; i < 33; ++i) srow += cv[i * 9];
+        if (!close(s.to_vector()[0], srow, 1e-5)) return fail("thread " + std::to_string(id) + ": sum wrong");
+      }
+    } catch (const std::exception& e) {
+      fail(std::string("thread exception: ") + e.what());
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int id = 0; id < 4; ++id) pool.emplace_back(work, id);
+  for (auto& t : pool) t.join();
+  BOOST_TEST(failures.load() == 0, first_failure);
+  check_tensor(shared, {300, 40}, shared_ref, 1e-6, 0, "shared input after the threads");
+}
+
+BOOST_AUTO_TEST_CASE(threads_with_deferred_chains_and_bounds) {
+  // Long deferred chains from several threads at once, with small bounds so
+  // that flushing and backpressure happen concurrently.
+  LimitsGuard limits(engine::Limits{.max_recorded_tasks = 6, .max_inflight_tasks = 4});
+  std::atomic<int> failures{0};
+  auto work = [&](int id) {
+    try {
+      Tensor<float> x = deft::full<float>({5000}, float(id));
+      for (int i = 0; i < 150; ++i) x = x + 1;
+      const auto v = x.to_vector();
+      for (float f : v)
+        if (f != float(id + 150)) {
+          ++failures;
+          return;
+        }
+    } catch (...) {
+      ++failures;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int id = 0; id < 4; ++id) pool.emplace_back(work, id);
+  for (auto& t : pool) t.join();
+  BOOST_TEST(failures.load() == 0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// =============================================================================
+BOOST_FIXTURE_TEST_SUITE(bounds, DeferredFixture)
+
+namespace {
+constexpr i64 kChainElems = 1 << 18;  // 1 MiB of float per step
+constexpr std::size_t kChainBytes = kChainElems * sizeof(float);
+
+/// 200 dependent steps x = x + 1 with no sync; returns x's values.
+std::vector<float> chain(const std::vector<float>& x0) {
+  Tensor<float> x = make(x0, Shape{kChainElems});
+  for (int i = 0; i < 200; ++i) x = x + 1;
+  return x.to_vector();
+}
+
+void check_chain(const std::vector<float>& x0, const std::vector<float>& got) {
+  std::vector<double> ref(x0.size());
+  for (std::size_t i = 0; i < x0.size(); ++i) {
+    float v = x0[i];
+    for (int k = 0; k < 200; ++k) v += 1;
+    ref[i] = v;
+  }
+  check_close(got, ref, 0, 0, "200 steps of x = x + 1");
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(recorded_bound_flushes) {
+  std::mt19937 g(1101);
+  const auto x0 = random_values<float>(g, kChainElems, -1, 1);
+  LimitsGuard limits(engine::Limits{.max_recorded_tasks = 8, .max_inflight_tasks = 16});
+  engine::reset_stats();
+  const auto got = chain(x0);
+  const auto s = engine::stats();
+  BOOST_TEST(s.flushes > 0u);
+  BOOST_TEST(s.peak_bytes_pending <= 30 * kChainBytes, "peak pending " << s.peak_bytes_pending);
+  BOOST_TEST(s.tasks_run == 200u);
+  check_chain(x0, got);
+}
+
+BOOST_AUTO_TEST_CASE(unbounded_chain_holds_all_steps) {
+  // The contrast: under the default bounds the 200 steps stay recorded.
+  std::mt19937 g(1102);
+  const auto x0 = random_values<float>(g, kChainElems / 16, -1, 1);
+  engine::reset_stats();
+  Tensor<float> x = make(x0, Shape{kChainElems / 16});
+  for (int i = 0; i < 200; ++i) x = x + 1;
+  const auto mid = engine::stats();
+  BOOST_TEST(mid.flushes == 0u);
+  BOOST_TEST(mid.tasks_run == 0u);
+  BOOST_TEST(mid.bytes_pending >= 200 * kChainBytes / 16);
+  x.wait_to_read();
+}
+
+BOOST_AUTO_TEST_CASE(recorded_bytes_bound_flushes) {
+  std::mt19937 g(1103);
+  const auto x0 = random_values<float>(g, kChainElems, -1, 1);
+  LimitsGuard limits(engine::Limits{.max_recorded_bytes = 4 * kChainBytes, .max_inflight_bytes = 8 * kChainBytes});
+  engine::reset_stats();
+  const auto got = chain(x0);
+  const auto s = engine::stats();
+  BOOST_TEST(s.flushes > 0u);
+  BOOST_TEST(s.peak_bytes_pending <= 16 * kChainBytes, "peak pending " << s.peak_bytes_pending);
+  check_chain(x0, got);
+}
+
+BOOST_AUTO_TEST_CASE(inflight_bound_applies_backpressure) {
+  std::mt19937 g(1104);
+  const auto x0 = random_values<float>(g, kChainElems, -1, 1);
+  LimitsGuard limits(engine::Limits{.max_recorded_tasks = 8, .max_inflight_tasks = 2});
+  engine::reset_stats();
+  const auto got = chain(x0);
+  const auto s = engine::stats();
+  BOOST_TEST(s.flushes > 0u);
+  BOOST_TEST(s.backpressure_waits > 0u);
+  BOOST_TEST(s.peak_bytes_pending <= 14 * kChainBytes, "peak pending " << s.peak_bytes_pending);
+  check_chain(x0, got);
+}
+
+BOOST_AUTO_TEST_CASE(limits_round_trip_and_restore) {
+  const engine::Limits custom{.max_recorded_tasks = 3, .max_recorded_bytes = 12345, .max_inflight_tasks = 7,
+                              .max_inflight_bytes = 999};
+  {
+    LimitsGuard guard(custom);
+    const auto l = engine::limits();
+    BOOST_TEST(l.max_recorded_tasks == 3u);
+    BOOST_TEST(l.max_recorded_bytes == 12345u);
+    BOOST_TEST(l.max_inflight_tasks == 7u);
+    BOOST_TEST(l.max_inflight_bytes == 999u);
+    // Work still completes under tiny bounds.
+    Tensor<float> x = deft::ones({1000});
+    for (int i = 0; i < 20; ++i) x = x * 2;
+    BOOST_TEST(x.to_vector()[999] == 1048576.f);
+  }
+  const engine::Limits def{};
+  BOOST_TEST(engine::limits().max_recorded_tasks == def.max_recorded_tasks);
+  BOOST_TEST(engine::limits().max_inflight_bytes == def.max_inflight_bytes);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

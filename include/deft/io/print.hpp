@@ -24,17 +24,17 @@ void print_values(std::ostream& os, const std::vector<T>& v, const Shape& s, int
   std::int64_t stride = 1;
   for (int d = dim + 1; d < s.rank(); ++d) stride *= s[d];
   os << '[';
+  const auto separate = [&](std::int64_t i) {
+    if (i == 0) return;
+    if (dim + 1 < s.rank()) os << ",\n" << std::string(dim + 1, ' ');
+    else os << ", ";
+  };
   for (std::int64_t i = 0; i < n; ++i) {
+    separate(i);
     if (summarise && n > 2 * print_edge && i == print_edge) {
       os << "...";
-      i = n - print_edge - 1;
-      if (dim + 1 < s.rank()) os << ",\n" << std::string(dim + 1, ' ');
-      else os << ", ";
+      i = n - print_edge - 1;  // the loop's ++i lands on the first of the last print_edge items
       continue;
-    }
-    if (i > 0) {
-      if (dim + 1 < s.rank()) os << ",\n" << std::string(dim + 1, ' ');
-      else os << ", ";
     }
     print_values(os, v, s, dim + 1, offset + i * stride, summarise);
   }

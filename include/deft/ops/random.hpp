@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <numbers>
 #include <type_traits>
@@ -58,6 +59,20 @@ struct RandomState {
 
 enum class Distribution { uniform, normal };
 
+/// A drawn double as an element of T. Uniform draws stay below `hi` even
+/// where rounding to float would reach it.
+template <class T, Distribution D>
+DEFT_HD T to_element(double v, double hi) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(std::floor(v));
+  } else {
+    T r = static_cast<T>(v);
+    if constexpr (D == Distribution::uniform)
+      while (double(r) >= hi) r = std::nextafter(r, -std::numeric_limits<T>::infinity());
+    return r;
+  }
+}
+
 // Element i of a call uses Philox block i / 2: two 32-bit words per element
 // (one pair per uniform, a Box-Muller pair per two normals).
 template <class T, Distribution D, class Executor>
@@ -76,10 +91,7 @@ inline void fill_random(Executor ex, T* out, std::int64_t n, std::uint64_t key, 
         v[0] = a + b * r * std::cos(2 * std::numbers::pi * u2);
         v[1] = a + b * r * std::sin(2 * std::numbers::pi * u2);
       }
-      for (int j = 0; j < 2 && 2 * q + j < n; ++j) {
-        if constexpr (std::is_integral_v<T>) out[2 * q + j] = static_cast<T>(std::floor(v[j]));
-        else out[2 * q + j] = static_cast<T>(v[j]);
-      }
+      for (int j = 0; j < 2 && 2 * q + j < n; ++j) out[2 * q + j] = to_element<T, D>(v[j], b);
     }
   });
 }

@@ -284,6 +284,20 @@ BOOST_AUTO_TEST_SUITE_END()
 // =============================================================================
 BOOST_FIXTURE_TEST_SUITE(deferred, DeferredFixture)
 
+// Releasing a long chain of recorded, never-submitted tasks must not recurse
+// once per step (it used to overflow the stack past ~1e5 steps).
+BOOST_AUTO_TEST_CASE(dropping_a_long_unsubmitted_chain) {
+  LimitsGuard limits(engine::Limits{.max_recorded_tasks = std::size_t(1) << 40,
+                                    .max_recorded_bytes = std::size_t(1) << 50});
+  engine::reset_stats();
+  {
+    Tensor<float> x = deft::ones({4});
+    for (int i = 0; i < 300000; ++i) x = x + 1;
+  }
+  BOOST_TEST(engine::stats().tasks_discarded == 300001u);
+  BOOST_TEST(engine::stats().tasks_run == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(building_an_expression_records_nothing) {
   const Tensor<float> a = make(iota_values(100), Shape{100}), b = make(iota_values(100, 1), Shape{100});
   engine::reset_stats();
@@ -718,6 +732,25 @@ BOOST_AUTO_TEST_SUITE_END()
 
 // =============================================================================
 BOOST_FIXTURE_TEST_SUITE(threads, EngineFixture)
+
+// In-place updates of one tensor from several threads each read the previous
+// update (the current value is taken under the tensor's lock): none is lost.
+BOOST_AUTO_TEST_CASE(concurrent_in_place_updates_of_one_tensor) {
+  Tensor<float> t = deft::zeros({3, 5});
+  Tensor<float> view = t.rows(1, 2);
+  constexpr int threads = 4, steps = 300;
+  std::vector<std::thread> pool;
+  for (int k = 0; k < threads; ++k)
+    pool.emplace_back([&, k] {
+      for (int i = 0; i < steps; ++i) {
+        t += 1;
+        if (i % 50 == k) view *= 1;  // a write through a view interleaved with the others
+      }
+    });
+  for (auto& th : pool) th.join();
+  const auto v = t.to_vector();
+  for (float x : v) BOOST_TEST(x == float(threads * steps));
+}
 
 BOOST_AUTO_TEST_CASE(four_user_threads) {
   // A shared read-only input, still pending when the threads start.

@@ -121,25 +121,31 @@ class Tensor {
     static_assert(std::is_same_v<detail::value_t<decltype(x)>, T>,
                   "deft: the expression's element type differs from the tensor's; use deft::cast<U>(expr)");
     if (var_ && var_.use_count() == 1 && x.shape() == shape_ && offset_ == 0 && covers_storage())
-      assign(std::move(x), "assign");
+      write([&](const detail::Leaf<T>&) { return std::move(x); }, "assign");
     else
       *this = detail::record_expression(std::move(x));
     return *this;
   }
 
   // In-place updates: visible through every handle and view of this storage.
+  // The tensor's current value is read under its lock, so concurrent updates
+  // from several threads each see the previous one.
   template <class X>
-  Tensor& operator+=(X&& x) { return update(*this + std::forward<X>(x), "+="); }
+  Tensor& operator+=(X&& x) { return update<detail::Add>(std::forward<X>(x), "+="); }
   template <class X>
-  Tensor& operator-=(X&& x) { return update(*this - std::forward<X>(x), "-="); }
+  Tensor& operator-=(X&& x) { return update<detail::Sub>(std::forward<X>(x), "-="); }
   template <class X>
-  Tensor& operator*=(X&& x) { return update(*this * std::forward<X>(x), "*="); }
+  Tensor& operator*=(X&& x) { return update<detail::Mul>(std::forward<X>(x), "*="); }
   template <class X>
-  Tensor& operator/=(X&& x) { return update(*this / std::forward<X>(x), "/="); }
+  Tensor& operator/=(X&& x) { return update<detail::Div>(std::forward<X>(x), "/="); }
   /// Writes `x` (broadcast to this shape) into this tensor's storage.
   template <class X>
     requires Operand<X>
-  Tensor& assign(X&& x) { return update(broadcast_to_self(as_expr(std::forward<X>(x))), "assign"); }
+  Tensor& assign(X&& x) {
+    auto e = detail::BroadcastTo(as_expr(std::forward<X>(x)), shape_);
+    write([&](const detail::Leaf<T>&) { return std::move(e); }, "assign");
+    return *this;
+  }
 
   // --- metadata -------------------------------------------------------------
   const Shape& shape() const { return shape_; }
@@ -234,29 +240,31 @@ class Tensor {
     if (b->error) std::rethrow_exception(b->error);
   }
 
-  template <class X>
-  detail::BroadcastTo<X> broadcast_to_self(X x) const { return detail::BroadcastTo<X>(std::move(x), shape_); }
-
-  template <class E>
-  Tensor& update(E&& e, const char* op) {
-    if (!(e.shape() == shape_))
-      detail::raise(op, ": the result has shape ", e.shape().to_string(), " but the tensor being written has shape ",
-                    shape_.to_string());
-    assign(std::forward<E>(e), op);
+  template <class Op, class X>
+    requires Operand<X> || Scalar<X>
+  Tensor& update(X&& x, const char* op) {
+    auto rhs = detail::operand<T>(std::forward<X>(x));
+    write([&](detail::Leaf<T> self) { return detail::Binary<Op, detail::Leaf<T>, decltype(rhs)>(std::move(self), std::move(rhs)); },
+          op);
     return *this;
   }
 
-  // Writes expression `e` (of this shape) into this handle's storage region.
-  template <class E>
-  void assign(E e, const char* op) {
+  // Writes build(current value as a leaf), an expression of this shape, into
+  // this handle's storage region.
+  template <class Build>
+  void write(Build&& build, const char* op) {
     auto& v = var();
-    detail::require_backend(v.current->device, op);
-    if (!(e.device() == v.current->device))
-      detail::raise(op, ": cannot write a value on ", e.device(), " into a tensor on ", v.current->device);
     std::shared_ptr<detail::Task> task;
     {
       std::lock_guard lk(v.m);
       std::shared_ptr<detail::Buffer> cur = v.current;
+      auto e = build(detail::Leaf<T>(cur, offset_, shape_));
+      if (!(e.shape() == shape_))
+        detail::raise(op, ": the result has shape ", e.shape().to_string(), " but the tensor being written has shape ",
+                      shape_.to_string());
+      detail::require_backend(cur->device, op);
+      if (!(e.device() == cur->device))
+        detail::raise(op, ": cannot write a value on ", e.device(), " into a tensor on ", cur->device);
       // The task's own reads of `cur` stop owning it (see Leaf); it is
       // ordered after cur's producer and keeps cur alive itself.
       bool reads_cur = false, overlaps = false;

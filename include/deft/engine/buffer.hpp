@@ -14,12 +14,17 @@
 namespace deft::detail {
 
 class Task;
+/// Releases a task reference without recursion (see task.hpp).
+void bury(std::shared_ptr<Task>&& t) noexcept;
 
 struct Buffer {
   Buffer(std::size_t nbytes, Device dev) : bytes(nbytes), device(dev) {}
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() { release_memory(); }
+  ~Buffer() {
+    release_memory();
+    bury(std::move(producer));
+  }
 
   /// Allocates the storage if not yet done (called on the worker that writes it).
   void allocate() {

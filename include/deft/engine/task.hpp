@@ -25,6 +25,7 @@ class Task {
   Task& operator=(const Task&) = delete;
   virtual ~Task() {
     if (state.load(std::memory_order_relaxed) == State::recorded) forget_unsubmitted();
+    for (auto& d : deps) bury(std::move(d));
   }
 
   /// Runs the kernel, writing into `out` (the output, known to be alive).
@@ -85,6 +86,28 @@ class TaskImpl final : public Task {
  private:
   std::optional<Kernel> kernel_;
 };
+
+/// Drops a task reference. The last reference to a task frees its closure,
+/// whose buffers free their producers, and so on up a chain that may be as
+/// long as the program made it; done recursively that overflows the stack.
+/// The outermost call on a thread frees the chain one task at a time.
+inline void bury(std::shared_ptr<Task>&& t) noexcept {
+  if (!t) return;
+  thread_local std::vector<std::shared_ptr<Task>>* pending = nullptr;  // trivially destructible
+  if (pending) {
+    pending->push_back(std::move(t));
+    return;
+  }
+  std::vector<std::shared_ptr<Task>> stack;
+  stack.push_back(std::move(t));
+  pending = &stack;
+  while (!stack.empty()) {
+    auto next = std::move(stack.back());
+    stack.pop_back();
+    next.reset();  // may push more onto `stack`
+  }
+  pending = nullptr;
+}
 
 /// A task running `kernel(Buffer& out)` that writes `bytes` bytes of output.
 template <class Kernel>

@@ -228,6 +228,25 @@ struct Cast : ExprTag {
   auto view(const Shape& out) const { return CastView<U, decltype(a.view(out))>{a.view(out)}; }
 };
 
+template <class X>
+using expr_t = decltype(as_expr(std::declval<X>()));
+
+/// The element type of the first tensor-like argument.
+template <class A, class B>
+using element_of = value_t<expr_t<std::conditional_t<Operand<A>, A, B>>>;
+
+/// A tensor-like argument as an expression, or a number as a constant of type T.
+template <class T, class X>
+auto operand(X&& x) {
+  if constexpr (Operand<X>) {
+    return as_expr(std::forward<X>(x));
+  } else {
+    static_assert(!(std::is_integral_v<T> && std::is_floating_point_v<std::remove_cvref_t<X>>),
+                  "deft: a floating-point number cannot combine with an integer tensor; use deft::cast<float>(x)");
+    return Constant<T>(static_cast<T>(x));
+  }
+}
+
 /// An operand seen with a larger shape it broadcasts to.
 template <class A>
 struct BroadcastTo : ExprTag {

@@ -10,25 +10,6 @@
 namespace deft {
 namespace detail {
 
-template <class X>
-using expr_t = decltype(as_expr(std::declval<X>()));
-
-/// The element type of the first tensor-like argument.
-template <class A, class B>
-using element_of = value_t<expr_t<std::conditional_t<Operand<A>, A, B>>>;
-
-/// A tensor-like argument as an expression, or a number as a constant of type T.
-template <class T, class X>
-auto operand(X&& x) {
-  if constexpr (Operand<X>) {
-    return as_expr(std::forward<X>(x));
-  } else {
-    static_assert(!(std::is_integral_v<T> && std::is_floating_point_v<std::remove_cvref_t<X>>),
-                  "deft: a floating-point number cannot combine with an integer tensor; use deft::cast<float>(x)");
-    return Constant<T>(static_cast<T>(x));
-  }
-}
-
 template <class X, class Y>
 concept binary_args = (Operand<X> && (Operand<Y> || Scalar<Y>)) || (Scalar<X> && Operand<Y>);
 

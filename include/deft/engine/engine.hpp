@@ -62,8 +62,8 @@ class Engine {
     c.recorded_live.fetch_add(1, std::memory_order_relaxed);
     c.recorded_live_bytes.fetch_add(t->bytes, std::memory_order_relaxed);
     c.add_pending(t->bytes);
-    if (mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) {
-      run_now(t);
+    if (mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) {  // run it here, now
+      wait(t);
       if (t->error) {
         std::lock_guard lk(m_);
         if (first_error_ == t->error) first_error_ = nullptr;  // reported here, not again by wait_all
@@ -89,39 +89,33 @@ class Engine {
     }
   }
 
-  /// Blocks until `t` finished (submitting it and what it needs first).
+  /// Blocks until `t` finished, submitting it and what it needs first. When
+  /// `t` is ready at once it runs on the calling thread (which would only
+  /// wait otherwise): a sync point on a small result costs no hand-off.
   void wait(const std::shared_ptr<Task>& t) {
     if (t->finished()) return;
     Ready ready;
+    bool here = false;
     std::unique_lock lk(m_);
     submit_locked(t, ready);
+    if (pool_) {
+      auto it = std::find(ready.begin(), ready.end(), t);
+      if (it != ready.end()) {
+        ready.erase(it);
+        here = true;
+      }
+    }
     dispatch_locked(lk, ready);
+    if (here) {
+      lk.unlock();
+      execute(t, ready);
+      lk.lock();
+      dispatch_locked(lk, ready);
+      return;
+    }
     ++waiters_;
     done_cv_.wait(lk, [&] { return t->finished(); });
     --waiters_;
-  }
-
-  /// Runs `t` on the calling thread when nothing it needs is pending
-  /// (synchronous mode: no hand-off to a worker), else waits for it.
-  void run_now(const std::shared_ptr<Task>& t) {
-    Ready ready;
-    bool here = false;
-    {
-      std::unique_lock lk(m_);
-      submit_locked(t, ready);
-      if (pool_) {
-        auto it = std::find(ready.begin(), ready.end(), t);
-        if (it != ready.end()) {
-          ready.erase(it);
-          here = true;
-        }
-      }
-      dispatch_locked(lk, ready);
-    }
-    if (!here) return wait(t);
-    execute(t, ready);
-    std::unique_lock lk(m_);
-    dispatch_locked(lk, ready);
   }
 
   /// Runs every live recorded task; rethrows (and clears) the first failure since the last call.

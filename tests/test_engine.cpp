@@ -42,19 +42,6 @@ std::vector<float> iota_values(std::size_t n, float start = 0, float step = 1) {
   return v;
 }
 
-engine::Stats since(const engine::Stats& before) {
-  const auto now = engine::stats();
-  engine::Stats d = now;
-  d.tasks_recorded -= before.tasks_recorded;
-  d.tasks_run -= before.tasks_run;
-  d.tasks_discarded -= before.tasks_discarded;
-  d.tasks_failed -= before.tasks_failed;
-  d.tasks_skipped -= before.tasks_skipped;
-  d.flushes -= before.flushes;
-  d.backpressure_waits -= before.backpressure_waits;
-  return d;
-}
-
 }  // namespace
 
 // =============================================================================

@@ -65,7 +65,9 @@ class ThreadPool {
     loop.count = chunks;
     loop.context = &body;
     loop.call = [](void* ctx, std::int64_t i) { (*static_cast<std::remove_reference_t<Body>*>(ctx))(i); };
-    const int helpers = static_cast<int>(std::min<std::int64_t>(chunks - 1, size()));
+    // The calling thread works too (a worker, or a user thread running a task
+    // at its sync point): with size() - 1 helpers at most size() threads run.
+    const int helpers = static_cast<int>(std::min<std::int64_t>(chunks - 1, size() - 1));
     {
       std::lock_guard lk(m_);
       for (int i = 0; i < helpers; ++i) jobs_.push_back(Job{nullptr, &loop});

@@ -74,42 +74,31 @@ struct DeferredFixture : EngineFixture {
 /// True when statements are deferred (checks of laziness only apply then).
 inline bool deferred_mode() { return deft::engine::mode() == deft::engine::Mode::deferred; }
 
-/// Scoped worker count.
-struct WorkersGuard {
-  int saved;
-  explicit WorkersGuard(int n) : saved(deft::engine::num_workers()) { deft::engine::set_num_workers(n); }
-  ~WorkersGuard() {
+/// Sets an engine setting for a scope and restores the previous value, even
+/// when a check throws (with Settle, the engine is drained first so that no
+/// work recorded under the setting straddles the restore).
+template <class Value, Value (*get)(), void (*set)(Value), bool Settle = false>
+struct ScopedSetting {
+  Value saved;
+  explicit ScopedSetting(Value v) : saved(get()) { set(v); }
+  ScopedSetting(const ScopedSetting&) = delete;
+  ScopedSetting& operator=(const ScopedSetting&) = delete;
+  ~ScopedSetting() {
     try {
-      deft::engine::set_num_workers(saved);
+      if constexpr (Settle) settle();
+      set(saved);
     } catch (...) {
     }
   }
 };
+inline void set_limits_by_value(deft::engine::Limits l) { deft::engine::set_limits(l); }
+using WorkersGuard = ScopedSetting<int, &deft::engine::num_workers, &deft::engine::set_num_workers>;
+using ModeGuard = ScopedSetting<deft::engine::Mode, &deft::engine::mode, &deft::engine::set_mode>;
+using LimitsGuard = ScopedSetting<deft::engine::Limits, &deft::engine::limits, &set_limits_by_value, true>;
 
-/// Scoped engine mode (restores deferred mode even when a check throws).
-struct ModeGuard {
-  deft::engine::Mode saved;
-  explicit ModeGuard(deft::engine::Mode m) : saved(deft::engine::mode()) { deft::engine::set_mode(m); }
-  ~ModeGuard() {
-    try {
-      deft::engine::set_mode(saved);
-    } catch (...) {
-    }
-  }
-};
-
-/// Scoped engine limits.
-struct LimitsGuard {
-  deft::engine::Limits saved;
-  explicit LimitsGuard(const deft::engine::Limits& l) : saved(deft::engine::limits()) { deft::engine::set_limits(l); }
-  ~LimitsGuard() {
-    try {
-      settle();
-      deft::engine::set_limits(saved);
-    } catch (...) {
-    }
-  }
-};
+/// Shapes for same-shape elementwise checks: a small one with SIMD tails and a
+/// large one that the engine splits across workers.
+inline const std::vector<std::vector<i64>> kShapes = {{3, 37}, {300, 257}};
 
 // --- inputs ----------------------------------------------------------------------
 

@@ -12,9 +12,6 @@ namespace {
 
 using IntTypes = std::tuple<std::int32_t, std::int64_t>;
 
-// Shapes used for same-shape checks: a small one with SIMD tails and a large
-// one that the engine splits across workers.
-const std::vector<std::vector<i64>> kShapes = {{3, 37}, {300, 257}};
 
 }  // namespace
 

@@ -12,9 +12,6 @@ namespace {
 
 using FloatTypes = std::tuple<float, double>;
 
-// Shapes used for same-shape checks: a small one with SIMD tails and a large
-// one that the engine splits across workers.
-const std::vector<std::vector<i64>> kShapes = {{3, 37}, {300, 257}};
 
 }  // namespace
 

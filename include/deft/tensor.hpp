@@ -59,13 +59,19 @@ Tensor<T> record_new(const char* name, const Shape& shape, Device dev, Kernel ke
   return tensor_from_buffer<T>(std::move(buf), shape);
 }
 
+/// An add_inputs callable for record_new: the task reads every leaf of `e`.
+template <class E>
+auto reads_of(const E& e) {
+  return [&e](Task& t) { e.for_each_leaf([&](const auto& leaf) { t.add_input(leaf.buffer); }); };
+}
+
 /// Records the evaluation of an elementwise expression into a new tensor.
 template <Expression E>
 Tensor<value_t<E>> record_expression(const E& e) {
   using T = value_t<E>;
   return record_new<T>(
       "elementwise", e.shape(), e.device(), [e](Buffer& out) { on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>()); }); },
-      [&](Task& t) { e.for_each_leaf([&](const auto& leaf) { t.add_input(leaf.buffer); }); });
+      reads_of(e));
 }
 
 }  // namespace detail

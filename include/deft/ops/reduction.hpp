@@ -14,11 +14,6 @@
 namespace deft {
 namespace detail {
 
-template <class E>
-auto input_declarer(const E& e) {
-  return [&e](Task& t) { e.for_each_leaf([&](const auto& leaf) { t.add_input(leaf.buffer); }); };
-}
-
 /// The result shape of reducing `in` over `axis` (all axes when empty).
 inline Shape reduced_shape(const Shape& in, std::optional<int> axis, bool keepdims) {
   if (axis) return in.without(*axis, keepdims);
@@ -40,16 +35,15 @@ auto reduce(const char* name, X&& x, std::optional<int> axis, bool keepdims, boo
   const Shape out = reduced_shape(in, axis, keepdims);
   if (axis)
     return record_new<T>(name, out, e.device(), [e, ax = *axis](Buffer& b) { on_device(b.device, [&](auto ex) { ex.template reduce_axis<R<T>>(e, ax, b.as<T>()); }); },
-                         input_declarer(e));
+                         reads_of(e));
   return record_new<T>(name, out, e.device(), [e](Buffer& b) { on_device(b.device, [&](auto ex) { ex.template reduce_all<R<T>>(e, b.as<T>()); }); },
-                       input_declarer(e));
+                       reads_of(e));
 }
 
 template <class X>
-void require_floating(const char* name) {
+void require_floating() {
   static_assert(std::is_floating_point_v<value_t<expr_t<X>>>,
                 "deft: mean and norm need a floating-point operand; use deft::cast<float>(x)");
-  (void)name;
 }
 
 }  // namespace detail
@@ -64,12 +58,12 @@ auto sum(X&& x, int axis, bool keepdims = false) {
 /// Arithmetic mean (floating point only; NaN for an empty tensor).
 template <Operand X>
 auto mean(X&& x) {
-  detail::require_floating<X>("mean");
+  detail::require_floating<X>();
   return detail::reduce<detail::MeanReducer>("mean", std::forward<X>(x), std::nullopt, false, false);
 }
 template <Operand X>
 auto mean(X&& x, int axis, bool keepdims = false) {
-  detail::require_floating<X>("mean");
+  detail::require_floating<X>();
   return detail::reduce<detail::MeanReducer>("mean", std::forward<X>(x), axis, keepdims, false);
 }
 /// Largest element (NaN if any is NaN); throws for an empty tensor.
@@ -89,12 +83,12 @@ auto min(X&& x, int axis, bool keepdims = false) {
 /// Euclidean (L2) norm (floating point only).
 template <Operand X>
 auto norm(X&& x) {
-  detail::require_floating<X>("norm");
+  detail::require_floating<X>();
   return detail::reduce<detail::NormReducer>("norm", std::forward<X>(x), std::nullopt, false, false);
 }
 template <Operand X>
 auto norm(X&& x, int axis, bool keepdims = false) {
-  detail::require_floating<X>("norm");
+  detail::require_floating<X>();
   return detail::reduce<detail::NormReducer>("norm", std::forward<X>(x), axis, keepdims, false);
 }
 
@@ -105,7 +99,7 @@ Tensor<std::int64_t> argmax(X&& x) {
   if (e.shape().size() == 0) detail::raise("argmax: an empty tensor (shape ", e.shape().to_string(), ") has no maximum");
   return detail::record_new<std::int64_t>(
       "argmax", Shape{}, e.device(), [e](detail::Buffer& b) { detail::on_device(b.device, [&](auto ex) { ex.argmax_all(e, b.as<std::int64_t>()); }); },
-      detail::input_declarer(e));
+      detail::reads_of(e));
 }
 template <Operand X>
 Tensor<std::int64_t> argmax(X&& x, int axis, bool keepdims = false) {
@@ -115,7 +109,7 @@ Tensor<std::int64_t> argmax(X&& x, int axis, bool keepdims = false) {
   if (in[axis] == 0) detail::raise("argmax: axis ", axis, " of shape ", in.to_string(), " is empty");
   return detail::record_new<std::int64_t>(
       "argmax", in.without(axis, keepdims), e.device(),
-      [e, axis](detail::Buffer& b) { detail::on_device(b.device, [&](auto ex) { ex.argmax_axis(e, axis, b.as<std::int64_t>()); }); }, detail::input_declarer(e));
+      [e, axis](detail::Buffer& b) { detail::on_device(b.device, [&](auto ex) { ex.argmax_axis(e, axis, b.as<std::int64_t>()); }); }, detail::reads_of(e));
 }
 
 }  // namespace deft

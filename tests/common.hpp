@@ -98,7 +98,7 @@ using LimitsGuard = ScopedSetting<deft::engine::Limits, &deft::engine::limits, &
 
 /// Shapes for same-shape elementwise checks: a small one with SIMD tails and a
 /// large one that the engine splits across workers.
-inline const std::vector<std::vector<i64>> kShapes = {{3, 37}, {300, 257}};
+inline const std::vector<std::vector<i64>> kElementwiseShapes = {{3, 37}, {300, 257}};
 
 // --- inputs ----------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ BOOST_FIXTURE_TEST_SUITE(elementwise_int, EngineFixture)
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(arithmetic, T, IntTypes) {
   std::mt19937 g(201);
-  for (const auto& d : kShapes) {
+  for (const auto& d : kElementwiseShapes) {
     const std::size_t n = product(d);
     const auto a = random_values<T>(g, n, -1000, 1000);
     auto b = random_values<T>(g, n, -50, 50);  // includes zeros
@@ -48,7 +48,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(arithmetic, T, IntTypes) {
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(comparisons_and_where, T, IntTypes) {
   std::mt19937 g(202);
-  for (const auto& d : kShapes) {
+  for (const auto& d : kElementwiseShapes) {
     const std::size_t n = product(d);
     const auto a = random_values<T>(g, n, -20, 20);
     const auto b = random_values<T>(g, n, -20, 20);  // many ties
@@ -70,7 +70,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(comparisons_and_where, T, IntTypes) {
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(integer_pow, T, IntTypes) {
   std::mt19937 g(203);
-  for (const auto& d : kShapes) {
+  for (const auto& d : kElementwiseShapes) {
     const std::size_t n = product(d);
     const auto base = random_values<T>(g, n, -6, 6);
     const auto ex = random_values<T>(g, n, 0, 9);

@@ -20,7 +20,7 @@ BOOST_FIXTURE_TEST_SUITE(elementwise, EngineFixture)
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(arithmetic_tensor_tensor, T, FloatTypes) {
   std::mt19937 g(101);
-  for (const auto& d : kShapes) {
+  for (const auto& d : kElementwiseShapes) {
     const std::size_t n = product(d);
     const auto a = random_values<T>(g, n, -10, 10);
     const auto b = away_from_zero<T>(g, n, 0.5, 5);
@@ -39,7 +39,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(arithmetic_tensor_tensor, T, FloatTypes) {
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(arithmetic_with_scalars, T, FloatTypes) {
   std::mt19937 g(102);
-  for (const auto& d : kShapes) {
+  for (const auto& d : kElementwiseShapes) {
     const std::size_t n = product(d);
     const auto a = away_from_zero<T>(g, n, 0.5, 8);
     const double rt = arith_rtol<T>;
@@ -63,7 +63,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(arithmetic_with_scalars, T, FloatTypes) {
 BOOST_AUTO_TEST_CASE_TEMPLATE(unary_functions, T, FloatTypes) {
   std::mt19937 g(103);
   const double rt = transc_rtol<T>, at = transc_atol<T>;
-  for (const auto& d : kShapes) {
+  for (const auto& d : kElementwiseShapes) {
     const std::size_t n = product(d);
     const auto any = random_values<T>(g, n, -10, 10);
     const auto pos = random_values<T>(g, n, 0.01, 100);
@@ -85,7 +85,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(unary_functions, T, FloatTypes) {
 BOOST_AUTO_TEST_CASE_TEMPLATE(pow_float, T, FloatTypes) {
   std::mt19937 g(104);
   const double rt = transc_rtol<T>, at = transc_atol<T>;
-  for (const auto& d : kShapes) {
+  for (const auto& d : kElementwiseShapes) {
     const std::size_t n = product(d);
     const auto base = random_values<T>(g, n, 0.1, 4);
     const auto ex = random_values<T>(g, n, -3, 3);
@@ -98,7 +98,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(pow_float, T, FloatTypes) {
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(comparisons_give_masks, T, FloatTypes) {
   std::mt19937 g(105);
-  for (const auto& d : kShapes) {
+  for (const auto& d : kElementwiseShapes) {
     const std::size_t n = product(d);
     const auto a = random_values<T>(g, n, -5, 5);
     const auto b = with_ties(g, a, random_values<T>(g, n, -5, 5));
@@ -120,7 +120,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(comparisons_give_masks, T, FloatTypes) {
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(where_selects, T, FloatTypes) {
   std::mt19937 g(106);
-  for (const auto& d : kShapes) {
+  for (const auto& d : kElementwiseShapes) {
     const std::size_t n = product(d);
     const auto a = random_values<T>(g, n, -5, 5);
     const auto b = random_values<T>(g, n, -5, 5);

@@ -4,10 +4,12 @@
 #include <cstddef>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <new>
 
 #include "../core/device.hpp"
+#include "allocator.hpp"
 #include "stats.hpp"
 #include "thresholds.hpp"
 
@@ -29,9 +31,12 @@ struct Buffer {
   /// Allocates the storage if not yet done (called on the worker that writes it).
   void allocate() {
     if (data || bytes == 0) return;
-    const std::size_t rounded = (bytes + thresholds::alignment - 1) / thresholds::alignment * thresholds::alignment;
-    data = static_cast<std::byte*>(std::aligned_alloc(thresholds::alignment, rounded));
+    // Rounding up must not wrap around for sizes near SIZE_MAX.
+    if (bytes > std::numeric_limits<std::size_t>::max() - thresholds::alignment) throw std::bad_alloc();
+    auto alloc = AllocatorSlot::get().current();
+    data = static_cast<std::byte*>(alloc->allocate(rounded_bytes(), thresholds::alignment));
     if (!data) throw std::bad_alloc();
+    allocator = std::move(alloc);
     counters().add_allocated(bytes);
   }
 
@@ -48,9 +53,14 @@ struct Buffer {
   std::exception_ptr error;
 
  private:
+  std::shared_ptr<engine::HostAllocator> allocator;  // the one `data` came from
+
+  // Whole cache lines, as std::aligned_alloc requires a multiple of the alignment.
+  std::size_t rounded_bytes() const { return (bytes + thresholds::alignment - 1) / thresholds::alignment * thresholds::alignment; }
   void release_memory() {
     if (!data) return;
-    std::free(data);
+    allocator->deallocate(data, rounded_bytes(), thresholds::alignment);
+    allocator.reset();
     counters().sub_allocated(bytes);
     data = nullptr;
   }

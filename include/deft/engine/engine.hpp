@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "allocator.hpp"
 #include "stats.hpp"
 #include "task.hpp"
 #include "thread_pool.hpp"
@@ -389,6 +390,8 @@ inline Stats stats() {
   s.tasks_skipped = c.skipped.load();
   s.flushes = c.flushes.load();
   s.backpressure_waits = c.backpressure_waits.load();
+  s.tasks_pending = c.pending_tasks.load();
+  s.peak_tasks_pending = c.peak_pending_tasks.load();
   s.bytes_pending = c.pending_bytes.load();
   s.peak_bytes_pending = c.peak_pending_bytes.load();
   s.bytes_allocated = c.allocated_bytes.load();
@@ -401,6 +404,7 @@ inline void reset_stats() {
   auto& c = detail::counters();
   for (auto* a : {&c.recorded, &c.run, &c.discarded, &c.failed, &c.skipped, &c.flushes, &c.backpressure_waits})
     a->store(0);
+  c.peak_pending_tasks.store(c.pending_tasks.load());
   c.peak_pending_bytes.store(c.pending_bytes.load());
   c.peak_allocated_bytes.store(c.allocated_bytes.load());
 }

@@ -16,6 +16,8 @@ struct Stats {
   std::uint64_t tasks_skipped = 0;    ///< tasks not run because an input had failed
   std::uint64_t flushes = 0;          ///< submissions forced by the recorded-work bound
   std::uint64_t backpressure_waits = 0;  ///< times a recording thread waited for in-flight work
+  std::size_t tasks_pending = 0;      ///< recorded or in-flight tasks now (not yet run or discarded)
+  std::size_t peak_tasks_pending = 0; ///< the most tasks unfinished work ever held at once
   std::size_t bytes_pending = 0;      ///< output bytes of recorded or in-flight tasks now
   std::size_t peak_bytes_pending = 0; ///< the most bytes unfinished work ever held at once
   std::size_t bytes_allocated = 0;    ///< bytes of tensor storage alive now
@@ -25,7 +27,7 @@ struct Stats {
     return os << "recorded " << s.tasks_recorded << ", run " << s.tasks_run << ", discarded "
               << s.tasks_discarded << ", failed " << s.tasks_failed << ", skipped " << s.tasks_skipped
               << ", flushes " << s.flushes << ", backpressure waits " << s.backpressure_waits
-              << ", peak pending " << s.peak_bytes_pending << " B, allocated " << s.bytes_allocated
+              << ", peak pending " << s.peak_tasks_pending << " tasks / " << s.peak_bytes_pending << " B, allocated " << s.bytes_allocated
               << " B (peak " << s.peak_bytes_allocated << " B)";
   }
 };
@@ -38,6 +40,7 @@ namespace deft::detail {
 struct Counters {
   std::atomic<std::uint64_t> recorded{0}, run{0}, discarded{0}, failed{0}, skipped{0};
   std::atomic<std::uint64_t> flushes{0}, backpressure_waits{0};
+  std::atomic<std::size_t> pending_tasks{0}, peak_pending_tasks{0};
   std::atomic<std::size_t> pending_bytes{0}, peak_pending_bytes{0};
   std::atomic<std::size_t> allocated_bytes{0}, peak_allocated_bytes{0};
   // Tasks recorded but not yet submitted, and their output bytes (drive flushing).
@@ -47,10 +50,15 @@ struct Counters {
     std::size_t p = peak.load(std::memory_order_relaxed);
     while (now > p && !peak.compare_exchange_weak(p, now, std::memory_order_relaxed)) {}
   }
+  /// A task writing `b` bytes was recorded / has finished or been discarded.
   void add_pending(std::size_t b) {
+    raise_peak(peak_pending_tasks, pending_tasks.fetch_add(1, std::memory_order_relaxed) + 1);
     raise_peak(peak_pending_bytes, pending_bytes.fetch_add(b, std::memory_order_relaxed) + b);
   }
-  void sub_pending(std::size_t b) { pending_bytes.fetch_sub(b, std::memory_order_relaxed); }
+  void sub_pending(std::size_t b) {
+    pending_tasks.fetch_sub(1, std::memory_order_relaxed);
+    pending_bytes.fetch_sub(b, std::memory_order_relaxed);
+  }
   void add_allocated(std::size_t b) {
     raise_peak(peak_allocated_bytes, allocated_bytes.fetch_add(b, std::memory_order_relaxed) + b);
   }

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <type_traits>
+#include <functional>
 
 #include "../core/config.hpp"
 #include "../core/shape.hpp"
@@ -130,6 +131,23 @@ struct CastView {
 #endif
   template <class F>
   void for_each_leaf(F&& f) { a.for_each_leaf(f); }
+};
+
+// A user's function sees one element at a time (it need not know xsimd).
+template <class F, class A>
+struct MapView {
+  using value_type = std::remove_cvref_t<std::invoke_result_t<const F&, typename A::value_type>>;
+  static constexpr bool simd = false;
+  F f;
+  A a;
+  DEFT_HD void set_row(const std::int64_t* idx, int outer) { a.set_row(idx, outer); }
+  DEFT_HD value_type at(std::int64_t j) const { return f(a.at(j)); }
+#if DEFT_HOST_SIMD
+  template <class B>
+  B batch(std::int64_t) const = delete;
+#endif
+  template <class G>
+  void for_each_leaf(G&& g) { a.for_each_leaf(g); }
 };
 
 /// The output shape with unit dimensions dropped and neighbours merged where

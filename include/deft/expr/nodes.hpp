@@ -228,6 +228,26 @@ struct Cast : ExprTag {
   auto view(const Shape& out) const { return CastView<U, decltype(a.view(out))>{a.view(out)}; }
 };
 
+/// f(x) for every element x of `a`, with a user's function.
+template <class F, class A>
+struct Map : ExprTag {
+  using value_type = std::remove_cvref_t<std::invoke_result_t<const F&, value_t<A>>>;
+  static_assert(Element<value_type>, "deft::map: the function must return float, double, int32_t or int64_t");
+  static constexpr int cost = 8 + A::cost;  // an opaque scalar call
+  static constexpr bool is_constant = A::is_constant;
+  F f;
+  A a;
+
+  Map(F fn, A x) : f(std::move(fn)), a(std::move(x)) {}
+  Shape shape() const { return a.shape(); }
+  Device device() const { return a.device(); }
+  template <class G>
+  void for_each_leaf(G&& g) const { a.for_each_leaf(g); }
+  template <class G>
+  void for_each_leaf(G&& g) { a.for_each_leaf(g); }
+  auto view(const Shape& out) const { return MapView<F, decltype(a.view(out))>{f, a.view(out)}; }
+};
+
 template <class X>
 using expr_t = decltype(as_expr(std::declval<X>()));
 

@@ -1,6 +1,7 @@
 // The elementwise vocabulary: operators and functions that build expression
 // nodes from tensors, expressions and plain numbers (numpy broadcasting).
 #pragma once
+#include <concepts>
 #include <type_traits>
 #include <utility>
 
@@ -82,6 +83,18 @@ auto where(C&& cond, A&& a, B&& b) {
   auto x = detail::operand<T>(std::forward<A>(a));
   auto y = detail::operand<T>(std::forward<B>(b));
   return detail::Select<decltype(c), decltype(x), decltype(y)>(std::move(c), std::move(x), std::move(y));
+}
+
+/// f(x) elementwise, for a function deft does not have: `map([](float v) {
+/// return v < 0 ? 0.1f * v : v; }, x)`. It runs one element at a time, may be
+/// called on any worker and in any order (so it must not depend on shared
+/// state), and an exception it throws fails the task: the sync points that
+/// read the result rethrow it.
+template <class F, Operand X>
+  requires std::invocable<const F&, detail::value_t<detail::expr_t<X>>>
+auto map(F f, X&& x) {
+  auto a = as_expr(std::forward<X>(x));
+  return detail::Map<F, decltype(a)>(std::move(f), std::move(a));
 }
 
 /// Elementwise conversion to U (float to integer saturates; NaN becomes 0).

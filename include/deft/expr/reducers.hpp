@@ -29,7 +29,11 @@ struct NormReducer : SumReducer<T> {  // sum of squares, then the square root
 };
 template <class T>
 struct MaxReducer {
-  static T identity() { return std::numeric_limits<T>::lowest(); }
+  // -inf for floating point: lowest() would be the max of an all -inf input.
+  static T identity() {
+    if constexpr (std::numeric_limits<T>::has_infinity) return -std::numeric_limits<T>::infinity();
+    else return std::numeric_limits<T>::lowest();
+  }
   template <class V>
   static V step(const V& acc, const V& x) { return Maximum{}(x, acc); }  // x first: a NaN in x sticks
   static T merge(T a, T b) { return Maximum{}(a, b); }
@@ -37,7 +41,10 @@ struct MaxReducer {
 };
 template <class T>
 struct MinReducer {
-  static T identity() { return std::numeric_limits<T>::max(); }
+  static T identity() {
+    if constexpr (std::numeric_limits<T>::has_infinity) return std::numeric_limits<T>::infinity();
+    else return std::numeric_limits<T>::max();
+  }
   template <class V>
   static V step(const V& acc, const V& x) { return Minimum{}(x, acc); }
   static T merge(T a, T b) { return Minimum{}(a, b); }

@@ -27,6 +27,11 @@ template <Element T = float>
 Tensor<T> arange(T start, T stop, T step = T(1), Device device = cpu()) {
   if (step == T(0)) detail::raise("arange: step must not be zero");
   const double span = (double(stop) - double(start)) / double(step);
+  if (std::isnan(span) || std::isinf(span))
+    detail::raise("arange: cannot compute the length from start ", start, ", stop ", stop, ", step ", step);
+  if (span > 0x1p62)  // beyond this the count does not fit an int64 extent
+    detail::raise<std::length_error>("arange: ", span, " elements (start ", start, ", stop ", stop, ", step ", step,
+                                     ") are more than fit in memory");
   const std::int64_t n = span > 0 ? std::int64_t(std::ceil(span)) : 0;
   return detail::record_new<T>(
       "arange", Shape{n}, device,

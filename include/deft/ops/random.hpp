@@ -64,7 +64,7 @@ enum class Distribution { uniform, normal };
 template <class T, Distribution D>
 DEFT_HD T to_element(double v, double hi) {
   if constexpr (std::is_integral_v<T>) {
-    return static_cast<T>(std::floor(v));
+    return convert<T>(std::floor(v));  // saturates: v may round up to hi = 2^63 for int64
   } else {
     T r = static_cast<T>(v);
     if constexpr (D == Distribution::uniform)
@@ -98,6 +98,10 @@ inline void fill_random(Executor ex, T* out, std::int64_t n, std::uint64_t key, 
 
 template <Element T, Distribution D>
 Tensor<T> random_tensor(const char* name, double a, double b, const Shape& shape, Device device) {
+  // Checks that record_new makes, before taking a call number: a call that
+  // throws does not shift the numbers of later calls.
+  require_backend(device, name);
+  (void)bytes_for<T>(shape);
   const auto call = RandomState::get().next_call();
   return record_new<T>(
       name, shape, device,
@@ -123,6 +127,14 @@ inline void seed(std::uint64_t s) {
 template <Element T = float>
 Tensor<T> uniform(double lo, double hi, const Shape& shape, Device device = cpu()) {
   if (!(lo < hi)) detail::raise("random::uniform: needs lo < hi, got lo = ", lo, ", hi = ", hi);
+  if (!std::isfinite(hi - lo))
+    detail::raise("random::uniform: needs finite bounds and a finite hi - lo, got lo = ", lo, ", hi = ", hi);
+  if constexpr (std::is_integral_v<T>) {
+    // hi is excluded: lo .. hi - 1 must be values of T.
+    if (lo < double(std::numeric_limits<T>::lowest()) || hi > double(std::numeric_limits<T>::max()) + 1.0)
+      detail::raise("random::uniform<", dtype_name_of<T>, ">: bounds lo = ", lo, ", hi = ", hi, " exceed the range of ",
+                    dtype_name_of<T>);
+  }
   return detail::random_tensor<T, detail::Distribution::uniform>("uniform", lo, hi, shape, device);
 }
 
@@ -131,6 +143,8 @@ template <Element T = float>
 Tensor<T> normal(double mean, double stddev, const Shape& shape, Device device = cpu()) {
   static_assert(std::is_floating_point_v<T>, "deft: random::normal makes floating-point tensors");
   if (!(stddev >= 0)) detail::raise("random::normal: the standard deviation must be >= 0, got ", stddev);
+  if (!std::isfinite(mean) || !std::isfinite(stddev))
+    detail::raise("random::normal: needs a finite mean and standard deviation, got mean = ", mean, ", stddev = ", stddev);
   return detail::random_tensor<T, detail::Distribution::normal>("normal", mean, stddev, shape, device);
 }
 

@@ -188,7 +188,8 @@ struct Select : ExprTag {
       : c(std::move(cond)), a(std::move(x)), b(std::move(y)),
         extent(broadcast_shapes(c.shape(), broadcast_shapes(a.shape(), b.shape(), "where"), "where")),
         dev(common_device(a, b, "where")) {
-    if constexpr (!C::is_constant)
+    if constexpr (A::is_constant && B::is_constant) dev = c.device();  // two numbers live wherever cond does
+    else if constexpr (!C::is_constant)
       if (!(c.device() == dev)) raise("where: condition on ", c.device(), " but values on ", dev);
   }
   const Shape& shape() const { return extent; }

@@ -40,7 +40,9 @@ Tensor<T> tensor_from_buffer(std::shared_ptr<Buffer> b, const Shape& s);
 /// Bytes of a T tensor of shape s; std::length_error when that overflows.
 template <Element T>
 std::size_t bytes_for(const Shape& s) {
-  if (std::uint64_t(s.size()) > std::numeric_limits<std::size_t>::max() / sizeof(T))
+  // PTRDIFF_MAX, as std::allocator's max_size: larger objects overflow the
+  // allocator's rounding to the alignment and pointer differences.
+  if (std::uint64_t(s.size()) > std::uint64_t(std::numeric_limits<std::ptrdiff_t>::max()) / sizeof(T))
     raise<std::length_error>("a ", dtype_name_of<T>, " tensor of shape ", s.to_string(), " needs more bytes than fit in memory");
   return std::size_t(s.size()) * sizeof(T);
 }
@@ -148,6 +150,7 @@ class Tensor {
   template <class X>
     requires Operand<X>
   Tensor& assign(X&& x) {
+    var();  // an empty handle is the first thing wrong
     auto e = detail::BroadcastTo(as_expr(std::forward<X>(x)), shape_);
     write([&](const detail::Leaf<T>&) { return std::move(e); }, "assign");
     return *this;
@@ -170,6 +173,7 @@ class Tensor {
   // --- views and copies -----------------------------------------------------
   /// Rows [begin, end) along the first axis: a view sharing this storage.
   Tensor rows(std::int64_t begin, std::int64_t end) const {
+    var();  // an empty handle is the first thing wrong
     if (rank() == 0) detail::raise("rows(", begin, ", ", end, "): a scalar tensor has no rows");
     if (begin < 0 || end < begin || end > shape_[0])
       detail::raise("rows(", begin, ", ", end, "): out of range for shape ", shape_.to_string());
@@ -181,6 +185,7 @@ class Tensor {
   /// The same storage seen with another shape (one extent may be -1).
   Tensor reshape(std::initializer_list<std::int64_t> dims) const { return reshape(std::vector<std::int64_t>(dims)); }
   Tensor reshape(std::vector<std::int64_t> dims) const {
+    var();  // an empty handle is the first thing wrong
     std::int64_t known = 1;
     int infer = -1;
     for (std::size_t i = 0; i < dims.size(); ++i) {

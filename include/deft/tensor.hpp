@@ -150,6 +150,8 @@ class Tensor {
   template <class X>
     requires Operand<X>
   Tensor& assign(X&& x) {
+    static_assert(std::is_same_v<detail::value_t<decltype(as_expr(std::forward<X>(x)))>, T>,
+                  "deft: the expression's element type differs from the tensor's; use deft::cast<U>(expr)");
     var();  // an empty handle is the first thing wrong
     auto e = detail::BroadcastTo(as_expr(std::forward<X>(x)), shape_);
     write([&](const detail::Leaf<T>&) { return std::move(e); }, "assign");

@@ -128,7 +128,7 @@ class Tensor {
     auto x = as_expr(std::forward<E>(e));
     static_assert(std::is_same_v<detail::value_t<decltype(x)>, T>,
                   "deft: the expression's element type differs from the tensor's; use deft::cast<U>(expr)");
-    if (var_ && var_.use_count() == 1 && x.shape() == shape_ && offset_ == 0 && covers_storage())
+    if (var_ && var_.use_count() == 1 && x.shape() == shape_ && offset_ == 0 && covers_storage() && x.device() == device())
       write([&](const detail::Leaf<T>&) { return std::move(x); }, "assign");
     else
       *this = detail::record_expression(std::move(x));

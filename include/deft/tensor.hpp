@@ -223,6 +223,7 @@ class Tensor {
   }
   /// The single value of a one-element tensor (MXNet's asscalar).
   T item() const {
+    var();  // an empty handle is the first thing wrong
     if (size() != 1) detail::raise("item(): needs a tensor with one element, got shape ", shape_.to_string());
     auto b = buffer();
     wait(b);

@@ -59,6 +59,12 @@ auto materialized_leaf(X&& x) {
 /// Matrix product (numpy dot for ranks 1-2, batched for rank 3).
 template <Operand A, Operand B>
 auto dot(A&& a, B&& b) {
+  {  // shapes and devices first: a bad product records nothing (not even its operands' evaluation)
+    const auto ea = as_expr(a);
+    const auto eb = as_expr(b);
+    (void)detail::plan_product(ea.shape(), eb.shape(), "dot");
+    (void)detail::common_device(ea, eb, "dot");
+  }
   auto la = detail::materialized_leaf(std::forward<A>(a));
   auto lb = detail::materialized_leaf(std::forward<B>(b));
   using T = detail::value_t<decltype(la)>;
@@ -90,9 +96,7 @@ auto matmul(A&& a, B&& b) { return dot(std::forward<A>(a), std::forward<B>(b)); 
 /// Axes permuted: out.shape[i] = x.shape[axes[i]] (a new tensor).
 template <Operand X>
 auto transpose(X&& x, const std::vector<int>& axes) {
-  auto l = detail::materialized_leaf(std::forward<X>(x));
-  using T = detail::value_t<decltype(l)>;
-  const Shape in = l.shape();
+  const Shape in = as_expr(x).shape();  // axes are checked before an expression operand is evaluated
   if (int(axes.size()) != in.rank())
     detail::raise("transpose: ", axes.size(), " axes given for a tensor of shape ", in.to_string());
   std::array<int, max_rank> perm{};
@@ -105,6 +109,8 @@ auto transpose(X&& x, const std::vector<int>& axes) {
     perm[d] = a;
     out.push_back(in[a]);
   }
+  auto l = detail::materialized_leaf(std::forward<X>(x));
+  using T = detail::value_t<decltype(l)>;
   return detail::record_new<T>(
       "transpose", out, l.device(),
       [l, perm](detail::Buffer& b) {

@@ -2,6 +2,7 @@
 // discarding (via stats), failures carried to sync points, synchronous mode,
 // several user threads, and the bounds on deferred work.
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <thread>
@@ -283,6 +284,28 @@ BOOST_AUTO_TEST_CASE(dropping_a_long_unsubmitted_chain) {
   }
   BOOST_TEST(engine::stats().tasks_discarded == 300001u);
   BOOST_TEST(engine::stats().tasks_run == 0u);
+}
+
+// Found by the scheduler stress test. x's in-place writers: T1 (submitted,
+// queued behind a task that blocks) and T2 (recorded). A full overwrite T3
+// cancels T2 and must still wait for T1, or T1 ends last with a stale value.
+BOOST_AUTO_TEST_CASE(overwrite_waits_for_a_submitted_in_place_writer) {
+  std::atomic<bool> release{false};
+  Tensor<float> y = deft::ones({64}), x = deft::zeros({64}), seven = deft::full<float>({64}, 7.f);
+  deft::wait_all();
+  LimitsGuard limits(engine::Limits{.max_recorded_tasks = 1});  // the second recorded task submits both
+  Tensor<float> z = deft::map([&release](float v) { while (!release.load()) std::this_thread::yield(); return v * 5; }, y);
+  x.assign(z);                      // T1: submitted, waits for z
+  x += 1;                           // T2: in place after T1, recorded
+  x.assign(seven);                  // T3: cancels T2
+  Tensor<float> unrelated = y + 2;  // submits T3
+  // Give T3 the chance to run before T1 (it must not: it waits for T1).
+  for (int i = 0; i < 200 && !x.is_ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  BOOST_TEST(!x.is_ready());
+  release = true;
+  deft::wait_all();
+  check_tensor(x, {64}, std::vector<double>(64, 7.0), 0, 0, "after the overwrite");
+  check_tensor(unrelated, {64}, std::vector<double>(64, 3.0), 0, 0, "unrelated");
 }
 
 BOOST_AUTO_TEST_CASE(building_an_expression_records_nothing) {

@@ -128,22 +128,37 @@ class Engine {
     if (e) std::rethrow_exception(e);
   }
 
-  /// `next` fully overwrites the buffer `prev` writes. An unsubmitted `prev`
-  /// is dead work and is cancelled; otherwise `next` must wait for it.
+  /// `next` fully overwrites the buffer `prev` writes. Unsubmitted writers of
+  /// that buffer (prev, and the earlier in-place writers it waits for) are
+  /// dead work and are cancelled; `next` waits for the submitted ones, which
+  /// would otherwise finish after it and leave a stale value.
   void supersede(const std::shared_ptr<Task>& prev, Task& next) {
     if (!prev || prev->finished()) return;
+    const auto out = prev->output.lock();
+    std::vector<std::shared_ptr<Task>> cancelled;
     {
       std::lock_guard lk(m_);
-      if (prev->state.load(std::memory_order_relaxed) != Task::State::recorded) {
-        next.deps.push_back(prev);
-        return;
+      std::vector<std::shared_ptr<Task>> writers{prev};
+      while (!writers.empty()) {
+        auto w = std::move(writers.back());
+        writers.pop_back();
+        if (w->finished()) continue;
+        if (w->state.load(std::memory_order_relaxed) != Task::State::recorded) {
+          next.deps.push_back(std::move(w));
+          continue;
+        }
+        w->state.store(Task::State::cancelled, std::memory_order_release);
+        for (const auto& d : w->deps)
+          if (out && d->output.lock() == out) writers.push_back(d);
+        cancelled.push_back(std::move(w));
       }
-      prev->state.store(Task::State::cancelled, std::memory_order_release);
     }
-    prev->leave_recorded();
-    counters().sub_pending(prev->bytes);
-    counters().discarded.fetch_add(1, std::memory_order_relaxed);
-    prev->release_closure();
+    for (auto& w : cancelled) {
+      w->leave_recorded();
+      counters().sub_pending(w->bytes);
+      counters().discarded.fetch_add(1, std::memory_order_relaxed);
+      w->release_closure();
+    }
   }
 
   engine::Mode mode() const { return mode_.load(); }

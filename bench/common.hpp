@@ -1,0 +1,62 @@
+// What every group file shares: deft, the harness, the group entry points and
+// the libtorch rows (implemented in peer_torch.cpp, the only file that
+// includes libtorch's headers, which are slow to compile).
+#pragma once
+#include <deft/deft.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+
+namespace bench {
+
+void bench_elementwise();
+void bench_broadcast();
+void bench_reduce();
+void bench_gemm();
+void bench_overhead();
+void bench_seeds();
+void bench_parallel();
+
+/// deft's engine with n workers, restored to the default count when dropped.
+struct DeftThreads {
+  int before;
+  explicit DeftThreads(int n) : before(deft::engine::num_workers()) { deft::engine::set_num_workers(n); }
+  ~DeftThreads() { deft::engine::set_num_workers(before); }
+};
+
+inline std::vector<float> values_of(const deft::Tensor<float>& t) { return t.to_vector(); }
+
+/// Largest |x - y| / max(1, |y|) over two arrays (checks that rows compute the same thing).
+inline double max_rel_diff(const float* x, const float* y, std::size_t n) {
+  double worst = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double d = std::abs(double(x[i]) - double(y[i])) / std::max(1.0, std::abs(double(y[i])));
+    worst = std::max(worst, d);
+  }
+  return worst;
+}
+void check_same(const char* group, const std::string& what, const float* x, const float* y, std::size_t n,
+                double tol = 1e-4);
+
+namespace torch_peer {
+#if DEFT_BENCH_HAVE_TORCH
+std::string version();
+void set_threads(int n);
+// Each returns seconds per call of the whole loop body described.
+Summary fused(const float* a, const float* b, const float* c, const float* d, std::int64_t n, int inner,
+              float* check_out);
+Summary bias_add(const float* x, const float* b, std::int64_t rows, std::int64_t cols);
+Summary col_scale(const float* x, const float* s, std::int64_t rows, std::int64_t cols);
+Summary softmax(const float* x, std::int64_t rows, std::int64_t cols, float* check_out);
+Summary sum_all(const float* x, std::int64_t n, double* result);
+Summary sum_axis(const float* x, std::int64_t rows, std::int64_t cols, int axis);
+Summary matmul(const float* a, const float* b, std::int64_t m, std::int64_t k, std::int64_t n, float* c);
+Summary tiny_ops(int ops, bool in_place);
+Summary seeds(const float* x, std::int64_t rows, std::int64_t cols, int steps);
+#endif
+}  // namespace torch_peer
+
+}  // namespace bench

@@ -1,0 +1,176 @@
+// broadcast: a bias row added to every row (x + b, b of shape (2048)), every
+// row scaled by its own factor (x * s, s of shape (1024, 1)), on 1024 x 2048
+// float32, and a row-wise softmax. All threads; Eigen's Array and xtensor run
+// on one thread (they have no thread pool for these), Eigen Tensor uses its
+// ThreadPoolDevice.
+#include "common.hpp"
+
+#if DEFT_BENCH_HAVE_EIGEN
+#define EIGEN_USE_THREADS
+#include <Eigen/Core>
+#include <unsupported/Eigen/CXX11/Tensor>
+#endif
+#if DEFT_BENCH_HAVE_XTENSOR
+#include <xtensor/xadapt.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xreducer.hpp>
+#include <xtensor/xtensor.hpp>
+#include <xtensor/xview.hpp>
+#endif
+
+namespace bench {
+
+void bench_broadcast() {
+  using namespace deft;
+  const char* g = "broadcast";
+  constexpr std::int64_t R = 1024, C = 2048;
+  const std::string size = "1024x2048";
+  const int all = hardware_threads();
+  random::seed(7);
+  auto tx = random::uniform<float>(-4, 4, {R, C});
+  auto tb = random::uniform<float>(-1, 1, {C});
+  auto ts = random::uniform<float>(-1, 1, {R, 1});
+  const FloatBuf x(values_of(tx)), b(values_of(tb)), s(values_of(ts));
+  FloatBuf y(R * C), ref(R * C);
+  const float *px = x.data(), *pb = b.data(), *ps = s.data();
+  float* py = y.data();
+
+  const std::string bias = "bias add x+b (row vector)", scale = "scale x*s (column)", soft = "softmax rows";
+
+  // --- deft (all workers: the default engine) ---
+  {
+    Tensor<float> ty = tx + tb;
+    ty.wait_to_read();
+    add_time(g, bias, "deft", all, size, "ms", measure([&] {
+               ty = tx + tb;
+               ty.wait_to_read();
+             }));
+    ty = tx * ts;
+    ty.wait_to_read();
+    add_time(g, scale, "deft", all, size, "ms", measure([&] {
+               ty = tx * ts;
+               ty.wait_to_read();
+             }));
+    Tensor<float> sm;
+    auto softmax = [&] {
+      Tensor<float> m = max(tx, 1, true);
+      Tensor<float> e = exp(tx - m);
+      sm = e / sum(e, 1, true);
+      sm.wait_to_read();
+    };
+    add_time(g, soft, "deft", all, size, "ms", measure(softmax));
+    const auto v = sm.to_vector();
+    std::copy(v.begin(), v.end(), ref.data());
+  }
+  // hand: bias add, one thread and OpenMP
+  {
+    auto loop = [&] {
+      for (std::int64_t i = 0; i < R; ++i)
+        for (std::int64_t j = 0; j < C; ++j) py[i * C + j] = px[i * C + j] + pb[j];
+      clobber(py);
+    };
+    add_time(g, bias, "hand", 1, size, "ms", measure(loop));
+#if DEFT_BENCH_HAVE_OPENMP
+    set_omp_threads(all);
+    add_time(g, bias, "hand-omp", all, size, "ms", measure([&] {
+#pragma omp parallel for schedule(static)
+               for (std::int64_t i = 0; i < R; ++i)
+                 for (std::int64_t j = 0; j < C; ++j) py[i * C + j] = px[i * C + j] + pb[j];
+               clobber(py);
+             }));
+#endif
+  }
+#if DEFT_BENCH_HAVE_EIGEN
+  {
+    using RowArr = Eigen::Array<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    Eigen::Map<const RowArr> ex(px, R, C);
+    Eigen::Map<const Eigen::Array<float, 1, Eigen::Dynamic>> eb(pb, C);
+    Eigen::Map<const Eigen::Array<float, Eigen::Dynamic, 1>> es(ps, R);
+    Eigen::Map<RowArr> ey(py, R, C);
+    add_time(g, bias, "eigen-array", 1, size, "ms", measure([&] {
+               ey = ex.rowwise() + eb;
+               clobber(py);
+             }));
+    add_time(g, scale, "eigen-array", 1, size, "ms", measure([&] {
+               ey = ex.colwise() * es;
+               clobber(py);
+             }));
+    RowArr e(R, C);
+    add_time(g, soft, "eigen-array", 1, size, "ms", measure([&] {
+               const Eigen::Array<float, Eigen::Dynamic, 1> m = ex.rowwise().maxCoeff();
+               e = (ex.colwise() - m).exp();
+               const Eigen::Array<float, Eigen::Dynamic, 1> z = e.rowwise().sum();
+               ey = e.colwise() / z;
+               clobber(py);
+             }));
+    check_same(g, "Eigen softmax", py, ref.data(), R * C, 1e-5);
+
+    using TM = Eigen::TensorMap<Eigen::Tensor<const float, 2, Eigen::RowMajor>>;
+    TM tx2(px, R, C), tb2(pb, 1, C), ts2(ps, R, 1);
+    Eigen::TensorMap<Eigen::Tensor<float, 2, Eigen::RowMajor>> ty2(py, R, C);
+    Eigen::ThreadPool pool(all);
+    Eigen::ThreadPoolDevice dev(&pool, all);
+    const Eigen::array<Eigen::Index, 2> by_rows{R, 1}, by_cols{1, C};
+    add_time(g, bias, "eigen-tensor", all, size, "ms", measure([&] {
+               ty2.device(dev) = tx2 + tb2.broadcast(by_rows);
+               clobber(py);
+             }));
+    add_time(g, scale, "eigen-tensor", all, size, "ms", measure([&] {
+               ty2.device(dev) = tx2 * ts2.broadcast(by_cols);
+               clobber(py);
+             }));
+    Eigen::Tensor<float, 2, Eigen::RowMajor> te(R, C), tm(R, 1), tz(R, 1);
+    const Eigen::array<Eigen::Index, 1> axis1{1};
+    const Eigen::array<Eigen::Index, 2> keep{R, 1};
+    add_time(g, soft, "eigen-tensor", all, size, "ms", measure([&] {
+               tm.device(dev) = tx2.maximum(axis1).reshape(keep);
+               te.device(dev) = (tx2 - tm.broadcast(by_cols)).exp();
+               tz.device(dev) = te.sum(axis1).reshape(keep);
+               ty2.device(dev) = te / tz.broadcast(by_cols);
+               clobber(py);
+             }));
+    check_same(g, "Eigen Tensor softmax", py, ref.data(), R * C, 1e-5);
+  }
+#else
+  skip(g, "eigen", "Eigen3 not found");
+#endif
+#if DEFT_BENCH_HAVE_XTENSOR
+  {
+    const std::vector<std::size_t> s2{std::size_t(R), std::size_t(C)}, s1{std::size_t(C)}, sc{std::size_t(R), 1};
+    auto xx = xt::adapt(px, std::size_t(R * C), xt::no_ownership(), s2);
+    auto xb = xt::adapt(pb, std::size_t(C), xt::no_ownership(), s1);
+    auto xs = xt::adapt(ps, std::size_t(R), xt::no_ownership(), sc);
+    auto xy = xt::adapt(py, std::size_t(R * C), xt::no_ownership(), s2);
+    add_time(g, bias, "xtensor", 1, size, "ms", measure([&] {
+               xy = xx + xb;
+               clobber(py);
+             }));
+    add_time(g, scale, "xtensor", 1, size, "ms", measure([&] {
+               xy = xx * xs;
+               clobber(py);
+             }));
+    xt::xtensor<float, 2> e({std::size_t(R), std::size_t(C)});
+    add_time(g, soft, "xtensor", 1, size, "ms", measure([&] {
+               const xt::xtensor<float, 2> m = xt::amax(xx, {1}, xt::keep_dims);
+               e = xt::exp(xx - m);
+               const xt::xtensor<float, 2> z = xt::sum(e, {1}, xt::keep_dims);
+               xy = e / z;
+               clobber(py);
+             }));
+    check_same(g, "xtensor softmax", py, ref.data(), R * C, 1e-5);
+  }
+#else
+  skip(g, "xtensor", "xtensor not found");
+#endif
+#if DEFT_BENCH_HAVE_TORCH
+  torch_peer::set_threads(all);
+  add_time(g, bias, "torch", all, size, "ms", torch_peer::bias_add(px, pb, R, C));
+  add_time(g, scale, "torch", all, size, "ms", torch_peer::col_scale(px, ps, R, C));
+  add_time(g, soft, "torch", all, size, "ms", torch_peer::softmax(px, R, C, py));
+  check_same(g, "libtorch softmax", py, ref.data(), R * C, 1e-5);
+#else
+  skip(g, "torch", "libtorch not found");
+#endif
+}
+
+}  // namespace bench

@@ -1,0 +1,201 @@
+// reduce: the sum of 2^24 float32 values, and sums along each axis of a
+// 4096 x 4096 matrix (axis 0: one sum per column; axis 1: one per row), all
+// threads. Eigen Tensor runs on its ThreadPoolDevice; Eigen's Array, xtensor
+// and the hand loop on one thread (the hand loop with OpenMP as well).
+#include "common.hpp"
+
+#include <cmath>
+
+#if DEFT_BENCH_HAVE_EIGEN
+#define EIGEN_USE_THREADS
+#include <Eigen/Core>
+#include <unsupported/Eigen/CXX11/Tensor>
+#endif
+#if DEFT_BENCH_HAVE_XTENSOR
+#include <xtensor/xadapt.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xreducer.hpp>
+#include <xtensor/xtensor.hpp>
+#endif
+
+namespace bench {
+
+namespace {
+
+void check_sum(const char* g, const std::string& who, double got, double want) {
+  if (std::abs(got - want) > 1e-3 * std::max(1.0, std::abs(want)))
+    std::printf("%-12s WARNING: %s sum %.8g, deft %.8g\n", g, who.c_str(), got, want);
+}
+
+void sum_all_rows() {
+  using namespace deft;
+  const char* g = "reduce";
+  const std::int64_t n = std::int64_t(1) << 24;
+  const std::string size = std::to_string(n), name = "sum all";
+  const int all = hardware_threads();
+  random::seed(11);
+  auto tx = random::uniform<float>(0, 1, {n});
+  const FloatBuf x(values_of(tx));
+  const float* px = x.data();
+  float result = 0;
+  add_time(g, name, "deft", all, size, "ms", measure([&] { result = sum(tx).item(); }));
+  const double want = result;
+  {
+    float r = 0;
+    add_time(g, name, "hand", 1, size, "ms", measure([&] {
+               float acc = 0;
+               for (std::int64_t i = 0; i < n; ++i) acc += px[i];  // no -ffast-math: a scalar chain
+               r = acc;
+               clobber(&r);
+             }));
+    check_sum(g, "hand", r, want);
+#if DEFT_BENCH_HAVE_OPENMP
+    set_omp_threads(all);
+    add_time(g, name, "hand-omp", all, size, "ms", measure([&] {
+               float acc = 0;
+#pragma omp parallel for simd reduction(+ : acc) schedule(static)
+               for (std::int64_t i = 0; i < n; ++i) acc += px[i];
+               r = acc;
+               clobber(&r);
+             }));
+    check_sum(g, "hand-omp", r, want);
+#endif
+  }
+#if DEFT_BENCH_HAVE_EIGEN
+  {
+    Eigen::Map<const Eigen::ArrayXf> ea(px, n);
+    float r = 0;
+    add_time(g, name, "eigen-array", 1, size, "ms", measure([&] {
+               r = ea.sum();
+               clobber(&r);
+             }));
+    check_sum(g, "Eigen ArrayXf", r, want);
+    Eigen::TensorMap<Eigen::Tensor<const float, 1, Eigen::RowMajor>> et(px, n);
+    Eigen::Tensor<float, 0, Eigen::RowMajor> out;
+    Eigen::ThreadPool pool(all);
+    Eigen::ThreadPoolDevice dev(&pool, all);
+    add_time(g, name, "eigen-tensor", all, size, "ms", measure([&] { out.device(dev) = et.sum(); }));
+    check_sum(g, "Eigen Tensor", out(), want);
+  }
+#else
+  skip(g, "eigen", "Eigen3 not found");
+#endif
+#if DEFT_BENCH_HAVE_XTENSOR
+  {
+    auto xx = xt::adapt(px, std::size_t(n), xt::no_ownership(), std::vector<std::size_t>{std::size_t(n)});
+    float r = 0;
+    add_time(g, name, "xtensor", 1, size, "ms", measure([&] {
+               r = xt::sum(xx)();
+               clobber(&r);
+             }));
+    check_sum(g, "xtensor", r, want);
+  }
+#else
+  skip(g, "xtensor", "xtensor not found");
+#endif
+#if DEFT_BENCH_HAVE_TORCH
+  {
+    torch_peer::set_threads(all);
+    double r = 0;
+    add_time(g, name, "torch", all, size, "ms", torch_peer::sum_all(px, n, &r));
+    check_sum(g, "libtorch", r, want);
+  }
+#else
+  skip(g, "torch", "libtorch not found");
+#endif
+}
+
+void sum_axis_rows() {
+  using namespace deft;
+  const char* g = "reduce";
+  constexpr std::int64_t N = 4096;
+  const std::string size = "4096x4096";
+  const int all = hardware_threads();
+  random::seed(12);
+  auto tx = random::uniform<float>(0, 1, {N, N});
+  const FloatBuf x(values_of(tx));
+  const float* px = x.data();
+  FloatBuf out(N), ref(N);
+  for (int axis : {0, 1}) {
+    const std::string name = "sum axis " + std::to_string(axis);
+    Tensor<float> ts = sum(tx, axis);
+    ts.wait_to_read();
+    add_time(g, name, "deft", all, size, "ms", measure([&] {
+               ts = sum(tx, axis);
+               ts.wait_to_read();
+             }));
+    const auto v = ts.to_vector();
+    std::copy(v.begin(), v.end(), ref.data());
+    float* po = out.data();
+#if DEFT_BENCH_HAVE_OPENMP
+    set_omp_threads(all);
+    add_time(g, name, "hand-omp", all, size, "ms", measure([&] {
+               if (axis == 1) {
+#pragma omp parallel for schedule(static)
+                 for (std::int64_t i = 0; i < N; ++i) {
+                   float acc = 0;
+#pragma omp simd reduction(+ : acc)
+                   for (std::int64_t j = 0; j < N; ++j) acc += px[i * N + j];
+                   po[i] = acc;
+                 }
+               } else {
+#pragma omp parallel for schedule(static)
+                 for (std::int64_t j0 = 0; j0 < N; j0 += 256) {
+                   for (std::int64_t j = j0; j < j0 + 256; ++j) po[j] = 0;
+                   for (std::int64_t i = 0; i < N; ++i)
+#pragma omp simd
+                     for (std::int64_t j = j0; j < j0 + 256; ++j) po[j] += px[i * N + j];
+                 }
+               }
+               clobber(po);
+             }));
+    check_same(g, "hand-omp " + name, po, ref.data(), N, 1e-4);
+#endif
+#if DEFT_BENCH_HAVE_EIGEN
+    {
+      using RowArr = Eigen::Array<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+      Eigen::Map<const RowArr> ea(px, N, N);
+      add_time(g, name, "eigen-array", 1, size, "ms", measure([&] {
+                 if (axis == 0) Eigen::Map<Eigen::Array<float, 1, Eigen::Dynamic>>(po, N) = ea.colwise().sum();
+                 else Eigen::Map<Eigen::Array<float, Eigen::Dynamic, 1>>(po, N) = ea.rowwise().sum();
+                 clobber(po);
+               }));
+      check_same(g, "Eigen Array " + name, po, ref.data(), N, 1e-4);
+      Eigen::TensorMap<Eigen::Tensor<const float, 2, Eigen::RowMajor>> et(px, N, N);
+      Eigen::TensorMap<Eigen::Tensor<float, 1, Eigen::RowMajor>> eo(po, N);
+      Eigen::ThreadPool pool(all);
+      Eigen::ThreadPoolDevice dev(&pool, all);
+      const Eigen::array<Eigen::Index, 1> ax{axis};
+      add_time(g, name, "eigen-tensor", all, size, "ms", measure([&] {
+                 eo.device(dev) = et.sum(ax);
+                 clobber(po);
+               }));
+      check_same(g, "Eigen Tensor " + name, po, ref.data(), N, 1e-4);
+    }
+#endif
+#if DEFT_BENCH_HAVE_XTENSOR
+    {
+      auto xx = xt::adapt(px, std::size_t(N * N), xt::no_ownership(), std::vector<std::size_t>{std::size_t(N), std::size_t(N)});
+      auto xo = xt::adapt(po, std::size_t(N), xt::no_ownership(), std::vector<std::size_t>{std::size_t(N)});
+      add_time(g, name, "xtensor", 1, size, "ms", measure([&] {
+                 xo = xt::sum(xx, {std::size_t(axis)});
+                 clobber(po);
+               }));
+      check_same(g, "xtensor " + name, po, ref.data(), N, 1e-4);
+    }
+#endif
+#if DEFT_BENCH_HAVE_TORCH
+    torch_peer::set_threads(all);
+    add_time(g, name, "torch", all, size, "ms", torch_peer::sum_axis(px, N, N, axis));
+#endif
+  }
+}
+
+}  // namespace
+
+void bench_reduce() {
+  sum_all_rows();
+  sum_axis_rows();
+}
+
+}  // namespace bench

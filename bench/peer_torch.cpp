@@ -1,0 +1,90 @@
+// The libtorch rows (eager C++ API through ATen, which is what torch:: calls).
+// Compiled with libtorch's headers only when CMake found libtorch.
+#if DEFT_BENCH_HAVE_TORCH && DEFT_BENCH_TORCH_TU
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#include <torch/version.h>
+
+#include <cstring>
+
+#include "harness.hpp"
+
+namespace bench {
+namespace torch_peer {
+
+namespace {
+at::Tensor wrap(const float* p, std::vector<std::int64_t> shape) {
+  // from_blob does not copy: torch reads the very values deft and the others read.
+  return at::from_blob(const_cast<float*>(p), shape, at::TensorOptions().dtype(at::kFloat));
+}
+}  // namespace
+
+std::string version() { return TORCH_VERSION; }
+void set_threads(int n) { at::set_num_threads(n); }
+
+Summary fused(const float* a, const float* b, const float* c, const float* d, std::int64_t n, int inner,
+              float* check_out) {
+  at::Tensor ta = wrap(a, {n}), tb = wrap(b, {n}), tc = wrap(c, {n}), td = wrap(d, {n});
+  at::Tensor y;
+  const Summary s = measure([&] {
+    for (int i = 0; i < inner; ++i) y = ta * tb + tc * 2 - at::clamp_min(td, 0);
+  });
+  std::memcpy(check_out, y.data_ptr<float>(), sizeof(float) * n);
+  return s;
+}
+
+Summary bias_add(const float* x, const float* b, std::int64_t rows, std::int64_t cols) {
+  at::Tensor tx = wrap(x, {rows, cols}), tb = wrap(b, {cols}), y;
+  return measure([&] { y = tx + tb; });
+}
+
+Summary col_scale(const float* x, const float* s, std::int64_t rows, std::int64_t cols) {
+  at::Tensor tx = wrap(x, {rows, cols}), ts = wrap(s, {rows, 1}), y;
+  return measure([&] { y = tx * ts; });
+}
+
+Summary softmax(const float* x, std::int64_t rows, std::int64_t cols, float* check_out) {
+  at::Tensor tx = wrap(x, {rows, cols}), y;
+  const Summary s = measure([&] { y = at::softmax(tx, 1); });
+  std::memcpy(check_out, y.data_ptr<float>(), sizeof(float) * rows * cols);
+  return s;
+}
+
+Summary sum_all(const float* x, std::int64_t n, double* result) {
+  at::Tensor tx = wrap(x, {n}), y;
+  const Summary s = measure([&] { y = at::sum(tx); });
+  *result = y.item<float>();
+  return s;
+}
+
+Summary sum_axis(const float* x, std::int64_t rows, std::int64_t cols, int axis) {
+  at::Tensor tx = wrap(x, {rows, cols}), y;
+  return measure([&] { y = at::sum(tx, {axis}); });
+}
+
+Summary matmul(const float* a, const float* b, std::int64_t m, std::int64_t k, std::int64_t n, float* c) {
+  at::Tensor ta = wrap(a, {m, k}), tb = wrap(b, {k, n}), tc = wrap(c, {m, n});
+  return measure([&] { at::mm_out(tc, ta, tb); });
+}
+
+Summary tiny_ops(int ops, bool in_place) {
+  at::Tensor x = at::rand({4}), y = x + 1;
+  return measure([&] {
+    if (in_place)
+      for (int i = 0; i < ops; ++i) y.add_(1);
+    else
+      for (int i = 0; i < ops; ++i) y = x + 1;
+  });
+}
+
+Summary seeds(const float* x, std::int64_t rows, std::int64_t cols, int steps) {
+  at::Tensor tx = wrap(x, {rows, cols}), y;
+  return measure([&] {
+    for (int i = 0; i < steps; ++i) y = tx + 1;
+  });
+}
+
+}  // namespace torch_peer
+}  // namespace bench
+#endif

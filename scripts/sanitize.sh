@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds deft's tests with sanitizers and runs all of them (CI runs both):
+#   scripts/sanitize.sh address,undefined   # ASan + UBSan + LeakSanitizer
+#   scripts/sanitize.sh thread              # TSan
+# Optimised at -O1 (fast to compile, sanitizer reports stay readable). The
+# stress, fault and fuzz sizes are reduced to fit CI; set the DEFT_* variables
+# yourself for longer runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+sanitizers="${1:?usage: scripts/sanitize.sh address,undefined|thread}"
+build="build-${sanitizers//,/-}"
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" \
+  -DDEFT_SANITIZE="$sanitizers" -DDEFT_BUILD_EXAMPLES=OFF >/dev/null
+cmake --build "$build" -j2
+
+# One test asks for an impossible allocation on purpose and expects
+# std::bad_alloc, which the sanitizers' allocators otherwise abort on.
+export ASAN_OPTIONS="allocator_may_return_null=1:detect_leaks=1:abort_on_error=1"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+export TSAN_OPTIONS="allocator_may_return_null=1:halt_on_error=1:second_deadlock_stack=1"
+export DEFT_STRESS_TASKS="${DEFT_STRESS_TASKS:-200000}"
+export DEFT_FAULT_PROGRAMS="${DEFT_FAULT_PROGRAMS:-300}"
+export DEFT_MEMORY_STEPS="${DEFT_MEMORY_STEPS:-1000}"
+export DEFT_FUZZ_PROGRAMS="${DEFT_FUZZ_PROGRAMS:-2000}"
+ctest --test-dir "$build" --output-on-failure

@@ -29,8 +29,9 @@ template <class T, class A>
 xsimd::batch<T, A> choose(const xsimd::batch_bool<T, A>& c, const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
   return xsimd::select(c, a, b);
 }
+// Not `a != a`: xsimd 8's batch != is an ordered compare (false for NaN).
 template <class T, class A>
-xsimd::batch_bool<T, A> is_nan(const xsimd::batch<T, A>& a) { return a != a; }
+xsimd::batch_bool<T, A> is_nan(const xsimd::batch<T, A>& a) { return xsimd::isnan(a); }
 #endif
 
 // Signed integer arithmetic wraps (as numpy does) instead of being undefined.
@@ -171,14 +172,21 @@ DEFT_COMPARISON(LessEqual, "<=", <=)
 DEFT_COMPARISON(Greater, ">", >)
 DEFT_COMPARISON(GreaterEqual, ">=", >=)
 DEFT_COMPARISON(Equal, "==", ==)
-DEFT_COMPARISON(NotEqual, "!=", !=)
 #undef DEFT_COMPARISON
+// a != b as !(a == b): true when either is NaN, also for xsimd 8 batches
+// (whose != is an ordered compare).
+struct NotEqual {
+  static constexpr int cost = 1;
+  static constexpr const char* name = "!=";
+  template <class V>
+  DEFT_HD V operator()(const V& a, const V& b) const { return from_bool<V>(!(a == b)); }
+};
 
 /// where(c, a, b): a where c is nonzero, b elsewhere.
 struct Where {
   static constexpr int cost = 1;
   template <class V>
-  DEFT_HD V operator()(const V& c, const V& a, const V& b) const { return choose(c != V(0), a, b); }
+  DEFT_HD V operator()(const V& c, const V& a, const V& b) const { return choose(!(c == V(0)), a, b); }  // NaN selects a
 };
 
 /// Float to integer conversion that never invokes undefined behaviour:

@@ -52,7 +52,8 @@ struct Neg {
   template <class V>
   DEFT_HD V operator()(const V& a) const {
     if constexpr (is_int<V>) return wrap(V(0), a, [](auto x, auto y) { return x - y; });
-    else return -a;
+    else if constexpr (std::is_floating_point_v<V>) return -a;
+    else return a * V(typename V::value_type(-1));  // xsimd 8's batch -x gives +0 for +0
   }
 };
 struct Abs {

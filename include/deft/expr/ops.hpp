@@ -34,6 +34,24 @@ template <class T, class A>
 xsimd::batch_bool<T, A> is_nan(const xsimd::batch<T, A>& a) { return xsimd::isnan(a); }
 #endif
 
+#if DEFT_HOST_SIMD
+// Recomputes the lanes of r selected by `fix` with the scalar f: for the IEEE
+// special cases that xsimd 8's kernels get wrong (rare lanes, so cheap).
+template <class T, class A, class F>
+xsimd::batch<T, A> fix_lanes(const xsimd::batch_bool<T, A>& fix, const xsimd::batch<T, A>& r, F f,
+                             const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
+  if (!xsimd::any(fix)) return r;
+  constexpr std::size_t W = xsimd::batch<T, A>::size;
+  alignas(64) T ra[W], aa[W], ba[W];
+  r.store_aligned(ra);
+  a.store_aligned(aa);
+  b.store_aligned(ba);
+  for (std::size_t i = 0; i < W; ++i)
+    if (fix.get(i)) ra[i] = f(aa[i], ba[i]);
+  return xsimd::batch<T, A>::load_aligned(ra);
+}
+#endif
+
 // Signed integer arithmetic wraps (as numpy does) instead of being undefined.
 template <class V>
 inline constexpr bool is_int = std::is_integral_v<V>;
@@ -78,7 +96,25 @@ struct Abs {
     }                                                                \
   };
 DEFT_FLOAT_UNARY(Exp, "exp", 8, exp(a))
-DEFT_FLOAT_UNARY(Log, "log", 8, log(a))
+// log: xsimd 8 is wrong for denormal inputs; those lanes use std::log.
+struct Log {
+  static constexpr int cost = 8;
+  static constexpr bool floating_only = true;
+  static constexpr const char* name = "log";
+  template <class V>
+  DEFT_HD V operator()(const V& a) const {
+    using std::log;
+    if constexpr (std::is_floating_point_v<V>) {
+      return log(a);
+    } else {
+#if DEFT_HOST_SIMD
+      using T = typename V::value_type;
+      const auto denormal = (a > V(T(0))) & (a < V(std::numeric_limits<T>::min()));
+      return fix_lanes(denormal, V(log(a)), [](T x, T) { return std::log(x); }, a, a);
+#endif
+    }
+  }
+};
 DEFT_FLOAT_UNARY(Sqrt, "sqrt", 4, sqrt(a))
 DEFT_FLOAT_UNARY(Tanh, "tanh", 12, tanh(a))
 DEFT_FLOAT_UNARY(Sigmoid, "sigmoid", 10, V(1) / (V(1) + exp(-a)))
@@ -153,9 +189,21 @@ struct Pow {
         base = Mul{}(base, base);
       }
       return result;
-    } else {
+    } else if constexpr (std::is_floating_point_v<V>) {
       using std::pow;
       return pow(a, b);
+    } else {
+#if DEFT_HOST_SIMD
+      // xsimd 8's pow misses IEEE special cases (pow(inf, 0) = 1, pow(-8, 1/3.) = NaN, ...):
+      // lanes outside positive, normal, finite a != 1 and finite b != 0 use std::pow.
+      using T = typename V::value_type;
+      // So do results that over- or underflowed (pow(DBL_MAX, 1) = inf there).
+      const V r = xsimd::pow(a, b);
+      const auto special = !(xsimd::isfinite(a) & xsimd::isfinite(b)) | (a < V(std::numeric_limits<T>::min())) |
+                           (b == V(T(0))) | (a == V(T(1))) | !xsimd::isfinite(r) |
+                           (xsimd::abs(r) < V(std::numeric_limits<T>::min()));
+      return fix_lanes(special, r, [](T x, T y) { return std::pow(x, y); }, a, b);
+#endif
     }
   }
 };

@@ -5,6 +5,7 @@
 // size_t fail at the sync point with std::bad_alloc instead.
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "bad_input.hpp"
@@ -365,7 +366,10 @@ BOOST_FIXTURE_TEST_SUITE(huge_sizes, DeferredFixture)
 BOOST_AUTO_TEST_CASE(byte_size_overflow_is_length_error_at_record_time) {
   Witness w;
   const i64 big = i64(1) << 62;  // 2^62 floats = 2^64 bytes
-  const Tensor<float> col = deft::zeros({i64(1) << 31, 1}), row = deft::zeros({1, i64(1) << 31});
+  // Two 8 GiB operands that must never run: no bound may submit them, and
+  // they are dropped (discarded) before anything syncs.
+  std::optional<LimitsGuard> unbounded(engine::Limits{.max_recorded_bytes = ~std::size_t(0)});
+  Tensor<float> col = deft::zeros({i64(1) << 31, 1}), row = deft::zeros({1, i64(1) << 31});
   const Tensor<float> tall = deft::zeros({i64(1) << 40, 0});  // empty, but wide shapes come from it
   std::vector<Case> cases = {
       {"Shape: 2^64 elements", [] { (void)Shape{i64(1) << 32, i64(1) << 32}; }, {"(4294967296, 4294967296)", "64 bits"}},
@@ -381,6 +385,9 @@ BOOST_AUTO_TEST_CASE(byte_size_overflow_is_length_error_at_record_time) {
       {"reshape of an empty tensor to 2^80", [&] { (void)tall.reshape({i64(1) << 40, i64(1) << 40, 0}); }, {"64 bits"}},
   };
   run_table<std::length_error>(cases);
+  col = Tensor<float>();
+  row = Tensor<float>();
+  unbounded.reset();
   w.check("length_error");
 }
 

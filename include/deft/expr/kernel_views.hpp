@@ -33,7 +33,12 @@ struct LeafView {
 #if DEFT_HOST_SIMD
   template <class B>
   B batch(std::int64_t j) const { return inner ? B::load_unaligned(row + j) : B(*row); }
+  // batch() when dense() holds: no per-load test of the stride.
+  template <class B>
+  B batch_dense(std::int64_t j) const { return B::load_unaligned(row + j); }
 #endif
+  /// Whether every leaf is contiguous along the innermost dimension.
+  DEFT_HD bool dense() const { return inner == 1; }
   template <class F>
   void for_each_leaf(F&& f) { f(*this); }
 };
@@ -48,7 +53,10 @@ struct ConstantView {
 #if DEFT_HOST_SIMD
   template <class B>
   B batch(std::int64_t) const { return B(value); }
+  template <class B>
+  B batch_dense(std::int64_t) const { return B(value); }
 #endif
+  DEFT_HD bool dense() const { return true; }
   template <class F>
   void for_each_leaf(F&&) {}
 };
@@ -63,7 +71,10 @@ struct UnaryView {
 #if DEFT_HOST_SIMD
   template <class B>
   B batch(std::int64_t j) const { return Op{}(a.template batch<B>(j)); }
+  template <class B>
+  B batch_dense(std::int64_t j) const { return Op{}(a.template batch_dense<B>(j)); }
 #endif
+  DEFT_HD bool dense() const { return a.dense(); }
   template <class F>
   void for_each_leaf(F&& f) { a.for_each_leaf(f); }
 };
@@ -82,7 +93,10 @@ struct BinaryView {
 #if DEFT_HOST_SIMD
   template <class B>
   B batch(std::int64_t j) const { return Op{}(a.template batch<B>(j), b.template batch<B>(j)); }
+  template <class B>
+  B batch_dense(std::int64_t j) const { return Op{}(a.template batch_dense<B>(j), b.template batch_dense<B>(j)); }
 #endif
+  DEFT_HD bool dense() const { return a.dense() && b.dense(); }
   template <class F>
   void for_each_leaf(F&& f) {
     a.for_each_leaf(f);
@@ -108,7 +122,12 @@ struct SelectView {
   B batch(std::int64_t j) const {
     return Where{}(c.template batch<B>(j), a.template batch<B>(j), b.template batch<B>(j));
   }
+  template <class B>
+  B batch_dense(std::int64_t j) const {
+    return Where{}(c.template batch_dense<B>(j), a.template batch_dense<B>(j), b.template batch_dense<B>(j));
+  }
 #endif
+  DEFT_HD bool dense() const { return c.dense() && a.dense() && b.dense(); }
   template <class F>
   void for_each_leaf(F&& f) {
     c.for_each_leaf(f);
@@ -129,6 +148,7 @@ struct CastView {
   template <class B>
   B batch(std::int64_t) const = delete;
 #endif
+  DEFT_HD bool dense() const { return false; }  // element by element anyway
   template <class F>
   void for_each_leaf(F&& f) { a.for_each_leaf(f); }
 };
@@ -146,6 +166,7 @@ struct MapView {
   template <class B>
   B batch(std::int64_t) const = delete;
 #endif
+  DEFT_HD bool dense() const { return false; }  // element by element anyway
   template <class G>
   void for_each_leaf(G&& g) { a.for_each_leaf(g); }
 };

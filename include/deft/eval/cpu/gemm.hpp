@@ -1,7 +1,9 @@
 // CPU matrix product C = A * B (row-major, contiguous): B is packed into
-// panels of NR columns, A into panels of MR rows, and a register-blocked
-// xsimd micro-kernel accumulates an MR x NR tile with FMAs. Blocks of rows
-// of C run on different workers.
+// panels of NR columns (a block of them in L2), A into panels of MR rows (one
+// in L1 at a time), and a register-blocked xsimd micro-kernel accumulates an
+// MR x NR tile with FMAs (12 x 2 vectors on AVX-512/NEON, 6 x 2 on AVX2).
+// Rows of C are split evenly across the workers. With DEFT_BLAS defined (and
+// cblas.h on the include path) float and double products call cblas instead.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -13,6 +15,11 @@
 #include "../../engine/engine.hpp"
 #include "../../engine/thresholds.hpp"
 #include "elementwise.hpp"
+
+#if defined(DEFT_BLAS) && DEFT_BLAS
+// Matrix products go to the system BLAS (cblas) instead of deft's kernel.
+#include <cblas.h>
+#endif
 
 namespace deft::detail::cpu {
 
@@ -30,12 +37,21 @@ struct AlignedScratch {
   T* p;
 };
 
+/// Vector registers of the ISA the kernels are compiled for (sets the register tile).
+inline constexpr int simd_registers =
+#if defined(__AVX512F__) || defined(__aarch64__) || defined(__ARM_NEON)
+    32;
+#else
+    16;
+#endif
+
 template <class T>
 struct GemmKernel {
   using B = xsimd::batch<T>;
   static constexpr std::int64_t W = B::size;
-  static constexpr std::int64_t MR = thresholds::gemm_mr;
-  static constexpr std::int64_t NR = 2 * W;
+  static constexpr std::int64_t MR = thresholds::gemm_mr_for(simd_registers);
+  static constexpr int NV = thresholds::gemm_nr_vectors;
+  static constexpr std::int64_t NR = NV * W;
 
   // Packs rows [0, mc) x depth [0, kc) of A (leading dim lda) into MR-row panels, zero padded.
   static void pack_a(const T* a, std::int64_t lda, std::int64_t mc, std::int64_t kc, T* dst) {
@@ -64,18 +80,24 @@ struct GemmKernel {
     }
   }
 
-  // C[0:mr, 0:nr] (+)= Ap * Bp over kc.
-  static void micro(std::int64_t kc, const T* ap, const T* bp, T* c, std::int64_t ldc, bool accumulate, std::int64_t mr,
-                    std::int64_t nr) {
-    B acc[MR][2];
-    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = B(T(0));
+  // C[0:mr, 0:nr] (+)= Ap * Bp over kc: MR x NV accumulators in registers.
+  static void micro(std::int64_t kc, const T* __restrict ap, const T* __restrict bp, T* c, std::int64_t ldc,
+                    bool accumulate, std::int64_t mr, std::int64_t nr) {
+#if defined(__GNUC__)
+    for (int r = 0; r < MR; ++r) __builtin_prefetch(c + r * ldc, 1);  // C's tile arrives while we compute
+#endif
+    B acc[MR][NV];
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = B(T(0));
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 4
+#endif
     for (std::int64_t k = 0; k < kc; ++k) {
-      const B b0 = B::load_aligned(bp);
-      const B b1 = B::load_aligned(bp + W);
+      B bv[NV];
+      for (int v = 0; v < NV; ++v) bv[v] = B::load_aligned(bp + v * W);
       for (int r = 0; r < MR; ++r) {
         const B a(ap[r]);
-        acc[r][0] = xsimd::fma(a, b0, acc[r][0]);
-        acc[r][1] = xsimd::fma(a, b1, acc[r][1]);
+        for (int v = 0; v < NV; ++v) acc[r][v] = xsimd::fma(a, bv[v], acc[r][v]);
       }
       ap += MR;
       bp += NR;
@@ -83,52 +105,62 @@ struct GemmKernel {
     if (mr == MR && nr == NR) {
       for (int r = 0; r < MR; ++r) {
         T* row = c + r * ldc;
-        if (accumulate) {
-          (acc[r][0] + B::load_unaligned(row)).store_unaligned(row);
-          (acc[r][1] + B::load_unaligned(row + W)).store_unaligned(row + W);
-        } else {
-          acc[r][0].store_unaligned(row);
-          acc[r][1].store_unaligned(row + W);
+        for (int v = 0; v < NV; ++v) {
+          if (accumulate) (acc[r][v] + B::load_unaligned(row + v * W)).store_unaligned(row + v * W);
+          else acc[r][v].store_unaligned(row + v * W);
         }
       }
       return;
     }
     alignas(64) T tile[MR][NR];
-    for (int r = 0; r < MR; ++r) {
-      acc[r][0].store_aligned(tile[r]);
-      acc[r][1].store_aligned(tile[r] + W);
-    }
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v].store_aligned(tile[r] + v * W);
     for (std::int64_t r = 0; r < mr; ++r)
       for (std::int64_t j = 0; j < nr; ++j) c[r * ldc + j] = accumulate ? c[r * ldc + j] + tile[r][j] : tile[r][j];
   }
 
+  static std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+  // Loop order (BLIS): n in blocks of nc, k in blocks of kc (B block packed
+  // once, shared by all threads, in L2), rows split evenly across threads;
+  // each thread packs its rows of A in MR-row panels, and every A panel (L1)
+  // sweeps the whole B block. Every element of C sees the same k blocking
+  // whatever the thread count, so results do not depend on it.
   static void run(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c) {
-    using thresholds::gemm_kc;
-    using thresholds::gemm_mc;
-    using thresholds::gemm_nc;
     Engine& eng = Engine::get();
-    const std::int64_t nc_max = std::min<std::int64_t>(gemm_nc, (n + NR - 1) / NR * NR);
-    AlignedScratch<T> bpack(std::size_t(gemm_kc) * nc_max);
-    for (std::int64_t jc = 0; jc < n; jc += gemm_nc) {
-      const std::int64_t nc = std::min(gemm_nc, n - jc);
-      for (std::int64_t pc = 0; pc < k; pc += gemm_kc) {
-        const std::int64_t kc = std::min(gemm_kc, k - pc);
-        pack_b(b + pc * n + jc, n, kc, nc, bpack.p);
-        const std::int64_t blocks = (m + gemm_mc - 1) / gemm_mc;
-        const std::int64_t work = m * nc * kc;
-        const std::int64_t chunks = std::min(blocks, thresholds::parallel_chunks(work, eng.parallelism()));
-        auto body = [&](std::int64_t chunk) {
-          AlignedScratch<T> apack(std::size_t(gemm_mc) * gemm_kc);
-          for (std::int64_t blk = chunk; blk < blocks; blk += chunks) {
-            const std::int64_t ic = blk * gemm_mc, mc = std::min(gemm_mc, m - ic);
-            pack_a(a + ic * k + pc, k, mc, kc, apack.p);
-            for (std::int64_t jr = 0; jr < nc; jr += NR)
-              for (std::int64_t ir = 0; ir < mc; ir += MR)
-                micro(kc, apack.p + ir * kc, bpack.p + jr * kc, c + (ic + ir) * n + jc + jr, n, pc > 0,
+    const std::int64_t kc_len = ceil_div(k, ceil_div(k, thresholds::gemm_kc));
+    const std::int64_t nc_len = ceil_div(ceil_div(n, ceil_div(n, thresholds::gemm_nc)), NR) * NR;
+    std::int64_t threads = 1;
+    if (m * n * k >= thresholds::gemm_parallel_min_work)
+      threads = std::min<std::int64_t>(eng.parallelism(), ceil_div(m, MR));
+    const std::int64_t mc_len = std::min(thresholds::gemm_mc, ceil_div(ceil_div(m, threads), MR) * MR);
+    AlignedScratch<T> bpack(std::size_t(kc_len) * std::size_t(std::min(nc_len, ceil_div(n, NR) * NR)));
+    AlignedScratch<T> apack(std::size_t(threads) * std::size_t(mc_len) * std::size_t(kc_len));
+    // Rows [row_begin(t), row_begin(t + 1)) go to thread t, in whole MR panels.
+    auto row_begin = [&](std::int64_t t) { return std::min(m, ceil_div(m * t / threads, MR) * MR); };
+    for (std::int64_t jc = 0; jc < n; jc += nc_len) {
+      const std::int64_t nc = std::min(nc_len, n - jc);
+      const std::int64_t panels = ceil_div(nc, NR);
+      for (std::int64_t pc = 0; pc < k; pc += kc_len) {
+        const std::int64_t kc = std::min(kc_len, k - pc);
+        const T* bsrc = b + pc * n + jc;
+        auto pack_part = [&](std::int64_t t) {
+          const std::int64_t p0 = panels * t / threads, p1 = panels * (t + 1) / threads;
+          if (p1 > p0) pack_b(bsrc + p0 * NR, n, kc, std::min(nc, p1 * NR) - p0 * NR, bpack.p + p0 * NR * kc);
+        };
+        eng.parallel_for(threads, pack_part);
+        auto body = [&](std::int64_t t) {
+          T* ap = apack.p + std::size_t(t) * std::size_t(mc_len) * std::size_t(kc_len);
+          for (std::int64_t ic = row_begin(t), end = row_begin(t + 1); ic < end; ic += mc_len) {
+            const std::int64_t mc = std::min(mc_len, end - ic);
+            pack_a(a + ic * k + pc, k, mc, kc, ap);
+            for (std::int64_t ir = 0; ir < mc; ir += MR)
+              for (std::int64_t jr = 0; jr < nc; jr += NR)
+                micro(kc, ap + ir * kc, bpack.p + jr * kc, c + (ic + ir) * n + jc + jr, n, pc > 0,
                       std::min(MR, mc - ir), std::min(NR, nc - jr));
           }
         };
-        eng.parallel_for(chunks, body);
+        eng.parallel_for(threads, body);
       }
     }
   }
@@ -142,6 +174,17 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, con
     std::fill(c, c + m * n, T(0));
     return;
   }
+#if defined(DEFT_BLAS) && DEFT_BLAS
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(k), b, int(n), 0.0f, c,
+                int(n));
+    return;
+  } else if constexpr (std::is_same_v<T, double>) {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, a, int(k), b, int(n), 0.0, c,
+                int(n));
+    return;
+  }
+#endif
   if constexpr (std::is_floating_point_v<T>) {
     if (n == 1) {  // matrix-vector: one dot product per row
       parallel_range(m, k, 1, [&](std::int64_t i0, std::int64_t i1) {

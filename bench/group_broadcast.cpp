@@ -37,17 +37,19 @@ void bench_broadcast() {
 
   const std::string bias = "bias add x+b (row vector)", scale = "scale x*s (column)", soft = "softmax rows";
 
-  // --- deft (all workers: the default engine) ---
-  {
+  // --- deft: one worker, then all workers (the default engine) ---
+  for (int t : {1, all}) {
+    if (t == 1 && all == 1) continue;
+    DeftThreads threads(t);
     Tensor<float> ty = tx + tb;
     ty.wait_to_read();
-    add_time(g, bias, "deft", all, size, "ms", measure([&] {
+    add_time(g, bias, "deft", t, size, "ms", measure([&] {
                ty = tx + tb;
                ty.wait_to_read();
              }));
     ty = tx * ts;
     ty.wait_to_read();
-    add_time(g, scale, "deft", all, size, "ms", measure([&] {
+    add_time(g, scale, "deft", t, size, "ms", measure([&] {
                ty = tx * ts;
                ty.wait_to_read();
              }));
@@ -58,7 +60,7 @@ void bench_broadcast() {
       sm = e / sum(e, 1, true);
       sm.wait_to_read();
     };
-    add_time(g, soft, "deft", all, size, "ms", measure(softmax));
+    add_time(g, soft, "deft", t, size, "ms", measure(softmax));
     const auto v = sm.to_vector();
     std::copy(v.begin(), v.end(), ref.data());
   }

@@ -38,7 +38,11 @@ void sum_all_rows() {
   const FloatBuf x(values_of(tx));
   const float* px = x.data();
   float result = 0;
-  add_time(g, name, "deft", all, size, "ms", measure([&] { result = sum(tx).item(); }));
+  for (int t : {1, all}) {
+    if (t == 1 && all == 1) continue;
+    DeftThreads threads(t);
+    add_time(g, name, "deft", t, size, "ms", measure([&] { result = sum(tx).item(); }));
+  }
   const double want = result;
   {
     float r = 0;
@@ -118,12 +122,17 @@ void sum_axis_rows() {
   FloatBuf out(N), ref(N);
   for (int axis : {0, 1}) {
     const std::string name = "sum axis " + std::to_string(axis);
-    Tensor<float> ts = sum(tx, axis);
-    ts.wait_to_read();
-    add_time(g, name, "deft", all, size, "ms", measure([&] {
-               ts = sum(tx, axis);
-               ts.wait_to_read();
-             }));
+    Tensor<float> ts;
+    for (int t : {1, all}) {
+      if (t == 1 && all == 1) continue;
+      DeftThreads threads(t);
+      ts = sum(tx, axis);
+      ts.wait_to_read();
+      add_time(g, name, "deft", t, size, "ms", measure([&] {
+                 ts = sum(tx, axis);
+                 ts.wait_to_read();
+               }));
+    }
     const auto v = ts.to_vector();
     std::copy(v.begin(), v.end(), ref.data());
     float* po = out.data();

@@ -15,6 +15,18 @@ namespace {
 
 using deft::Tensor;
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 struct Mlp {
   Tensor<float> w1, b1, w2, b2;
 };
@@ -80,8 +92,9 @@ BOOST_FIXTURE_TEST_CASE(training_loop_without_sync, dt::DeferredFixture) {
   BOOST_TEST(s.peak_tasks_pending <= limits.max_inflight_tasks + limits.max_recorded_tasks + 1, s);
   BOOST_TEST(s.peak_bytes_pending <= limits.max_inflight_bytes + limits.max_recorded_bytes, s);
   // Growth of the process: the bounded work in flight plus allocator slack; an
-  // engine that queued every step would hold steps * ~300 KiB here.
-  BOOST_TEST(growth < 64.0, "RSS grew by " << growth << " MiB");
+  // engine that queued every step would hold steps * ~300 KiB here. (Not under
+  // AddressSanitizer, whose quarantine keeps up to 256 MiB of freed memory.)
+  if (!kAddressSanitizer) BOOST_TEST(growth < 64.0, "RSS grew by " << growth << " MiB");
   BOOST_TEST(std::isfinite(last_loss));
   if (steps >= 1000) BOOST_TEST(last_loss < 0.5f * first_loss, "training did not progress: " << first_loss << " -> " << last_loss);
 }

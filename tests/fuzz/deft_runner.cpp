@@ -165,7 +165,8 @@ class Runner {
     switch (s.kind) {
       case Stmt::bind: write_tree(Sink::bind, dst, d, s.tree, false); return;
       case Stmt::compound: {
-        const Plan p = plan_for(s.tree, Site::compound);
+        Plan p = plan_for(s.tree, Site::compound);
+        if (p.pat != Pat::leaf && !compound_fuses(s.op)) p = Plan{Pat::leaf, {}, {}, {&s.tree}};
         std::vector<Arg> args(p.args.size());
         std::vector<std::string> names(p.args.size());
         for (std::size_t i = 0; i < args.size(); ++i) fill(args[i], *p.args[i], scalar_ok(p, i, Site::compound), names[i]);

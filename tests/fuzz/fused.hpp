@@ -6,8 +6,9 @@
 // switch over the ops; the operands under it are evaluated first into their own
 // deferred tensors, so a depth-8 tree becomes a chain of fused tasks with no
 // sync in between. The fused depth is capped for compile time: every pattern
-// instance is a separate kernel instantiation (about 500 of them), so the
-// deeper patterns serve `t = e` only and B1(B2(t, t), t) fuses 7 inner ops.
+// instance is a separate kernel instantiation (about 450 of them, a build of
+// about a minute on two cores), so the deeper patterns serve `t = e` only and
+// fuse the op subsets below.
 #pragma once
 #include <string>
 #include <vector>
@@ -42,6 +43,18 @@ struct Plan {
   std::vector<const Node*> args;  // the pattern's operands, left to right
 };
 
+// The op sets the deeper patterns are instantiated for (the rest of a tree is
+// evaluated into its own tensor first): B1(B2(t, t), t) and U(B(t, t)) fuse an
+// arithmetic B2/B, U1(U2(t)) four inner U2, B(t, U(t)) six U.
+inline bool arith_op(BOp b) {
+  return b == BOp::add || b == BOp::sub || b == BOp::mul || b == BOp::div || b == BOp::maximum || b == BOp::minimum ||
+         b == BOp::pow;
+}
+inline bool inner_u(UOp u) { return u == UOp::neg || u == UOp::abs || u == UOp::exp || u == UOp::relu; }
+inline bool math_u(UOp u) { return int(u) <= int(UOp::tanh); }
+/// In-place updates fuse U(t) and B(t, t) for += and *= (others take a tensor or a number).
+inline bool compound_fuses(BOp op) { return op == BOp::add || op == BOp::mul; }
+
 /// Which pattern a node's top becomes at a site (never fails: at worst the
 /// whole node is one operand, evaluated into its own tensor).
 Plan plan_for(const Node& n, Site site);
@@ -69,7 +82,8 @@ deft::Tensor<float> fused_reduce(Red r, bool all, int axis, bool keepdims, const
 bool reduce_fuses(Red r, bool all, const Plan& p);
 
 namespace detail {
-void write_small(Sink, deft::Tensor<float>&, const Plan&, const Arg*);  // leaf u b uu where where_cmp
+void write_small(Sink, deft::Tensor<float>&, const Plan&, const Arg*);  // leaf u b where
+void write_uu(deft::Tensor<float>&, const Plan&, const Arg*);            // uu where_cmp: bind only
 void write_ub(deft::Tensor<float>&, const Plan&, const Arg*);  // bind only
 void write_bb(deft::Tensor<float>&, const Plan&, const Arg*);
 void write_bu(deft::Tensor<float>&, const Plan&, const Arg*);

@@ -3,6 +3,7 @@
 // the fused_*.cpp translation units.
 #pragma once
 #include <cstdint>
+#include <stdexcept>
 #include <utility>
 
 #include "fused.hpp"
@@ -50,6 +51,43 @@ void with_b(BOp op, F&& f) {
     case BOp::minimum: return f([](auto&& x, auto&& y) { return deft::minimum(FZ_FWD(x), FZ_FWD(y)); });
     case BOp::pow: return f([](auto&& x, auto&& y) { return deft::pow(FZ_FWD(x), FZ_FWD(y)); });
     default: return with_cmp(op, FZ_FWD(f));
+  }
+}
+
+// Restricted op sets for the deeper patterns (compile time; see fused.hpp).
+template <class F>
+void with_b_arith(BOp op, F&& f) {
+  switch (op) {
+    case BOp::add: return f([](auto&& x, auto&& y) { return FZ_FWD(x) + FZ_FWD(y); });
+    case BOp::sub: return f([](auto&& x, auto&& y) { return FZ_FWD(x) - FZ_FWD(y); });
+    case BOp::mul: return f([](auto&& x, auto&& y) { return FZ_FWD(x) * FZ_FWD(y); });
+    case BOp::div: return f([](auto&& x, auto&& y) { return FZ_FWD(x) / FZ_FWD(y); });
+    case BOp::maximum: return f([](auto&& x, auto&& y) { return deft::maximum(FZ_FWD(x), FZ_FWD(y)); });
+    case BOp::minimum: return f([](auto&& x, auto&& y) { return deft::minimum(FZ_FWD(x), FZ_FWD(y)); });
+    case BOp::pow: return f([](auto&& x, auto&& y) { return deft::pow(FZ_FWD(x), FZ_FWD(y)); });
+    default: throw std::logic_error("deft_fuzz: op outside with_b_arith");
+  }
+}
+template <class F>
+void with_u_inner(UOp op, F&& f) {
+  switch (op) {
+    case UOp::neg: return f([](auto&& x) { return -FZ_FWD(x); });
+    case UOp::abs: return f([](auto&& x) { return deft::abs(FZ_FWD(x)); });
+    case UOp::exp: return f([](auto&& x) { return deft::exp(FZ_FWD(x)); });
+    case UOp::relu: return f([](auto&& x) { return deft::relu(FZ_FWD(x)); });
+    default: throw std::logic_error("deft_fuzz: op outside with_u_inner");
+  }
+}
+template <class F>
+void with_u_math(UOp op, F&& f) {
+  switch (op) {
+    case UOp::neg: return f([](auto&& x) { return -FZ_FWD(x); });
+    case UOp::abs: return f([](auto&& x) { return deft::abs(FZ_FWD(x)); });
+    case UOp::exp: return f([](auto&& x) { return deft::exp(FZ_FWD(x)); });
+    case UOp::log: return f([](auto&& x) { return deft::log(FZ_FWD(x)); });
+    case UOp::sqrt: return f([](auto&& x) { return deft::sqrt(FZ_FWD(x)); });
+    case UOp::tanh: return f([](auto&& x) { return deft::tanh(FZ_FWD(x)); });
+    default: throw std::logic_error("deft_fuzz: op outside with_u_math");
   }
 }
 

@@ -1,32 +1,25 @@
 // Pattern choice, reproducer code, and the small fused patterns
-// (leaf, U(t), B(x, y), U1(U2(t)), where) for `t = e` and `t.assign(e)`.
-#include <cstdio>
+// (leaf, U(t), B(x, y), where) for `t = e` and `t.assign(e)`.
+#include <stdexcept>
 
 #include "fused_ops.hpp"
 
 namespace fz {
 
-// B1(B2(t, t), t) is instantiated for these inner ops only (compile time);
-// other inner ops are evaluated into their own tensor first.
-static bool bb_inner(BOp b) {
-  return b == BOp::add || b == BOp::sub || b == BOp::mul || b == BOp::div || b == BOp::maximum || b == BOp::lt ||
-         b == BOp::pow;
-}
-
 Plan plan_for(const Node& n, Site site) {
   Plan p;
-  const bool expr = site == Site::bind || site == Site::assign;  // where, U1(U2(t))
-  const bool deep = site == Site::bind;                          // U(B), B(B), B(U): bound only
+  const bool expr = site == Site::bind || site == Site::assign;  // where
+  const bool deep = site == Site::bind;                          // U(U), U(B), B(B), B(U), where(C): bound only
   auto fusable = [](const Node& k, Node::Kind kind) { return !k.cut && k.kind == kind; };
   switch (n.kind) {
     case Node::unary: {
       const Node& k = n.kids[0];
       p.u[0] = n.u;
-      if (expr && fusable(k, Node::unary)) {
+      if (deep && fusable(k, Node::unary) && inner_u(k.u)) {
         p.pat = Pat::uu;
         p.u[1] = k.u;
         p.args = {&k.kids[0]};
-      } else if (deep && fusable(k, Node::binary)) {
+      } else if (deep && fusable(k, Node::binary) && arith_op(k.b)) {
         p.pat = Pat::ub;
         p.b[0] = k.b;
         p.args = {&k.kids[0], &k.kids[1]};
@@ -39,11 +32,11 @@ Plan plan_for(const Node& n, Site site) {
     case Node::binary: {
       const Node &k0 = n.kids[0], &k1 = n.kids[1];
       p.b[0] = n.b;
-      if (deep && fusable(k0, Node::binary) && bb_inner(k0.b)) {
+      if (deep && fusable(k0, Node::binary) && arith_op(k0.b)) {
         p.pat = Pat::bb;
         p.b[1] = k0.b;
         p.args = {&k0.kids[0], &k0.kids[1], &k1};
-      } else if (deep && fusable(k1, Node::unary)) {
+      } else if (deep && fusable(k1, Node::unary) && math_u(k1.u)) {
         p.pat = Pat::bu;
         p.u[0] = k1.u;
         p.args = {&k0, &k1.kids[0]};
@@ -56,7 +49,7 @@ Plan plan_for(const Node& n, Site site) {
     case Node::select: {
       const Node& c = n.kids[0];
       if (!expr) break;
-      if (fusable(c, Node::binary) && is_comparison(c.b)) {
+      if (deep && fusable(c, Node::binary) && is_comparison(c.b)) {
         p.pat = Pat::where_cmp;
         p.b[0] = c.b;
         p.args = {&c.kids[0], &c.kids[1], &n.kids[1], &n.kids[2]};
@@ -76,9 +69,9 @@ Plan plan_for(const Node& n, Site site) {
 bool scalar_ok(const Plan& p, std::size_t i, Site site) {
   switch (p.pat) {
     case Pat::leaf: return site == Site::compound;  // `t += 2.f`; `t = 2.f` is not deft
-    case Pat::b: return (site == Site::bind || site == Site::assign) && (i == 1 || p.args[1]->kind != Node::scalar);  // B(s, s) is not an expression
+    case Pat::b: return site == Site::bind && (i == 1 || p.args[1]->kind != Node::scalar);  // B(s, s) is not an expression
     case Pat::where: return i >= 1;
-    case Pat::where_cmp: return i >= 2;
+    case Pat::where_cmp: return i == 3;
     default: return false;
   }
 }
@@ -110,6 +103,8 @@ std::string plan_code(const Plan& p, const std::vector<std::string>& a) {
 
 void fused_write(Sink sink, deft::Tensor<float>& target, const Plan& p, const Arg* args) {
   switch (p.pat) {
+    case Pat::uu:
+    case Pat::where_cmp: return detail::write_uu(target, p, args);
     case Pat::ub: return detail::write_ub(target, p, args);
     case Pat::bb: return detail::write_bb(target, p, args);
     case Pat::bu: return detail::write_bu(target, p, args);
@@ -120,19 +115,26 @@ void fused_write(Sink sink, deft::Tensor<float>& target, const Plan& p, const Ar
 namespace detail {
 
 void write_small(Sink kind, deft::Tensor<float>& target, const Plan& p, const Arg* a) {
-  with_sink(kind, target, [&](auto&& sink) {
-    switch (p.pat) {
-      case Pat::leaf: return sink(*a[0].t);
-      case Pat::u: return with_u(p.u[0], [&](auto U) { sink(U(*a[0].t)); });
-      case Pat::b: return with_b(p.b[0], [&](auto B) { apply_b(B, a[0], a[1], sink); });
-      case Pat::uu:
-        return with_u(p.u[0], [&](auto U1) { with_u(p.u[1], [&](auto U2) { sink(U1(U2(*a[0].t))); }); });
-      case Pat::where: return apply_where(*a[0].t, a[1], a[2], sink);
-      case Pat::where_cmp:
-        return with_cmp(p.b[0], [&](auto C) { apply_where(C(*a[0].t, *a[1].t), a[2], a[3], sink); });
-      default: return;
-    }
-  });
+  auto bind = [&](auto&& e) { target = FZ_FWD(e); };
+  auto assign = [&](auto&& e) { target.assign(FZ_FWD(e)); };
+  switch (p.pat) {
+    case Pat::leaf:
+      if (kind == Sink::bind) bind(*a[0].t);
+      else assign(*a[0].t);
+      return;
+    case Pat::u:
+      return with_u(p.u[0], [&](auto U) {
+        if (kind == Sink::bind) bind(U(*a[0].t));
+        else assign(U(*a[0].t));
+      });
+    case Pat::b:  // numbers as operands only when binding (scalar_ok)
+      return with_b(p.b[0], [&](auto B) {
+        if (kind == Sink::bind) apply_b(B, a[0], a[1], bind);
+        else assign(B(*a[0].t, *a[1].t));
+      });
+    case Pat::where: return with_sink(kind, target, [&](auto&& sink) { apply_where(*a[0].t, a[1], a[2], sink); });
+    default: throw std::logic_error("deft_fuzz: pattern outside write_small");
+  }
 }
 
 }  // namespace detail

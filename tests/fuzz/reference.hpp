@@ -362,10 +362,16 @@ inline Value dot(const Value& a, const Value& b) {
   for (i64 p = 0; p < batch; ++p)
     for (i64 i = 0; i < m; ++i)
       for (i64 j = 0; j < n; ++j) {
-        for (i64 q = 0; q < k; ++q)
-          terms[q] = binary(BOp::mul, a.data[std::size_t((p * m + i) * k + q)],
-                            b.data[std::size_t(((rb == 3 ? p : 0) * k + q) * n + j)]);
-        c.data.push_back(sum_of(terms, false));
+        bool overflow = false;
+        for (i64 q = 0; q < k; ++q) {
+          const Val& x = a.data[std::size_t((p * m + i) * k + q)];
+          const Val& y = b.data[std::size_t(((rb == 3 ? p : 0) * k + q) * n + j)];
+          terms[q] = binary(BOp::mul, x, y);
+          // A finite product past FLT_MAX is inf when rounded alone, but an FMA
+          // adds it to the sum unrounded (inf + -inf or -inf: order-dependent).
+          overflow = overflow || (std::isfinite(x.v) && std::isfinite(y.v) && std::abs(x.v * y.v) >= double(FLT_MAX) / 4);
+        }
+        c.data.push_back(overflow ? unknown() : sum_of(terms, false));
       }
   return c;
 }
@@ -481,6 +487,10 @@ class Interpreter {
     switch (s.kind) {
       case Stmt::bind: {
         if (s.tree.kind == Node::scalar) throw Invalid("bind of a plain number");
+        if (s.tree.kind == Node::slot) {  // `t = u` copies the handle: both share storage
+          slots[s.dst] = live(s.tree.index);
+          return;
+        }
         Value v = eval(s.tree);
         bind_new(s.dst, std::move(v));
         return;

@@ -199,8 +199,8 @@ struct Pow {
       using T = typename V::value_type;
       // So do results that over- or underflowed (pow(DBL_MAX, 1) = inf there).
       const V r = xsimd::pow(a, b);
-      const auto special = !(xsimd::isfinite(a) & xsimd::isfinite(b)) | (a < V(std::numeric_limits<T>::min())) |
-                           (b == V(T(0))) | (a == V(T(1))) | !xsimd::isfinite(r) |
+      const auto special = (!(xsimd::isfinite(a) & xsimd::isfinite(b))) | (a < V(std::numeric_limits<T>::min())) |
+                           (b == V(T(0))) | (a == V(T(1))) | (!xsimd::isfinite(r)) |
                            (xsimd::abs(r) < V(std::numeric_limits<T>::min()));
       return fix_lanes(special, r, [](T x, T y) { return std::pow(x, y); }, a, b);
 #endif

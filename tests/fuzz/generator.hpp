@@ -3,6 +3,7 @@
 // statement is valid: the fuzzer tests numerics and aliasing, not error paths.
 #pragma once
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "program.hpp"
@@ -18,7 +19,7 @@ class Generator {
     p.seed = seed;
     p.workers = 1 + r_.pick(5);
     p.synchronous = r_.chance(0.25);
-    big_ = r_.chance(0.02);
+    big_ = r_.chance(0.015);
     if (big_) big_shape_ = pick_big_shape();
     const int n = big_ ? 2 + r_.pick(5) : 2 + r_.pick(12);
     bool had_invalid = false;
@@ -43,13 +44,14 @@ class Generator {
   // --- shapes --------------------------------------------------------------------------
 
   Dims pick_big_shape() {
-    // Above the engine's parallel thresholds (thresholds.hpp: 32768 element-ops,
-    // reductions cut at 16384 elements).
+    // Past the engine's parallel thresholds (thresholds.hpp: parallel_min_work
+    // 2^19 element-ops, i.e. 2^18 elements of a one-op expression; reductions
+    // cut at reduce_chunk elements).
     switch (r_.pick(4)) {
-      case 0: return {i64(20000 + r_.pick(50000))};
-      case 1: return {i64(150 + r_.pick(150)), 257};
-      case 2: return {3, i64(100 + r_.pick(60)), 129};
-      default: return {i64(40000 + r_.pick(100)), 1};
+      case 0: return {i64(150000 + r_.pick(150000))};
+      case 1: return {i64(600 + r_.pick(500)), 257};
+      case 2: return {3, i64(300 + r_.pick(200)), 129};
+      default: return {i64(270000 + r_.pick(100)), 1};
     }
   }
 
@@ -108,6 +110,7 @@ class Generator {
   // --- trees ------------------------------------------------------------------------------
 
   float scalar_value() {
+    if (r_.chance(0.04)) return r_.chance(0.5) ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
     static const float v[] = {0.f, 1.f, -1.f, 2.f, 0.5f, -2.5f, 3.f, 1e-3f, 100.f, 0.75f};
     return v[r_.pick(int(std::size(v)))];
   }

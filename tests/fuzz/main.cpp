@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 1;
   bool do_shrink = true;
   std::vector<std::uint64_t> seeds;
+  bool seeds_file = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
       if (r.status != fz::Result::ok) report(p, r, do_shrink);
       return r.status == fz::Result::ok ? 0 : 1;
     } else if (a == "--seeds-file") {
+      seeds_file = true;
       std::ifstream f(value());
       if (!f) {
         std::cerr << "cannot read the seeds file\n";
@@ -95,7 +97,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (seeds.empty())
+  if (!seeds_file)
     for (std::int64_t i = 0; i < programs; ++i) seeds.push_back(seed + std::uint64_t(i));
 
   fz::Counters c;

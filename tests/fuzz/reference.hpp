@@ -118,14 +118,8 @@ inline Val unary(UOp op, const Val& a) {
     case UOp::abs: return map1(a, [](double x) { return std::abs(x); }, kExactOp);
     case UOp::relu:  // maximum(x, 0): NaN propagates; max(-0, 0) is +0
       return map1(a, [](double x) { return (x > 0 || std::isnan(x)) ? x : 0.0; }, kExactOp);
-    case UOp::exp: {
-      Val r = map1(a, [](double x) { return std::exp(x); }, kTransc);
-      // xsimd's exp returns inf for x >= 88.376 (exp(88.376) = 2.406e38 < FLT_MAX)
-      // in SIMD lanes; the scalar tail returns the finite value. Until deft
-      // fixes that (seed 18350), results near the top of the range are unknown.
-      if (!r.unk && std::isfinite(r.v) && r.v + r.e > 2.35e38) return unknown();
-      return r;
-    }
+    case UOp::exp:  // deft recomputes lanes near over- and underflow with std::exp (seed 18350)
+      return map1(a, [](double x) { return std::exp(x); }, kTransc);
     case UOp::log:
       if (!a.unk && a.e > 0 && a.v - a.e <= 0) return unknown();  // domain boundary inside the interval
       return map1(a, [](double x) { return std::log(x); }, kTransc);

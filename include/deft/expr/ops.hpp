@@ -95,7 +95,29 @@ struct Abs {
       return expr;                                                   \
     }                                                                \
   };
-DEFT_FLOAT_UNARY(Exp, "exp", 8, exp(a))
+// exp: xsimd 8 overflows to inf below log(max()) (from 88.38 for float) and
+// flushes results below the normal range to 0; lanes near either edge use
+// std::exp, so an element's value never depends on its place in a row.
+struct Exp {
+  static constexpr int cost = 8;
+  static constexpr bool floating_only = true;
+  static constexpr const char* name = "exp";
+  template <class V>
+  DEFT_HD V operator()(const V& a) const {
+    using std::exp;
+    if constexpr (std::is_floating_point_v<V>) {
+      return exp(a);
+    } else {
+#if DEFT_HOST_SIMD
+      using T = typename V::value_type;
+      constexpr T hi = std::is_same_v<T, float> ? T(88) : T(709);    // log(max()) is 88.72 / 709.78
+      constexpr T lo = std::is_same_v<T, float> ? T(-87) : T(-708);  // log(min()) is -87.34 / -708.40
+      const auto edge = (a > V(hi)) | (a < V(lo));
+      return fix_lanes(edge, V(exp(a)), [](T x, T) { return std::exp(x); }, a, a);
+#endif
+    }
+  }
+};
 // log: xsimd 8 is wrong for denormal inputs; those lanes use std::log.
 struct Log {
   static constexpr int cost = 8;

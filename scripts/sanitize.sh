@@ -2,7 +2,8 @@
 # Builds deft's tests with sanitizers and runs all of them (CI runs both):
 #   scripts/sanitize.sh address,undefined   # ASan + UBSan + LeakSanitizer
 #   scripts/sanitize.sh thread              # TSan
-# Optimised at -O1 (fast to compile, sanitizer reports stay readable). The
+# Built with clang at -O1 (clang compiles deft's kernels twice as fast as g++
+# under the sanitizers; reports stay readable). CXX overrides the compiler. The
 # stress, fault and fuzz sizes are reduced to fit CI; set the DEFT_* variables
 # yourself for longer runs.
 set -euo pipefail
@@ -10,7 +11,8 @@ cd "$(dirname "$0")/.."
 sanitizers="${1:?usage: scripts/sanitize.sh address,undefined|thread}"
 build="build-${sanitizers//,/-}"
 
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" \
+./scripts/setup.sh --sanitizers
+cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" \
   -DDEFT_SANITIZE="$sanitizers" -DDEFT_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build "$build" -j2
 

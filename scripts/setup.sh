@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what deft needs to build its tests and examples on Debian/Ubuntu:
-# a C++20 compiler, CMake, xsimd and Boost.Test. Safe to run again.
+# a C++20 compiler, CMake, xsimd and Boost.Test; with --sanitizers also clang
+# and its sanitizer runtimes (for scripts/sanitize.sh). Safe to run again.
 set -euo pipefail
 packages=(g++ cmake make libxsimd-dev libboost-test-dev)
+if [ "${1:-}" = "--sanitizers" ]; then packages+=(clang libclang-rt-dev); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

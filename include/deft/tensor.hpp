@@ -193,7 +193,9 @@ class Tensor {
     for (std::size_t i = 0; i < dims.size(); ++i) {
       if (dims[i] == -1 && infer < 0) infer = int(i);
       else if (dims[i] < 0) detail::raise("reshape: invalid extent ", dims[i], " for shape ", shape_.to_string());
-      else known *= dims[i];
+      else if (__builtin_mul_overflow(known, dims[i], &known))
+        detail::raise<std::length_error>("reshape: the extents given for shape ", shape_.to_string(),
+                                         " have more elements than fit in 64 bits");
     }
     if (infer >= 0) {
       if (known == 0 || size() % known != 0)

@@ -105,7 +105,8 @@ BOOST_AUTO_TEST_CASE(broadcasting_mismatches) {
       {"pow", [](auto& x, auto& y) { (void)deft::pow(x, y); }},
   };
   std::vector<Case> cases;
-  for (const auto& [name, op] : ops) {
+  for (const auto& [name, op_ref] : ops) {
+    const auto op = op_ref;  // clang 14 cannot capture a structured binding
     cases.push_back({name + " (2,3) (4,)", [&, op] { op(a, b); }, {"cannot broadcast", name, "(2, 3)", "(4,)"}});
     cases.push_back({name + " (2,3) (3,2)", [&, op] { op(a, c); }, {"cannot broadcast", name, "(2, 3)", "(3, 2)"}});
   }
@@ -137,7 +138,8 @@ BOOST_AUTO_TEST_CASE(reduction_axes_and_empty_tensors) {
       {"norm", [](auto& x, int a) { (void)deft::norm(x, a, true); }}, {"argmax", [](auto& x, int a) { (void)deft::argmax(x, a); }},
   };
   std::vector<Case> cases;
-  for (const auto& [name, r] : reds) {
+  for (const auto& [name, r_ref] : reds) {
+    const auto r = r_ref;  // clang 14 cannot capture a structured binding
     cases.push_back({name + " axis 2", [&, r] { r(m, 2); }, {name, "axis 2", "rank 2"}});
     cases.push_back({name + " axis -3", [&, r] { r(m, -3); }, {name, "axis -3", "rank 2"}});
     cases.push_back({name + " axis 0 of a scalar", [&, r] { r(s, 0); }, {name, "axis 0", "rank 0"}});

@@ -22,6 +22,7 @@ inline void permute(const T* in, const Shape& in_shape, const std::array<int, ma
     src_st[d] = in_st[axes[d]];
   }
   const std::int64_t total = out_shape.size();
+  if (total == 0) return;  // an empty extent: nothing to move (and no index to divide by it)
   if (r == 2) {
     constexpr std::int64_t tile = 32;
     const std::int64_t rows = out_shape[0], cols = out_shape[1];

@@ -40,21 +40,8 @@ void with_cmp(BOp op, F&& f) {
   }
 }
 
-template <class F>
-void with_b(BOp op, F&& f) {
-  switch (op) {
-    case BOp::add: return f([](auto&& x, auto&& y) { return FZ_FWD(x) + FZ_FWD(y); });
-    case BOp::sub: return f([](auto&& x, auto&& y) { return FZ_FWD(x) - FZ_FWD(y); });
-    case BOp::mul: return f([](auto&& x, auto&& y) { return FZ_FWD(x) * FZ_FWD(y); });
-    case BOp::div: return f([](auto&& x, auto&& y) { return FZ_FWD(x) / FZ_FWD(y); });
-    case BOp::maximum: return f([](auto&& x, auto&& y) { return deft::maximum(FZ_FWD(x), FZ_FWD(y)); });
-    case BOp::minimum: return f([](auto&& x, auto&& y) { return deft::minimum(FZ_FWD(x), FZ_FWD(y)); });
-    case BOp::pow: return f([](auto&& x, auto&& y) { return deft::pow(FZ_FWD(x), FZ_FWD(y)); });
-    default: return with_cmp(op, FZ_FWD(f));
-  }
-}
-
-// Restricted op sets for the deeper patterns (compile time; see fused.hpp).
+// The arithmetic ops: with_b's first half, and alone the restricted set of the
+// deeper patterns (compile time; see fused.hpp).
 template <class F>
 void with_b_arith(BOp op, F&& f) {
   switch (op) {
@@ -68,6 +55,17 @@ void with_b_arith(BOp op, F&& f) {
     default: throw std::logic_error("deft_fuzz: op outside with_b_arith");
   }
 }
+
+template <class F>
+void with_b(BOp op, F&& f) {
+  switch (op) {
+    case BOp::add: case BOp::sub: case BOp::mul: case BOp::div:
+    case BOp::maximum: case BOp::minimum: case BOp::pow:
+      return with_b_arith(op, FZ_FWD(f));
+    default: return with_cmp(op, FZ_FWD(f));
+  }
+}
+
 template <class F>
 void with_u_inner(UOp op, F&& f) {
   switch (op) {

@@ -5,18 +5,7 @@
 // ThreadPoolDevice.
 #include "common.hpp"
 
-#if DEFT_BENCH_HAVE_EIGEN
-#define EIGEN_USE_THREADS
-#include <Eigen/Core>
-#include <unsupported/Eigen/CXX11/Tensor>
-#endif
-#if DEFT_BENCH_HAVE_XTENSOR
-#include <xtensor/xadapt.hpp>
-#include <xtensor/xmath.hpp>
-#include <xtensor/xreducer.hpp>
-#include <xtensor/xtensor.hpp>
-#include <xtensor/xview.hpp>
-#endif
+#include "peers.hpp"
 
 namespace bench {
 

@@ -6,16 +6,7 @@
 // triad a = b + s*c, the memory-bandwidth limit.
 #include "common.hpp"
 
-#if DEFT_BENCH_HAVE_EIGEN
-#define EIGEN_USE_THREADS
-#include <Eigen/Core>
-#include <unsupported/Eigen/CXX11/Tensor>
-#endif
-#if DEFT_BENCH_HAVE_XTENSOR
-#include <xtensor/xadapt.hpp>
-#include <xtensor/xmath.hpp>
-#include <xtensor/xtensor.hpp>
-#endif
+#include "peers.hpp"
 
 namespace bench {
 

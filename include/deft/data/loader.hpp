@@ -1,0 +1,229 @@
+// DataLoader: mini-batches of an in-memory data set, as Gluon's DataLoader.
+//
+//   deft::data::DataLoader loader(images, labels, 64, {.seed = 42});
+//   for (int epoch = 0; epoch < 10; ++epoch)
+//     for (const auto& [x, y] : loader) train_step(x, y);
+//
+// Each range-for (each begin()) is one epoch: a fresh order, shuffled with a
+// generator seeded by (seed, epoch number), so runs are reproducible and do
+// not depend on the standard library (the shuffle is written out here; the
+// standard leaves std::shuffle's algorithm open). While the caller trains on
+// one batch, a background thread gathers the next into new host tensors.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <iterator>
+#include <memory>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../core/shape.hpp"
+#include "../tensor.hpp"
+
+namespace deft::data {
+
+/// What to do with the samples left over when N is not a multiple of the batch size.
+enum class LastBatch {
+  keep,      // a last, smaller batch
+  discard,   // drop them (every batch is full)
+  rollover,  // carry them into the next epoch, where they come first (Gluon's "rollover")
+};
+
+struct LoaderOptions {
+  bool shuffle = true;       // false: samples in order 0..N-1 every epoch
+  std::uint64_t seed = 0;    // with the epoch number, determines each epoch's order
+  LastBatch last_batch = LastBatch::keep;
+  bool prefetch = true;      // gather the next batch on a background thread
+};
+
+/// One mini-batch: x of shape (b, <sample shape>...), y of shape (b,).
+struct Batch {
+  Tensor<float> x;
+  Tensor<std::int64_t> y;
+};
+
+class DataLoader {
+  // The data set, shared with running epochs so that an epoch stays valid
+  // even if the loader is moved or destroyed under it.
+  struct Data {
+    std::vector<float> features;
+    std::vector<std::int64_t> labels;
+    Shape sample_shape;     // the shape of one sample (the features' shape without axis 0)
+    std::int64_t row = 0;   // floats per sample
+  };
+
+  // One pass: the sample order, the current batch and the one being gathered.
+  struct Epoch {
+    std::shared_ptr<const Data> data;
+    std::vector<std::int64_t> order;  // batch k is order[k * batch, (k + 1) * batch) (the last may be short)
+    std::int64_t batch = 0, batches = 0, index = 0;  // index: the current batch
+    bool prefetch = true;
+    Batch current;
+    std::future<Batch> next;  // batch index + 1, when prefetching
+
+    ~Epoch() {
+      // The gathering task reads `order` and `data`: it must end before they
+      // go (a std::async future would also wait, but saying so is clearer).
+      if (next.valid()) next.wait();
+    }
+    Batch gather(std::int64_t k) const {
+      const std::int64_t lo = k * batch, hi = std::min<std::int64_t>(lo + batch, std::int64_t(order.size()));
+      return DataLoader::gather(*data, std::span(order).subspan(std::size_t(lo), std::size_t(hi - lo)));
+    }
+    void start_next() {
+      if (!prefetch || index + 1 >= batches) return;
+      try {
+        next = std::async(std::launch::async, [this, k = index + 1] { return gather(k); });
+      } catch (const std::system_error&) {
+        // No thread to be had: the next batch is gathered when it is needed.
+      }
+    }
+    void advance() {
+      ++index;
+      if (index >= batches) {
+        current = Batch{};
+        return;
+      }
+      current = next.valid() ? next.get() : gather(index);  // get() rethrows a failure of the background gather
+      start_next();
+    }
+  };
+
+ public:
+  /// Mini-batches of (features[i], labels[i]); features have shape (N, ...),
+  /// labels (N,). Reads both to the host once (a sync point). Throws
+  /// std::invalid_argument for batch_size < 1, a scalar feature tensor,
+  /// labels that are not 1-D, or a different number of features and labels.
+  DataLoader(const Tensor<float>& features, const Tensor<std::int64_t>& labels, std::int64_t batch_size,
+             LoaderOptions options = {})
+      : batch_(batch_size), options_(options) {
+    if (batch_size < 1) deft::detail::raise("DataLoader: batch_size must be at least 1, got ", batch_size);
+    if (features.rank() < 1)
+      deft::detail::raise("DataLoader: features need a sample axis (shape (N, ...)), got shape ", features.shape().to_string());
+    if (labels.rank() != 1)
+      deft::detail::raise("DataLoader: labels need shape (N,), got shape ", labels.shape().to_string());
+    if (features.shape()[0] != labels.shape()[0])
+      deft::detail::raise("DataLoader: ", features.shape()[0], " samples of features (shape ", features.shape().to_string(),
+                          ") but ", labels.shape()[0], " labels (shape ", labels.shape().to_string(), ")");
+    auto d = std::make_shared<Data>();
+    d->features = features.to_vector();
+    d->labels = labels.to_vector();
+    d->sample_shape = features.shape().without(0);
+    d->row = d->sample_shape.size();
+    data_ = std::move(d);
+  }
+
+  class Iterator {
+   public:
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+
+    Iterator() = default;
+    const Batch& operator*() const { return epoch_->current; }
+    const Batch* operator->() const { return &epoch_->current; }
+    Iterator& operator++() {
+      epoch_->advance();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const Iterator& it, std::default_sentinel_t) { return !it.epoch_ || it.epoch_->index >= it.epoch_->batches; }
+
+   private:
+    friend class DataLoader;
+    explicit Iterator(std::unique_ptr<Epoch> e) : epoch_(std::move(e)) {}
+    std::unique_ptr<Epoch> epoch_;  // destroying the iterator (say, on break) waits for the background gather
+  };
+
+  /// Starts the next epoch: fixes its order (and, with rollover, the samples
+  /// it carries into the epoch after, so breaking out early drops the rest)
+  /// and gathers the first batch.
+  Iterator begin() {
+    auto e = std::make_unique<Epoch>();
+    e->data = data_;
+    e->batch = batch_;
+    e->prefetch = options_.prefetch;
+    e->order = std::move(carry_);
+    carry_.clear();
+    const std::vector<std::int64_t> perm = order_of(epoch_++);
+    e->order.insert(e->order.end(), perm.begin(), perm.end());
+    const std::int64_t total = std::int64_t(e->order.size());
+    switch (options_.last_batch) {
+      case LastBatch::keep: e->batches = (total + batch_ - 1) / batch_; break;
+      case LastBatch::discard: e->batches = total / batch_; break;
+      case LastBatch::rollover:
+        e->batches = total / batch_;
+        carry_.assign(e->order.begin() + e->batches * batch_, e->order.end());
+        break;
+    }
+    e->order.resize(std::size_t(std::min(total, e->batches * batch_)));
+    e->index = -1;
+    e->advance();  // batch 0 now (nothing to overlap with yet), batch 1 in the background
+    return Iterator(std::move(e));
+  }
+  std::default_sentinel_t end() const { return {}; }
+
+  /// The number of samples N.
+  std::int64_t size() const { return std::int64_t(data_->labels.size()); }
+  std::int64_t batch_size() const { return batch_; }
+  const LoaderOptions& options() const { return options_; }
+  /// The number of batches the next epoch yields (with rollover it depends on
+  /// the samples carried over).
+  std::int64_t num_batches() const {
+    const std::int64_t total = size() + std::int64_t(carry_.size());
+    return options_.last_batch == LastBatch::keep ? (total + batch_ - 1) / batch_ : total / batch_;
+  }
+  /// The number of the next epoch (0 for the first begin()).
+  std::uint64_t epoch() const { return epoch_; }
+  /// Makes the next begin() produce epoch e's order (to resume a run). Samples
+  /// carried over by rollover stay.
+  void set_epoch(std::uint64_t e) { epoch_ = e; }
+
+  /// Epoch e's order of the N samples: 0..N-1, shuffled when options().shuffle.
+  std::vector<std::int64_t> order_of(std::uint64_t e) const {
+    std::vector<std::int64_t> order(static_cast<std::size_t>(size()));
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = std::int64_t(i);
+    if (!options_.shuffle) return order;
+    const std::uint64_t s = options_.seed;
+    std::seed_seq seq{std::uint32_t(s), std::uint32_t(s >> 32), std::uint32_t(e), std::uint32_t(e >> 32)};
+    std::mt19937_64 gen(seq);
+    // Fisher-Yates with an unbiased bounded draw (rejection of the top
+    // 2^64 mod bound values), both fixed here for portable orders.
+    for (std::size_t i = order.size(); i > 1; --i) {
+      const std::uint64_t bound = i, reject_below = (0 - bound) % bound;
+      std::uint64_t r;
+      do r = gen();
+      while (r < reject_below);
+      std::swap(order[i - 1], order[std::size_t(r % bound)]);
+    }
+    return order;
+  }
+
+ private:
+  static Batch gather(const Data& d, std::span<const std::int64_t> idx) {
+    const std::size_t row = std::size_t(d.row);
+    std::vector<float> x(idx.size() * row);
+    std::vector<std::int64_t> y(idx.size());
+    for (std::size_t k = 0; k < idx.size(); ++k) {
+      if (row) std::memcpy(x.data() + k * row, d.features.data() + std::size_t(idx[k]) * row, row * sizeof(float));
+      y[k] = d.labels[std::size_t(idx[k])];
+    }
+    Shape xs{std::int64_t(idx.size())};
+    for (std::int64_t e : d.sample_shape) xs.push_back(e);
+    return Batch{Tensor<float>(std::move(x), xs), Tensor<std::int64_t>(std::move(y), Shape{std::int64_t(idx.size())})};
+  }
+
+  std::shared_ptr<const Data> data_;
+  std::int64_t batch_;
+  LoaderOptions options_;
+  std::uint64_t epoch_ = 0;
+  std::vector<std::int64_t> carry_;  // rollover: samples carried into the next epoch
+};
+
+}  // namespace deft::data

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what deft needs to build its tests and examples on Debian/Ubuntu:
-# a C++20 compiler, CMake, xsimd and Boost.Test; with --sanitizers also clang
-# and its sanitizer runtimes (for scripts/sanitize.sh). Safe to run again.
+# a C++20 compiler, CMake, xsimd and Boost.Test, and the Fashion-MNIST data set
+# (dataset-fashion-mnist, 30 MB, in /usr/share/datasets/fashion-mnist; see
+# docs/data.md); with --sanitizers also clang and its sanitizer runtimes (for
+# scripts/sanitize.sh). Safe to run again.
 set -euo pipefail
-packages=(g++ cmake make libxsimd-dev libboost-test-dev)
+packages=(g++ cmake make libxsimd-dev libboost-test-dev dataset-fashion-mnist)
 if [ "${1:-}" = "--sanitizers" ]; then packages+=(clang libclang-rt-dev); fi
 missing=()
 for p in "${packages[@]}"; do

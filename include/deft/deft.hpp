@@ -6,12 +6,16 @@
 //   engine/  tasks, the scheduler and its thread pool (where and when)
 //   ops/     the public vocabulary: creation, random, reductions, linalg
 //   io/      printing
+//   data/    IDX files (gunzip included), Fashion-MNIST, the DataLoader
 #pragma once
 
 #include "core/config.hpp"
 #include "core/device.hpp"
 #include "core/dtype.hpp"
 #include "core/shape.hpp"
+#include "data/fashion_mnist.hpp"
+#include "data/idx.hpp"
+#include "data/loader.hpp"
 #include "engine/engine.hpp"
 #include "expr/operators.hpp"
 #include "io/print.hpp"

@@ -104,6 +104,8 @@ inline std::array<std::int64_t, max_rank> contiguous_strides(const Shape& s) {
 
 /// numpy broadcasting of two shapes; throws std::invalid_argument naming both.
 inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* what = "operands") {
+  if (a == b || b.rank() == 0) return a;  // the common cases, on every node built
+  if (a.rank() == 0) return b;
   const int r = a.rank() > b.rank() ? a.rank() : b.rank();
   std::array<std::int64_t, max_rank> out{};
   for (int i = 0; i < r; ++i) {

@@ -96,22 +96,16 @@ class Engine {
   void wait(const std::shared_ptr<Task>& t) {
     if (t->finished()) return;
     Ready ready;
-    bool here = false;
     std::unique_lock lk(m_);
-    submit_locked(t, ready);
-    if (pool_) {
-      auto it = std::find(ready.begin(), ready.end(), t);
-      if (it != ready.end()) {
-        ready.erase(it);
-        here = true;
-      }
-    }
+    const bool here = submit_locked(t, ready, /*keep_ready_root=*/pool_ != nullptr);
     dispatch_locked(lk, ready);
     if (here) {
       lk.unlock();
       execute(t, ready);
-      lk.lock();
-      dispatch_locked(lk, ready);
+      if (!ready.empty()) {
+        lk.lock();
+        dispatch_locked(lk, ready);
+      }
       return;
     }
     ++waiters_;
@@ -270,9 +264,12 @@ class Engine {
   }
 
   // Marks `root` and every recorded task it needs as submitted; tasks with
-  // nothing left to wait for go to `ready`.
-  void submit_locked(const std::shared_ptr<Task>& root, Ready& ready) {
-    Ready work{root};
+  // nothing left to wait for go to `ready`, except a ready root when
+  // keep_ready_root is set: then the caller runs it and true is returned.
+  bool submit_locked(const std::shared_ptr<Task>& root, Ready& ready, bool keep_ready_root = false) {
+    bool root_ready = false;
+    Ready& work = submit_stack_;  // reused: no allocation per sync point
+    work.push_back(root);
     while (!work.empty()) {
       auto t = std::move(work.back());
       work.pop_back();
@@ -288,8 +285,11 @@ class Engine {
         ++t->pending;
         if (d->state.load(std::memory_order_relaxed) == Task::State::recorded) work.push_back(d);
       }
-      if (t->pending == 0) ready.push_back(std::move(t));
+      if (t->pending != 0) continue;
+      if (keep_ready_root && t == root) root_ready = true;
+      else ready.push_back(std::move(t));
     }
+    return root_ready;
   }
 
   // Hands ready tasks to the workers, or runs them here once the pool is gone.
@@ -369,6 +369,7 @@ class Engine {
   std::condition_variable done_cv_;
   int waiters_ = 0;
   std::vector<std::weak_ptr<Task>> recorded_;
+  Ready submit_stack_;  // submit_locked's work list
   std::size_t inflight_tasks_ = 0, inflight_bytes_ = 0;
   std::exception_ptr first_error_;
   engine::Limits limits_;

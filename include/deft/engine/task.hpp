@@ -82,6 +82,8 @@ class TaskImpl final : public Task {
       : Task(task_name, out_bytes), kernel_(std::move(k)) {}
   void execute(Buffer& out) override { (*kernel_)(out); }
   void release_closure() noexcept override { kernel_.reset(); }
+  /// The closure, for declaring its reads while recording (before it runs).
+  const Kernel& kernel() const { return *kernel_; }
 
  private:
   std::optional<Kernel> kernel_;
@@ -111,7 +113,7 @@ inline void bury(std::shared_ptr<Task>&& t) noexcept {
 
 /// A task running `kernel(Buffer& out)` that writes `bytes` bytes of output.
 template <class Kernel>
-std::shared_ptr<Task> make_task(const char* name, std::size_t bytes, Kernel kernel) {
+std::shared_ptr<TaskImpl<Kernel>> make_task(const char* name, std::size_t bytes, Kernel kernel) {
   return std::make_shared<TaskImpl<Kernel>>(name, bytes, std::move(kernel));
 }
 

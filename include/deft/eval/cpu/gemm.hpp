@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -175,7 +176,10 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, con
     return;
   }
 #if defined(DEFT_BLAS) && DEFT_BLAS
-  if constexpr (std::is_same_v<T, float>) {
+  // cblas takes int extents; larger products stay on deft's kernel.
+  constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+  if (m > int_max || n > int_max || k > int_max || m * n > int_max || m * k > int_max || k * n > int_max) {
+  } else if constexpr (std::is_same_v<T, float>) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(k), b, int(n), 0.0f, c,
                 int(n));
     return;

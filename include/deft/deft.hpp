@@ -6,9 +6,11 @@
 //   engine/  tasks, the scheduler and its thread pool (where and when)
 //   ops/     the public vocabulary: creation, random, reductions, linalg
 //   io/      printing
+//   autograd/ recording, derivatives of every operation, backward()
 //   data/    IDX files (gunzip included), Fashion-MNIST, the DataLoader
 #pragma once
 
+#include "autograd/graph.hpp"
 #include "core/config.hpp"
 #include "core/device.hpp"
 #include "core/dtype.hpp"

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/meta.hpp"
 #include "core/device.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
@@ -35,7 +36,7 @@ struct Var {
 };
 
 template <Element T>
-Tensor<T> tensor_from_buffer(std::shared_ptr<Buffer> b, const Shape& s);
+Tensor<T> tensor_from_buffer(std::shared_ptr<Buffer> b, const Shape& s, std::int64_t offset = 0);
 
 /// Bytes of a T tensor of shape s; std::length_error when that overflows.
 template <Element T>
@@ -49,6 +50,7 @@ std::size_t bytes_for(const Shape& s) {
 
 /// Records a task that writes a new tensor of `shape`: kernel(Buffer&) fills
 /// it; add_inputs(Task&) declares what it reads.
+/// add_inputs is handed the task itself, so it may read the kernel's operands.
 template <Element T, class Kernel, class AddInputs>
 Tensor<T> record_new(const char* name, const Shape& shape, Device dev, Kernel kernel, AddInputs&& add_inputs) {
   require_backend(dev, name);
@@ -67,13 +69,49 @@ auto reads_of(const E& e) {
   return [&e](Task& t) { e.for_each_leaf([&](const auto& leaf) { t.add_input(leaf.buffer); }); };
 }
 
+/// The kernel of every elementwise task: evaluates `e` into the output from
+/// element `offset` on. `base` is a version the task must keep alive; with
+/// copy_base its contents are copied first (a partial write to a fresh copy).
+template <class E>
+struct EvaluateInto {
+  E e;
+  std::int64_t offset;
+  std::shared_ptr<Buffer> base;
+  bool copy_base;
+
+  explicit EvaluateInto(E expr, std::int64_t off = 0, std::shared_ptr<Buffer> keep = nullptr, bool copy = false)
+      : e(std::move(expr)), offset(off), base(std::move(keep)), copy_base(copy) {}
+  void operator()(Buffer& out) const {
+    if (copy_base) std::memcpy(out.data, base->data, base->bytes);
+    on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<value_t<E>>() + offset); });
+  }
+};
+
+/// Declares the reads of an EvaluateInto task: every leaf still owning its buffer.
+template <class E>
+void add_leaf_inputs(TaskImpl<EvaluateInto<E>>& t) {
+  t.kernel().e.for_each_leaf([&](const auto& leaf) {
+    if (leaf.buffer) t.add_input(leaf.buffer);
+  });
+}
+
 /// Records the evaluation of an elementwise expression into a new tensor.
-template <Expression E>
-Tensor<value_t<E>> record_expression(const E& e) {
+/// Track = false for autograd's own backward work, which is never recorded
+/// (and must not instantiate derivatives of derivatives).
+template <bool Track = true, Expression E>
+Tensor<value_t<E>> record_expression(E e) {
   using T = value_t<E>;
-  return record_new<T>(
-      "elementwise", e.shape(), e.device(), [e](Buffer& out) { on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>()); }); },
-      reads_of(e));
+  const Shape shape = e.shape();
+  const Device dev = e.device();
+  if constexpr (Track) {
+    if (tracked(e)) {  // autograd keeps the expression to differentiate it
+      auto out = record_new<T>("elementwise", shape, dev, EvaluateInto<E>{e}, [](auto& t) { add_leaf_inputs(t); });
+      autograd::detail::track_elementwise(out, std::move(e));
+      return out;
+    }
+  }
+  return record_new<T>("elementwise", shape, dev, EvaluateInto<E>{std::move(e)},
+                       [](auto& t) { add_leaf_inputs(t); });
 }
 
 }  // namespace detail
@@ -128,10 +166,16 @@ class Tensor {
     auto x = as_expr(std::forward<E>(e));
     static_assert(std::is_same_v<detail::value_t<decltype(x)>, T>,
                   "deft: the expression's element type differs from the tensor's; use deft::cast<U>(expr)");
+    if (autograd::is_recording()) {  // the handle takes the result's autograd record (or none)
+      if (grad_meta_ || detail::tracked(x)) return *this = detail::record_expression(std::move(x));
+    }
+    // Outside recording an attached variable stays attached (`w = w - lr * g`).
+    auto meta = (grad_meta_ && grad_meta_->attached && x.shape() == shape_) ? grad_meta_ : nullptr;
     if (var_ && var_.use_count() == 1 && x.shape() == shape_ && offset_ == 0 && covers_storage() && x.device() == device())
       write([&](const detail::Leaf<T>&) { return std::move(x); }, "assign");
     else
       *this = detail::record_expression(std::move(x));
+    grad_meta_ = std::move(meta);
     return *this;
   }
 
@@ -182,6 +226,7 @@ class Tensor {
     Tensor v = *this;
     v.offset_ += begin * (shape_[0] ? size() / shape_[0] : 0);
     v.shape_[0] = end - begin;
+    if (grad_meta_) autograd::detail::track_view(v, *this, begin, end);  // gradients flow back to this tensor
     return v;
   }
   /// The same storage seen with another shape (one extent may be -1).
@@ -208,10 +253,17 @@ class Tensor {
       detail::raise("reshape: cannot view shape ", shape_.to_string(), " (", size(), " elements) as ", s.to_string());
     Tensor v = *this;
     v.shape_ = s;
+    if (grad_meta_) autograd::detail::track_view(v, *this, -1, -1);  // gradients flow back to this tensor
     return v;
   }
   /// A deep copy (recorded like any other task).
   Tensor clone() const { return Tensor(leaf()); }
+  /// The same value without its autograd record: gradients stop here.
+  Tensor detach() const {
+    Tensor v = *this;
+    v.grad_meta_ = nullptr;
+    return v;
+  }
 
   // --- sync points ----------------------------------------------------------
   /// Blocks until the value is computed; rethrows a failure of the work behind it.
@@ -232,13 +284,33 @@ class Tensor {
     return b->template as<const T>()[offset_];
   }
 
+  // --- autograd (see autograd/graph.hpp) -------------------------------------
+  /// Makes this a variable whose gradient backward() computes into grad().
+  Tensor& attach_grad(autograd::GradReq req = autograd::GradReq::write) {
+    static_assert(std::is_floating_point_v<T>, "deft: attach_grad needs a float or double tensor");
+    autograd::detail::attach_grad(*this, req);
+    return *this;
+  }
+  /// The gradient of an attached variable (shares storage with later backward passes).
+  Tensor grad() const { return autograd::detail::grad_of(*this); }
+  /// Back-propagates from this value (recorded in autograd::record) to every
+  /// attached variable it depends on; the head gradient defaults to ones.
+  void backward(bool retain_graph = false) const { autograd::detail::backward<T>(*this, nullptr, retain_graph); }
+  void backward(const Tensor& head, bool retain_graph = false) const {
+    autograd::detail::backward<T>(*this, &head, retain_graph);
+  }
+
   // --- internal -------------------------------------------------------------
   /// A snapshot of the current version, as an expression leaf.
-  detail::Leaf<T> leaf() const { return detail::Leaf<T>(buffer(), offset_, shape_); }
+  detail::Leaf<T> leaf() const {
+    return detail::Leaf<T>(buffer(), offset_, shape_, autograd::is_recording() ? grad_meta_ : nullptr);
+  }
+  const std::shared_ptr<autograd::detail::MetaBase>& grad_meta() const { return grad_meta_; }
+  void set_grad_meta(std::shared_ptr<autograd::detail::MetaBase> m) { grad_meta_ = std::move(m); }
 
  private:
   template <Element U>
-  friend Tensor<U> detail::tensor_from_buffer(std::shared_ptr<detail::Buffer>, const Shape&);
+  friend Tensor<U> detail::tensor_from_buffer(std::shared_ptr<detail::Buffer>, const Shape&, std::int64_t);
 
   detail::Var& var() const {
     if (!var_) detail::raise<std::logic_error>("use of an empty Tensor handle (default-constructed or moved from)");
@@ -279,6 +351,9 @@ class Tensor {
         detail::raise(op, ": the result has shape ", e.shape().to_string(), " but the tensor being written has shape ",
                       shape_.to_string());
       detail::require_backend(cur->device, op);
+      if (autograd::is_recording() && (grad_meta_ || detail::tracked(e)))
+        detail::raise<std::logic_error>(op, ": in-place update of a value autograd is recording (shape ",
+                                        shape_.to_string(), "); write `y = y + x` instead of `y += x` inside autograd::record");
       if (!(e.device() == cur->device))
         detail::raise(op, ": cannot write a value on ", e.device(), " into a tensor on ", cur->device);
       // The task's own reads of `cur` stop owning it (see Leaf); it is
@@ -291,34 +366,30 @@ class Tensor {
         l.buffer.reset();
       });
       const bool whole = offset_ == 0 && covers_storage();
-      const std::int64_t off = offset_;
-      const std::size_t bytes = cur->bytes;
       // use_count: `cur` here and v.current. More means a reader we cannot order.
-      if (!overlaps && cur.use_count() == 2) {
-        // Nobody else can see this version: write it in place.
-        task = detail::make_task(op, std::size_t(size()) * sizeof(T), [e, off](detail::Buffer& out) {
-          detail::on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>() + off); });
-        });
-        if (!reads_cur && whole) detail::Engine::get().supersede(cur->producer, *task);
-        else task->add_input(cur);
-        task->output = cur;
-        cur->producer = task;
+      const bool in_place = !overlaps && cur.use_count() == 2;
+      using Kernel = detail::EvaluateInto<decltype(e)>;
+      std::shared_ptr<detail::TaskImpl<Kernel>> t;
+      if (in_place) {
+        // Nobody else can see this version: write it where it is.
+        t = detail::make_task(op, std::size_t(size()) * sizeof(T), Kernel{std::move(e), offset_});
+        if (!reads_cur && whole) detail::Engine::get().supersede(cur->producer, *t);
+        else t->add_input(cur);
+        t->output = cur;
+        cur->producer = t;
       } else {
-        // Copy-on-write: pending readers keep the old version.
-        auto fresh = std::make_shared<detail::Buffer>(bytes, cur->device);
-        auto old = (reads_cur || !whole) ? cur : nullptr;  // still read: the task keeps it alive
-        task = detail::make_task(op, bytes, [e, off, whole, old](detail::Buffer& out) {
-          if (!whole) std::memcpy(out.data, old->data, old->bytes);
-          detail::on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>() + off); });
-        });
-        if (reads_cur || !whole) task->add_input(cur);
-        task->output = fresh;
-        fresh->producer = task;
+        // Copy-on-write: pending readers keep the old version; a task still
+        // reading it (or copying the part it does not write) keeps it alive.
+        auto fresh = std::make_shared<detail::Buffer>(cur->bytes, cur->device);
+        const bool keeps_cur = reads_cur || !whole;
+        t = detail::make_task(op, cur->bytes, Kernel{std::move(e), offset_, keeps_cur ? cur : nullptr, !whole});
+        if (keeps_cur) t->add_input(cur);
+        t->output = fresh;
+        fresh->producer = t;
         v.current = std::move(fresh);
       }
-      e.for_each_leaf([&](const auto& l) {
-        if (l.buffer) task->add_input(l.buffer);
-      });
+      detail::add_leaf_inputs(*t);
+      task = std::move(t);
     }
     detail::Engine::get().record(std::move(task));
   }
@@ -326,14 +397,16 @@ class Tensor {
   std::shared_ptr<detail::Var> var_;
   std::int64_t offset_ = 0;
   Shape shape_;
+  std::shared_ptr<autograd::detail::MetaBase> grad_meta_;  // autograd: attached or recorded (see autograd/)
 };
 
 namespace detail {
 template <Element T>
-Tensor<T> tensor_from_buffer(std::shared_ptr<Buffer> b, const Shape& s) {
+Tensor<T> tensor_from_buffer(std::shared_ptr<Buffer> b, const Shape& s, std::int64_t offset) {
   Tensor<T> t;
   t.var_ = std::make_shared<Var>(std::move(b));
   t.shape_ = s;
+  t.offset_ = offset;
   return t;
 }
 }  // namespace detail
@@ -355,3 +428,8 @@ auto eval(E&& e) {
 }
 
 }  // namespace deft
+
+// Autograd's hooks, called above for recorded operations, are defined there
+// (it needs the whole vocabulary, which needs Tensor). Its calls into the
+// vocabulary are unqualified, so they resolve when they are instantiated.
+#include "autograd/graph.hpp"

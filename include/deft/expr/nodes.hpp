@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../autograd/meta.hpp"
 #include "../core/device.hpp"
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
@@ -61,10 +62,13 @@ struct Leaf : ExprTag {
   const Buffer* source = nullptr;
   std::int64_t offset = 0;
   Shape extent;
+  // The autograd record of the tensor read, set only while recording.
+  std::shared_ptr<autograd::detail::MetaBase> grad;
 
   Leaf() = default;
-  Leaf(std::shared_ptr<Buffer> b, std::int64_t off, const Shape& s)
-      : buffer(std::move(b)), source(buffer.get()), offset(off), extent(s) {}
+  Leaf(std::shared_ptr<Buffer> b, std::int64_t off, const Shape& s,
+       std::shared_ptr<autograd::detail::MetaBase> g = nullptr)
+      : buffer(std::move(b)), source(buffer.get()), offset(off), extent(s), grad(std::move(g)) {}
 
   const Shape& shape() const { return extent; }
   Device device() const { return source->device; }
@@ -107,6 +111,16 @@ struct Constant : ExprTag {
 
 template <class E>
 using value_t = typename std::remove_cvref_t<E>::value_type;
+
+/// Whether autograd records an operation reading `e`: recording is on and
+/// some leaf of `e` has an autograd record.
+template <class E>
+bool tracked(const E& e) {
+  if (!autograd::is_recording()) return false;
+  bool any = false;
+  e.for_each_leaf([&](const auto& leaf) { any = any || leaf.grad != nullptr; });
+  return any;
+}
 
 /// The device of an operand list, checking that all non-constant ones agree.
 template <class A, class B>

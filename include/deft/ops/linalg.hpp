@@ -72,7 +72,7 @@ auto dot(A&& a, B&& b) {
                 "deft: dot needs operands of one element type; use deft::cast<U>(x)");
   const auto plan = detail::plan_product(la.shape(), lb.shape(), "dot");
   const Device dev = detail::common_device(la, lb, "dot");
-  return detail::record_new<T>(
+  auto out = detail::record_new<T>(
       "dot", plan.out, dev,
       [la, lb, plan](detail::Buffer& out) {
         const T* pa = la.source->template as<const T>() + la.offset;
@@ -88,6 +88,8 @@ auto dot(A&& a, B&& b) {
         t.add_input(la.buffer);
         t.add_input(lb.buffer);
       });
+  if (autograd::is_recording() && (la.grad || lb.grad)) autograd::detail::track_dot(out, la, lb);
+  return out;
 }
 /// Same as dot.
 template <Operand A, Operand B>
@@ -111,7 +113,7 @@ auto transpose(X&& x, const std::vector<int>& axes) {
   }
   auto l = detail::materialized_leaf(std::forward<X>(x));
   using T = detail::value_t<decltype(l)>;
-  return detail::record_new<T>(
+  auto result = detail::record_new<T>(
       "transpose", out, l.device(),
       [l, perm](detail::Buffer& b) {
         detail::on_device(b.device, [&](auto ex) {
@@ -119,6 +121,8 @@ auto transpose(X&& x, const std::vector<int>& axes) {
         });
       },
       [&](detail::Task& t) { t.add_input(l.buffer); });
+  if (autograd::is_recording() && l.grad) autograd::detail::track_transpose(result, l, std::vector<int>(perm.begin(), perm.begin() + in.rank()));
+  return result;
 }
 /// Axes reversed (the usual matrix transpose for rank 2).
 template <Operand X>

@@ -23,7 +23,8 @@ inline Shape reduced_shape(const Shape& in, std::optional<int> axis, bool keepdi
   return s;
 }
 
-template <template <class> class R, class X>
+/// Track = false for autograd's own backward work (see record_expression).
+template <template <class> class R, bool Track = true, class X>
 auto reduce(const char* name, X&& x, std::optional<int> axis, bool keepdims, bool needs_elements) {
   auto e = as_expr(std::forward<X>(x));
   using T = value_t<decltype(e)>;
@@ -33,11 +34,14 @@ auto reduce(const char* name, X&& x, std::optional<int> axis, bool keepdims, boo
     raise(name, ": cannot reduce an empty extent (shape ", in.to_string(), axis ? ", axis " + std::to_string(*axis) : "",
           ")");
   const Shape out = reduced_shape(in, axis, keepdims);
-  if (axis)
-    return record_new<T>(name, out, e.device(), [e, ax = *axis](Buffer& b) { on_device(b.device, [&](auto ex) { ex.template reduce_axis<R<T>>(e, ax, b.as<T>()); }); },
-                         reads_of(e));
-  return record_new<T>(name, out, e.device(), [e](Buffer& b) { on_device(b.device, [&](auto ex) { ex.template reduce_all<R<T>>(e, b.as<T>()); }); },
-                       reads_of(e));
+  Tensor<T> result =
+      axis ? record_new<T>(name, out, e.device(), [e, ax = *axis](Buffer& b) { on_device(b.device, [&](auto ex) { ex.template reduce_axis<R<T>>(e, ax, b.as<T>()); }); },
+                           reads_of(e))
+           : record_new<T>(name, out, e.device(), [e](Buffer& b) { on_device(b.device, [&](auto ex) { ex.template reduce_all<R<T>>(e, b.as<T>()); }); },
+                           reads_of(e));
+  if constexpr (Track)
+    if (tracked(e)) autograd::detail::track_reduce<R<T>>(result, e, axis.value_or(0), !axis, keepdims);
+  return result;
 }
 
 template <class X>

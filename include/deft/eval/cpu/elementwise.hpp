@@ -96,7 +96,7 @@ inline void parallel_range(std::int64_t total, std::int64_t cost_per_element, st
 template <class Expr, class T>
 inline void evaluate(const Expr& e, T* out) {
   auto v = e.view(e.shape());
-  static_assert(std::is_trivially_copyable_v<decltype(v)>, "kernel views must be trivially copyable (device-ready)");
+  static_assert(std::is_trivially_copy_constructible_v<decltype(v)> && std::is_trivially_destructible_v<decltype(v)>, "kernel views must be trivially copyable (device-ready)");
   const Shape s = collapse(v, e.shape());
   const std::int64_t total = s.size();
   parallel_range(total, Expr::cost + 1, 64, [&](std::int64_t lo, std::int64_t hi) { eval_range(v, s, lo, hi, out + lo); });

@@ -1,0 +1,185 @@
+// The main job: train a classifier on Fashion-MNIST with deft, Gluon style.
+//
+//   train_fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size N]
+//                       [--lr X] [--optimizer sgd|adam] [--device cpu]
+//                       [--data DIR] [--csv FILE] [--seed N]
+//
+// Each epoch prints a progress bar, then the mean loss, train and test
+// accuracy and samples per second; --csv writes those rows (plot them with
+// scripts/plot_training.py). The last line is `test accuracy: 0.xxxx`.
+// Nothing inside a batch synchronises: the loss and the number of correct
+// predictions are summed as deferred tensors and read every few batches.
+#include <deft/nn.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include <unistd.h>
+
+using namespace deft;
+
+namespace {
+
+struct Options {
+  std::string model = "mlp";
+  int epochs = 10;
+  std::int64_t batch_size = 256;
+  std::optional<float> lr;
+  std::string optimizer = "sgd";
+  std::string device = "cpu";
+  std::optional<std::filesystem::path> data;
+  std::string csv;
+  std::uint64_t seed = 42;
+};
+
+[[noreturn]] void usage(const std::string& problem) {
+  std::fprintf(stderr,
+               "train_fashion_mnist: %s\n"
+               "usage: train_fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size N] [--lr X]\n"
+               "                           [--optimizer sgd|adam] [--device cpu] [--data DIR] [--csv FILE] [--seed N]\n",
+               problem.c_str());
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    auto number = [&](const std::string& v) {
+      try {
+        std::size_t used = 0;
+        const double d = std::stod(v, &used);
+        if (used != v.size()) throw std::invalid_argument(v);
+        return d;
+      } catch (const std::exception&) {
+        usage(a + " needs a number, got '" + v + "'");
+      }
+    };
+    if (a == "--model") o.model = value();
+    else if (a == "--epochs") o.epochs = int(number(value()));
+    else if (a == "--batch-size") o.batch_size = std::int64_t(number(value()));
+    else if (a == "--lr") o.lr = float(number(value()));
+    else if (a == "--optimizer") o.optimizer = value();
+    else if (a == "--device") o.device = value();
+    else if (a == "--data") o.data = value();
+    else if (a == "--csv") o.csv = value();
+    else if (a == "--seed") o.seed = std::uint64_t(number(value()));
+    else if (a == "--help" || a == "-h") usage("train a Fashion-MNIST classifier");
+    else usage("unknown option '" + a + "'");
+  }
+  if (o.model != "mlp" && o.model != "lenet") usage("--model must be mlp or lenet, got '" + o.model + "'");
+  if (o.optimizer != "sgd" && o.optimizer != "adam") usage("--optimizer must be sgd or adam, got '" + o.optimizer + "'");
+  if (o.epochs < 1) usage("--epochs must be at least 1");
+  if (o.batch_size < 1) usage("--batch-size must be at least 1");
+  if (o.device != "cpu")
+    usage("--device " + o.device + ": this build of deft has the CPU backend only (the CUDA backend is issue 6)");
+  return o;
+}
+
+std::shared_ptr<nn::Sequential> build(const std::string& model) {
+  auto net = std::make_shared<nn::Sequential>();
+  if (model == "mlp") {
+    net->add(std::make_shared<nn::Dense>(256, nn::Act::relu), std::make_shared<nn::Dense>(10));
+  } else {
+    usage("--model lenet needs nn::Conv2D, which this build does not have yet");
+  }
+  return net;
+}
+
+/// A one-line progress bar redrawn in place (on a terminal only).
+void progress(int epoch, std::int64_t done, std::int64_t total, double loss) {
+  static const bool terminal = isatty(fileno(stderr));
+  if (!terminal) return;
+  constexpr int width = 30;
+  const int filled = int(width * done / total);
+  std::fprintf(stderr, "\repoch %2d [%.*s%*s] %5lld/%lld  loss %.4f", epoch, filled, "==============================",
+               width - filled, "", static_cast<long long>(done), static_cast<long long>(total), loss);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options opt = parse(argc, argv);
+  const auto dir = data::find_fashion_mnist_dir(opt.data);
+  const auto layout = opt.model == "mlp" ? data::Layout::flat : data::Layout::grid;
+  const auto train = data::load_fashion_mnist(dir, data::Split::train, layout);
+  const auto test = data::load_fashion_mnist(dir, data::Split::test, layout);
+  std::printf("Fashion-MNIST from %s: %lld train, %lld test images; model %s, %d epochs, batch %lld, %s, %d workers\n",
+              dir.string().c_str(), static_cast<long long>(train.size()), static_cast<long long>(test.size()),
+              opt.model.c_str(), opt.epochs, static_cast<long long>(opt.batch_size), opt.optimizer.c_str(),
+              engine::num_workers());
+
+  random::seed(opt.seed);
+  auto net = build(opt.model);
+  net->initialize(nn::init::xavier());
+  const float lr = opt.lr.value_or(opt.optimizer == "sgd" ? 0.1f : 0.001f);
+  nn::Trainer trainer(net->collect_params(),
+                      opt.optimizer == "sgd" ? std::variant<nn::SGD, nn::Adam>(nn::SGD{.learning_rate = lr, .momentum = 0.9f})
+                                             : std::variant<nn::SGD, nn::Adam>(nn::Adam{.learning_rate = lr}));
+  const nn::SoftmaxCrossEntropyLoss loss_fn;
+
+  data::DataLoader train_loader(train.images, train.labels, opt.batch_size, {.shuffle = true, .seed = opt.seed});
+  data::DataLoader test_loader(test.images, test.labels, 1000, {.shuffle = false});
+
+  std::ofstream csv;
+  if (!opt.csv.empty()) {
+    csv.open(opt.csv);
+    if (!csv) throw std::runtime_error("cannot write " + opt.csv);
+    csv << "epoch,loss,train_acc,test_acc,samples_per_s,seconds\n";
+  }
+
+  double test_acc = 0;
+  const std::int64_t batches = train_loader.num_batches();
+  for (int epoch = 1; epoch <= opt.epochs; ++epoch) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor<float> loss_sum = zeros<float>({}), correct = zeros<float>({});
+    std::int64_t seen = 0, done = 0;
+    for (auto& batch : train_loader) {
+      Tensor<float> scores;
+      {
+        autograd::record rec;
+        scores = (*net)(batch.x);
+        Tensor<float> loss = loss_fn(scores, batch.y);
+        loss.backward();
+        loss_sum = loss_sum + sum(loss.detach());
+      }
+      trainer.step(batch.x.shape()[0]);
+      correct = correct + sum(cast<float>(argmax(scores.detach(), 1) == batch.y));
+      seen += batch.x.shape()[0];
+      if (++done % 20 == 0 || done == batches) progress(epoch, done, batches, loss_sum.item() / double(seen));
+    }
+    const double train_loss = loss_sum.item() / double(seen), train_acc = correct.item() / double(seen);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    Tensor<float> test_correct = zeros<float>({});
+    std::int64_t test_seen = 0;
+    for (auto& batch : test_loader) {
+      test_correct = test_correct + sum(cast<float>(argmax((*net)(batch.x), 1) == batch.y));
+      test_seen += batch.x.shape()[0];
+    }
+    test_acc = test_correct.item() / double(test_seen);
+    if (isatty(fileno(stderr))) std::fprintf(stderr, "\n");
+    std::printf("epoch %2d  loss %.4f  train acc %.4f  test acc %.4f  %.0f samples/s (%.1f s)\n", epoch, train_loss,
+                train_acc, test_acc, double(seen) / secs, secs);
+    std::fflush(stdout);
+    if (csv) csv << epoch << ',' << train_loss << ',' << train_acc << ',' << test_acc << ',' << double(seen) / secs << ','
+                 << secs << '\n';
+  }
+  std::printf("test accuracy: %.4f\n", test_acc);
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "\ntrain_fashion_mnist: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,114 @@
+// What autograd attaches to tensors: the recording switch, the per-handle
+// gradient record (Meta) and the graph node (Node) that produced a value.
+// The operations that fill them are in autograd/graph.hpp; only what Tensor
+// and the expression leaves must name is declared here.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "../core/dtype.hpp"
+
+namespace deft {
+
+template <Element T>
+class Tensor;
+namespace detail {
+template <Element T>
+struct Leaf;
+}
+
+namespace autograd {
+
+/// What backward() does with an attached variable's gradient.
+enum class GradReq {
+  write,  ///< overwrite x.grad() with the new gradient (MXNet's 'write')
+  add,    ///< add it to x.grad() (accumulate over several backward passes)
+  null    ///< no gradient for this variable
+};
+
+namespace detail {
+
+struct Node;
+
+/// The autograd state of one value: an attached variable (attach_grad) or
+/// the output of a recorded operation (grad_fn set).
+struct MetaBase {
+  virtual ~MetaBase() = default;
+  std::shared_ptr<Node> grad_fn;  // the recorded operation that produced the value
+  bool attached = false;
+  GradReq req = GradReq::write;
+
+  // The gradient gathered for this value during one backward pass.
+  virtual bool has_pending() const = 0;
+  virtual void clear_pending() = 0;
+  /// Hands the gathered gradient to grad() as `req` says (attached variables).
+  virtual void deliver() = 0;
+};
+
+/// A recorded operation: backward() reads the gradient of its output and
+/// adds the gradients of its inputs (inputs' metas listed for graph walks).
+struct Node {
+  explicit Node(const char* op) : name(op) {}
+  virtual ~Node() = default;
+  /// `out` is the meta of this node's output, with its gradient gathered.
+  virtual void backward(MetaBase& out) = 0;
+  const char* name;
+  std::vector<std::shared_ptr<MetaBase>> inputs;
+};
+
+inline bool& recording_flag() {
+  thread_local bool on = false;
+  return on;
+}
+
+// Tensor's autograd entry points, defined in autograd/graph.hpp.
+template <class T>
+void attach_grad(Tensor<T>& x, GradReq req);
+template <class T>
+Tensor<T> grad_of(const Tensor<T>& x);
+template <class T>
+void backward(const Tensor<T>& y, const Tensor<T>* head, bool retain_graph);
+template <class T, class E>
+void track_elementwise(Tensor<T>& out, E e);
+template <class Reducer, class T, class E>
+void track_reduce(Tensor<T>& out, const E& in, int axis, bool all, bool keepdims);
+template <class T>
+void track_dot(Tensor<T>& out, const deft::detail::Leaf<T>& a, const deft::detail::Leaf<T>& b);
+template <class T>
+void track_transpose(Tensor<T>& out, const deft::detail::Leaf<T>& in, const std::vector<int>& perm);
+template <class T>
+void track_view(Tensor<T>& view, const Tensor<T>& source, std::int64_t row_begin, std::int64_t row_end);
+
+}  // namespace detail
+
+/// Whether operations on this thread are being recorded for backward().
+inline bool is_recording() { return detail::recording_flag(); }
+
+/// Records the operations of its scope (MXNet's `with autograd.record():`):
+/// `{ autograd::record r; auto loss = ...; loss.backward(); }`.
+class record {
+ public:
+  record() : previous_(detail::recording_flag()) { detail::recording_flag() = true; }
+  ~record() { detail::recording_flag() = previous_; }
+  record(const record&) = delete;
+  record& operator=(const record&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// Stops recording within a recorded scope (MXNet's autograd.pause()).
+class pause {
+ public:
+  pause() : previous_(detail::recording_flag()) { detail::recording_flag() = false; }
+  ~pause() { detail::recording_flag() = previous_; }
+  pause(const pause&) = delete;
+  pause& operator=(const pause&) = delete;
+
+ private:
+  bool previous_;
+};
+
+}  // namespace autograd
+}  // namespace deft

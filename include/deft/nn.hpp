@@ -1,0 +1,11 @@
+// deft::nn: Gluon-style networks on deft (blocks, layers, initializers,
+// losses, optimizers and the Trainer, parameter files). float32.
+#pragma once
+
+#include "deft.hpp"
+#include "nn/block.hpp"
+#include "nn/init.hpp"
+#include "nn/layers.hpp"
+#include "nn/loss.hpp"
+#include "nn/serialize.hpp"
+#include "nn/trainer.hpp"

@@ -1,0 +1,82 @@
+// Layers without convolution: Dense, Activation, Flatten.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "../expr/operators.hpp"
+#include "../ops/linalg.hpp"
+#include "block.hpp"
+
+namespace deft::nn {
+
+enum class Act { none, relu, sigmoid, tanh, softrelu };
+
+/// act(x), evaluated (one fused task with whatever x's expression is).
+template <class X>
+Tensor<float> activate(Act act, X&& x) {
+  switch (act) {
+    case Act::relu: return relu(std::forward<X>(x));
+    case Act::sigmoid: return sigmoid(std::forward<X>(x));
+    case Act::tanh: return tanh(std::forward<X>(x));
+    case Act::softrelu: return log(exp(std::forward<X>(x)) + 1.0f);
+    case Act::none: break;
+  }
+  return Tensor<float>(std::forward<X>(x));
+}
+
+/// y = act(x W + b) for x of shape (batch, in) (higher ranks are flattened
+/// to (batch, -1)); W has shape (in, units), inferred at the first call.
+class Dense : public Block {
+ public:
+  explicit Dense(std::int64_t units, Act act = Act::none, bool use_bias = true)
+      : Block(auto_name("dense")), units_(units), act_(act), use_bias_(use_bias),
+        weight_(add_parameter("weight")), bias_(use_bias ? &add_parameter("bias") : nullptr) {
+    if (units < 1) detail::raise("Dense: units must be at least 1, got ", units);
+  }
+  Tensor<float> forward(const Tensor<float>& x) override {
+    if (x.rank() < 2) detail::raise(name(), ": needs an input of shape (batch, features...), got ", x.shape().to_string());
+    const Tensor<float> x2 = x.rank() == 2 ? x : x.reshape({x.shape()[0], -1});
+    const std::int64_t in = x2.shape()[1];
+    if (weight_.initialized() && weight_.shape()[0] != in)
+      detail::raise(name(), ": was built for ", weight_.shape()[0], " input features but got an input of shape ",
+                    x.shape().to_string());
+    weight_.materialize(Shape{in, units_});
+    if (!use_bias_) return activate(act_, dot(x2, weight_.data()));
+    bias_->materialize(Shape{units_});
+    const Tensor<float> xw = dot(x2, weight_.data());
+    return activate(act_, xw + bias_->data());
+  }
+  std::int64_t units() const { return units_; }
+  Parameter& weight() { return weight_; }
+  Parameter& bias() { return *bias_; }
+
+ private:
+  std::int64_t units_;
+  Act act_;
+  bool use_bias_;
+  Parameter& weight_;
+  Parameter* bias_;
+};
+
+/// An activation function as a layer.
+class Activation : public Block {
+ public:
+  explicit Activation(Act act) : Block(auto_name("activation")), act_(act) {}
+  Tensor<float> forward(const Tensor<float>& x) override { return activate(act_, x); }
+
+ private:
+  Act act_;
+};
+
+/// (batch, d1, d2, ...) -> (batch, d1 * d2 * ...), a view.
+class Flatten : public Block {
+ public:
+  Flatten() : Block(auto_name("flatten")) {}
+  Tensor<float> forward(const Tensor<float>& x) override {
+    if (x.rank() < 1) detail::raise(name(), ": cannot flatten a scalar");
+    return x.reshape({x.shape()[0], -1});
+  }
+};
+
+}  // namespace deft::nn

@@ -1,0 +1,70 @@
+// Losses as Gluon defines them: one value per sample (shape (batch,)), so
+// that loss.backward() sums them and Trainer::step(batch) averages.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "../expr/operators.hpp"
+#include "../ops/creation.hpp"
+#include "../ops/reduction.hpp"
+#include "../tensor.hpp"
+
+namespace deft::nn {
+
+/// 0.5 * (pred - label)^2, averaged over all but the first axis. The label
+/// is viewed with pred's shape (same number of elements).
+class L2Loss {
+ public:
+  Tensor<float> operator()(const Tensor<float>& pred, const Tensor<float>& label) const {
+    if (pred.rank() < 1 || label.size() != pred.size())
+      detail::raise("L2Loss: prediction of shape ", pred.shape().to_string(), " and label of shape ",
+                    label.shape().to_string(), " need the same number of elements");
+    const std::vector<std::int64_t> dims(pred.shape().begin(), pred.shape().end());
+    const Tensor<float> d = pred - label.reshape(dims);
+    Tensor<float> sq = d * d * 0.5f;
+    if (pred.rank() == 1) return sq;
+    return mean(sq.reshape({pred.shape()[0], -1}), 1);
+  }
+};
+
+/// -log softmax(pred)[label] per sample, computed stably: with m the row
+/// maximum, log-sum-exp(pred - m) - (pred - m)[label]. pred is (batch,
+/// classes) of scores; label is (batch,) class indices. An index outside
+/// [0, classes) fails the task, so the sync point that reads the loss throws.
+class SoftmaxCrossEntropyLoss {
+  struct LabelCheck {  // fails the task reading an out-of-range label
+    std::int64_t classes;
+    std::int64_t operator()(std::int64_t y) const {
+      if (y < 0 || y >= classes)
+        throw std::out_of_range("deft: SoftmaxCrossEntropyLoss: label " + std::to_string(y) + " is outside [0, " +
+                                std::to_string(classes) + ")");
+      return y;
+    }
+  };
+
+ public:
+  Tensor<float> operator()(const Tensor<float>& pred, const Tensor<std::int64_t>& label) const {
+    if (pred.rank() != 2 || label.rank() != 1 || label.shape()[0] != pred.shape()[0])
+      detail::raise("SoftmaxCrossEntropyLoss: needs scores (batch, classes) and labels (batch,), got ",
+                    pred.shape().to_string(), " and ", label.shape().to_string());
+    const std::int64_t n = pred.shape()[0], classes = pred.shape()[1];
+    // The maximum only shifts for stability; the loss does not depend on it.
+    const Tensor<float> m = max(pred.detach(), 1, true);
+    const Tensor<float> shifted = pred - m;
+    const Tensor<float> lse = log(sum(exp(shifted), 1, true));
+    const Tensor<float> onehot =
+        arange<float>(0.0f, float(classes)).reshape({1, classes}) == cast<float>(map(LabelCheck{classes}, label.reshape({n, 1})));
+    return sum((lse - shifted) * onehot, 1);
+  }
+};
+
+/// The fraction of rows whose largest score is at the label (a 0-d tensor).
+inline Tensor<float> accuracy(const Tensor<float>& pred, const Tensor<std::int64_t>& label) {
+  if (pred.rank() != 2 || label.rank() != 1 || label.shape()[0] != pred.shape()[0])
+    detail::raise("accuracy: needs scores (batch, classes) and labels (batch,), got ", pred.shape().to_string(), " and ",
+                  label.shape().to_string());
+  return mean(cast<float>(argmax(pred.detach(), 1) == label));
+}
+
+}  // namespace deft::nn

@@ -1,0 +1,121 @@
+// Saving and loading a network's parameters (Gluon's save_parameters /
+// load_parameters). The file: "DEFTPRM1", a byte-order mark (uint32
+// 0x01020304), the count (uint64), then per parameter its name (uint32
+// length + bytes), rank (uint32), extents (int64 each) and float32 values.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "block.hpp"
+
+namespace deft::nn {
+
+namespace detail_io {
+inline constexpr char magic[8] = {'D', 'E', 'F', 'T', 'P', 'R', 'M', '1'};
+inline constexpr std::uint32_t byte_order = 0x01020304u;
+
+template <class V>
+void put(std::ofstream& out, const V& v) { out.write(reinterpret_cast<const char*>(&v), sizeof v); }
+
+struct Reader {
+  std::ifstream in;
+  std::string file;
+  template <class V>
+  V get(const std::string& what) {
+    V v{};
+    if (!in.read(reinterpret_cast<char*>(&v), sizeof v))
+      deft::detail::raise<std::runtime_error>("load_parameters: ", file, " is truncated (while reading ", what, ")");
+    return v;
+  }
+  void bytes(void* dst, std::size_t n, const std::string& what) {
+    if (!in.read(static_cast<char*>(dst), std::streamsize(n)))
+      deft::detail::raise<std::runtime_error>("load_parameters: ", file, " is truncated (while reading ", what, ")");
+  }
+};
+}  // namespace detail_io
+
+/// Writes every parameter of `net` (all must have values) to `file`.
+inline void save_parameters(Block& net, const std::filesystem::path& file) {
+  const auto params = net.collect_params();
+  std::vector<std::vector<float>> values;
+  for (auto* p : params) values.push_back(p->data().to_vector());  // throws for a parameter without a value
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  if (!out) deft::detail::raise<std::runtime_error>("save_parameters: cannot open ", file.string(), " for writing");
+  out.write(detail_io::magic, sizeof detail_io::magic);
+  detail_io::put(out, detail_io::byte_order);
+  detail_io::put(out, std::uint64_t(params.size()));
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = params[i]->name();
+    const Shape s = params[i]->shape();
+    detail_io::put(out, std::uint32_t(name.size()));
+    out.write(name.data(), std::streamsize(name.size()));
+    detail_io::put(out, std::uint32_t(s.rank()));
+    for (int d = 0; d < s.rank(); ++d) detail_io::put(out, std::int64_t(s[d]));
+    out.write(reinterpret_cast<const char*>(values[i].data()), std::streamsize(values[i].size() * sizeof(float)));
+  }
+  if (!out.flush()) deft::detail::raise<std::runtime_error>("save_parameters: writing ", file.string(), " failed");
+}
+
+/// Reads `file` into the parameters of `net`, matching them by name. The
+/// whole file is checked before any parameter changes: a missing, extra,
+/// misshapen or truncated entry leaves the network as it was.
+inline void load_parameters(Block& net, const std::filesystem::path& file) {
+  detail_io::Reader r{std::ifstream(file, std::ios::binary), file.string()};
+  if (!r.in) deft::detail::raise<std::runtime_error>("load_parameters: cannot open ", file.string());
+  char m[8];
+  r.bytes(m, sizeof m, "the header");
+  if (std::memcmp(m, detail_io::magic, sizeof m) != 0)
+    deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is not a deft parameter file (bad magic)");
+  if (r.get<std::uint32_t>("the byte-order mark") != detail_io::byte_order)
+    deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " was written with another byte order");
+  const auto count = r.get<std::uint64_t>("the parameter count");
+  std::map<std::string, Tensor<float>> loaded;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const auto len = r.get<std::uint32_t>("a name length");
+    if (len > 4096) deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is corrupt (a name of ", len, " bytes)");
+    std::string name(len, '\0');
+    r.bytes(name.data(), len, "a name");
+    const auto rank = r.get<std::uint32_t>("the rank of '" + name + "'");
+    if (rank > std::uint32_t(max_rank))
+      deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is corrupt (parameter '", name, "' has rank ", rank, ")");
+    std::vector<std::int64_t> dims(rank);
+    for (auto& d : dims) {
+      d = r.get<std::int64_t>("the shape of '" + name + "'");
+      if (d < 0 || d > (std::int64_t(1) << 40))
+        deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is corrupt (parameter '", name, "' has extent ", d, ")");
+    }
+    const Shape s(dims);
+    std::vector<float> values(std::size_t(s.size()));
+    r.bytes(values.data(), values.size() * sizeof(float), "the values of '" + name + "'");
+    if (!loaded.emplace(name, Tensor<float>(std::move(values), s)).second)
+      deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " holds parameter '", name, "' twice");
+  }
+  if (r.in.peek() != std::char_traits<char>::eof())
+    deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has trailing bytes after ", count, " parameters");
+  const auto params = net.collect_params();
+  for (auto* p : params) {
+    auto it = loaded.find(p->name());
+    if (it == loaded.end())
+      deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has no parameter '", p->name(), "'");
+    if (p->initialized() && !(p->shape() == it->second.shape()))
+      deft::detail::raise<std::runtime_error>("load_parameters: parameter '", p->name(), "' has shape ", p->shape().to_string(),
+                                              " in the network but ", it->second.shape().to_string(), " in ", file.string());
+  }
+  if (loaded.size() != params.size())
+    for (const auto& [name, value] : loaded) {
+      bool known = false;
+      for (auto* p : params) known = known || p->name() == name;
+      if (!known)
+        deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has parameter '", name,
+                                                "', which the network does not have");
+    }
+  for (auto* p : params) p->set_data(loaded.at(p->name()));
+}
+
+}  // namespace deft::nn

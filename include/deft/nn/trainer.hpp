@@ -1,0 +1,97 @@
+// Optimizers and the Trainer (Gluon's gluon.Trainer): step(batch_size)
+// updates every parameter from its gradient, rescaled by 1 / batch_size.
+// Each update is one or a few fused in-place tasks per parameter.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <variant>
+#include <vector>
+
+#include "../expr/operators.hpp"
+#include "../ops/creation.hpp"
+#include "block.hpp"
+
+namespace deft::nn {
+
+/// Stochastic gradient descent, optionally with momentum and weight decay.
+struct SGD {
+  float learning_rate = 0.01f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+};
+/// Adam (Kingma & Ba), with bias correction.
+struct Adam {
+  float learning_rate = 0.001f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+class Trainer {
+ public:
+  Trainer(std::vector<Parameter*> params, std::variant<SGD, Adam> optimizer)
+      : params_(std::move(params)), opt_(optimizer), state_(params_.size()) {
+    if (learning_rate() <= 0) detail::raise("Trainer: the learning rate must be positive, got ", learning_rate());
+  }
+
+  /// One update of every parameter from its current gradient / batch_size.
+  void step(std::int64_t batch_size) {
+    if (batch_size < 1) detail::raise("Trainer::step: batch_size must be at least 1, got ", batch_size);
+    const float rescale = 1.0f / float(batch_size);
+    autograd::pause no_recording;  // updates are never differentiated
+    ++steps_;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      Parameter& p = *params_[i];
+      if (!p.initialized())
+        detail::raise<std::logic_error>("Trainer::step: parameter '", p.name(),
+                                        "' has no value yet; run a forward and backward pass before step()");
+      Tensor<float>& w = p.data();
+      const Tensor<float> g = p.grad();
+      std::visit([&](const auto& o) { update(o, w, g, rescale, state_[i]); }, opt_);
+    }
+  }
+
+  float learning_rate() const {
+    return std::visit([](const auto& o) { return o.learning_rate; }, opt_);
+  }
+  void set_learning_rate(float lr) {
+    if (lr <= 0) detail::raise("Trainer: the learning rate must be positive, got ", lr);
+    std::visit([lr](auto& o) { o.learning_rate = lr; }, opt_);
+  }
+  std::int64_t steps() const { return steps_; }
+
+ private:
+  struct State {
+    Tensor<float> m, v;  // momentum / Adam's moments, created at the first step
+  };
+
+  void update(const SGD& o, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
+    if (o.momentum == 0.0f) {
+      w -= (g * rescale + w * o.weight_decay) * o.learning_rate;
+      return;
+    }
+    if (!s.m) s.m = zeros<float>(w.shape(), w.device());
+    s.m = s.m * o.momentum - (g * rescale + w * o.weight_decay) * o.learning_rate;
+    w += s.m;
+  }
+  void update(const Adam& o, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
+    if (!s.m) {
+      s.m = zeros<float>(w.shape(), w.device());
+      s.v = zeros<float>(w.shape(), w.device());
+    }
+    const auto grad = g * rescale + w * o.weight_decay;
+    s.m = s.m * o.beta1 + grad * (1.0f - o.beta1);
+    s.v = s.v * o.beta2 + grad * grad * (1.0f - o.beta2);
+    const double t = double(steps_);
+    const float step = float(o.learning_rate * std::sqrt(1.0 - std::pow(o.beta2, t)) / (1.0 - std::pow(o.beta1, t)));
+    w -= s.m * step / (sqrt(s.v) + o.epsilon);
+  }
+
+  std::vector<Parameter*> params_;
+  std::variant<SGD, Adam> opt_;
+  std::vector<State> state_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace deft::nn

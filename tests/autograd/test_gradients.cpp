@@ -1,0 +1,108 @@
+// Every differentiable operation against finite differences (gradcheck.hpp).
+#include "gradcheck.hpp"
+
+using namespace deft;
+using agt::check_gradients;
+using agt::uniform;
+
+BOOST_AUTO_TEST_SUITE(gradients)
+
+BOOST_AUTO_TEST_CASE(unary_functions) {
+  random::seed(11);
+  Tensor<double> x = uniform({3, 5}), pos = uniform({3, 5}, 0.2, 2.0);
+  check_gradients({&x}, [&] { return Tensor<double>(sum(-x * 3.0)); });
+  check_gradients({&x}, [&] { return Tensor<double>(sum(abs(x) * x)); });
+  check_gradients({&x}, [&] { return Tensor<double>(sum(exp(x))); });
+  check_gradients({&pos}, [&] { return Tensor<double>(sum(log(pos))); });
+  check_gradients({&pos}, [&] { return Tensor<double>(sum(sqrt(pos))); });
+  check_gradients({&x}, [&] { return Tensor<double>(sum(tanh(x))); });
+  check_gradients({&x}, [&] { return Tensor<double>(sum(sigmoid(x))); });
+  check_gradients({&x}, [&] { return Tensor<double>(sum(relu(x) * x)); });
+}
+
+BOOST_AUTO_TEST_CASE(binary_operators_and_functions) {
+  random::seed(12);
+  Tensor<double> a = uniform({4, 3}), b = uniform({4, 3}, 0.5, 1.5), c = uniform({4, 3});
+  check_gradients({&a, &b}, [&] { return Tensor<double>(sum(a + b * 2.0)); });
+  check_gradients({&a, &b}, [&] { return Tensor<double>(sum(a - b)); });
+  check_gradients({&a, &b}, [&] { return Tensor<double>(sum(a * b * a)); });
+  check_gradients({&a, &b}, [&] { return Tensor<double>(sum(a / b)); });
+  check_gradients({&a, &c}, [&] { return Tensor<double>(sum(maximum(a, c) * 2.0 + minimum(a, c))); });
+  check_gradients({&a, &b}, [&] { return Tensor<double>(sum(pow(b, a))); });
+  check_gradients({&b}, [&] { return Tensor<double>(sum(pow(b, 3.0))); });
+  check_gradients({&a, &c}, [&] { return Tensor<double>(sum(where(a > c, a * a, c * 3.0))); });
+  // Through float32: a step of 1e-3 keeps float rounding out of the numeric derivative.
+  check_gradients({&a}, [&] { return Tensor<double>(sum(cast<double>(cast<float>(a)) * a)); }, 1e-4, 1e-3);
+}
+
+BOOST_AUTO_TEST_CASE(broadcasting_reduces_gradients_to_the_operand_shape) {
+  random::seed(13);
+  Tensor<double> x = uniform({2, 3, 4}), row = uniform({4}), col = uniform({3, 1}), s = uniform({1});
+  check_gradients({&x, &row, &col, &s}, [&] { return Tensor<double>(sum(tanh(x * row + col) * s)); });
+  Tensor<double> scalar = uniform({});
+  check_gradients({&x, &scalar}, [&] { return Tensor<double>(sum(x * scalar)); });
+}
+
+BOOST_AUTO_TEST_CASE(reductions) {
+  random::seed(14);
+  Tensor<double> x = uniform({3, 4});
+  check_gradients({&x}, [&] { return Tensor<double>(sum(sum(x * x, 1) * sum(x, 0, true).reshape({4}).rows(0, 3))); });
+  check_gradients({&x}, [&] { return Tensor<double>(mean(x * x)); });
+  check_gradients({&x}, [&] { return Tensor<double>(sum(mean(exp(x), 0) * 3.0)); });
+  check_gradients({&x}, [&] { return Tensor<double>(max(x * 2.0) + min(x)); });
+  check_gradients({&x}, [&] { return Tensor<double>(sum(max(x, 1) * 2.0) - sum(min(x, 0, true))); });
+  check_gradients({&x}, [&] { return Tensor<double>(norm(x) + sum(norm(x, 1))); });
+}
+
+BOOST_AUTO_TEST_CASE(matrix_products_and_transposes) {
+  random::seed(15);
+  Tensor<double> a = uniform({3, 4}), b = uniform({4, 2}), v = uniform({4}), w = uniform({4});
+  check_gradients({&a, &b}, [&] { return Tensor<double>(sum(tanh(dot(a, b)))); });
+  check_gradients({&a, &v}, [&] { return Tensor<double>(sum(exp(dot(a, v)))); });
+  check_gradients({&v, &b}, [&] { return Tensor<double>(sum(exp(dot(v, b)))); });
+  check_gradients({&v, &w}, [&] { return Tensor<double>(dot(v, w) * dot(v, v)); });
+  check_gradients({&a, &b}, [&] { return Tensor<double>(sum(tanh(dot(transpose(b), transpose(a))))); });
+  Tensor<double> x3 = uniform({2, 3, 4}), y3 = uniform({2, 4, 2});
+  check_gradients({&x3, &b}, [&] { return Tensor<double>(sum(sigmoid(dot(x3, b)))); });
+  check_gradients({&x3, &y3}, [&] { return Tensor<double>(sum(sigmoid(matmul(x3, y3)))); });
+  const Tensor<double> weights = uniform({3, 4, 2});
+  check_gradients({&x3}, [&] { return Tensor<double>(sum(transpose(x3, {1, 2, 0}) * weights)); });
+}
+
+BOOST_AUTO_TEST_CASE(views) {
+  random::seed(16);
+  Tensor<double> x = uniform({4, 3});
+  check_gradients({&x}, [&] { return Tensor<double>(sum(exp(x.rows(1, 3)) * 2.0)); });
+  check_gradients({&x}, [&] { return Tensor<double>(sum(x.reshape({3, 4}).rows(0, 2) * x.reshape({2, 6}).reshape({3, 4}).rows(1, 3))); });
+}
+
+BOOST_AUTO_TEST_CASE(a_small_mlp_in_float32_and_float64) {
+  random::seed(17);
+  Tensor<double> x = uniform({8, 5}), w1 = uniform({5, 6}), b1 = uniform({6}), w2 = uniform({6, 1}), b2 = uniform({1});
+  Tensor<double> y = uniform({8, 1});
+  check_gradients({&w1, &b1, &w2, &b2}, [&] {
+    Tensor<double> h = relu(dot(x, w1) + b1);
+    Tensor<double> out = dot(h, w2) + b2;
+    return Tensor<double>(mean((out - y) * (out - y) * 0.5));
+  });
+  // float32: the same gradients as float64 to float precision.
+  std::vector<Tensor<float>> pf;
+  for (auto* p : {&w1, &b1, &w2, &b2}) pf.push_back(Tensor<float>(cast<float>(*p)));
+  for (auto& p : pf) p.attach_grad();
+  const Tensor<float> xf = cast<float>(x), yf = cast<float>(y);
+  {
+    autograd::record rec;
+    Tensor<float> h = relu(dot(xf, pf[0]) + pf[1]);
+    Tensor<float> out = dot(h, pf[2]) + pf[3];
+    Tensor<float> loss = mean((out - yf) * (out - yf) * 0.5f);
+    loss.backward();
+  }
+  std::vector<Tensor<double>*> pd = {&w1, &b1, &w2, &b2};
+  for (std::size_t k = 0; k < pf.size(); ++k) {
+    const auto gf = pf[k].grad().to_vector();
+    const auto gd = pd[k]->grad().to_vector();  // from the float64 check above
+    for (std::size_t i = 0; i < gf.size(); ++i) BOOST_TEST(std::abs(gf[i] - gd[i]) <= 1e-5 * std::max(1.0, std::abs(gd[i])));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()

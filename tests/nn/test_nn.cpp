@@ -1,0 +1,301 @@
+// deft::nn against naive double loops on random inputs.
+#define BOOST_TEST_MODULE deft_nn
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <deft/nn.hpp>
+
+using namespace deft;
+
+namespace {
+
+bool mentions(const std::exception& e, const std::string& what) {
+  return std::string(e.what()).find(what) != std::string::npos;
+}
+
+std::filesystem::path temp_file(const std::string& name) {
+  return std::filesystem::temp_directory_path() / ("deft_nn_test_" + std::to_string(::getpid()) + "_" + name);
+}
+
+/// x (n, k) times w (k, m) plus b (m), in double.
+std::vector<double> affine(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& b,
+                           int n, int k, int m) {
+  std::vector<double> y(std::size_t(n) * m);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < m; ++j) {
+      double s = b.empty() ? 0.0 : b[j];
+      for (int p = 0; p < k; ++p) s += double(x[i * k + p]) * w[p * m + j];
+      y[i * m + j] = s;
+    }
+  return y;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(layers)
+
+BOOST_AUTO_TEST_CASE(dense_infers_its_input_size_and_computes_relu_of_xw_plus_b) {
+  random::seed(1);
+  nn::Dense layer(7, nn::Act::relu);
+  layer.initialize(nn::init::uniform(0.5));
+  BOOST_CHECK_THROW(layer.weight().data(), std::logic_error);  // no shape before the first input
+  const Tensor<float> x = random::normal<float>(0, 1, {5, 2, 3});  // flattened to (5, 6)
+  const auto y = layer(x).to_vector();
+  BOOST_TEST(layer.weight().shape() == (Shape{6, 7}));
+  const auto ref = affine(x.to_vector(), layer.weight().data().to_vector(), layer.bias().data().to_vector(), 5, 6, 7);
+  for (std::size_t i = 0; i < ref.size(); ++i) BOOST_TEST(std::abs(y[i] - std::max(ref[i], 0.0)) <= 1e-5);
+  BOOST_CHECK_EXCEPTION(layer(random::normal<float>(0, 1, {5, 4})), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "6 input features") && mentions(e, "(5, 4)"); });
+}
+
+BOOST_AUTO_TEST_CASE(sequential_chains_and_collects_parameters_in_order) {
+  nn::Sequential net;
+  auto d1 = std::make_shared<nn::Dense>(4, nn::Act::tanh);
+  auto d2 = std::make_shared<nn::Dense>(2);
+  net.add(std::make_shared<nn::Flatten>(), d1, d2);
+  BOOST_CHECK_EXCEPTION(net(ones<float>({3, 5})), std::logic_error,
+                        [](const std::logic_error& e) { return mentions(e, "initialize()"); });
+  net.initialize();
+  const Tensor<float> x = random::uniform<float>(-1, 1, {3, 5});
+  const auto y = net(x).to_vector();
+  const auto params = net.collect_params();
+  BOOST_REQUIRE_EQUAL(params.size(), 4u);
+  BOOST_TEST(params[0]->name() == d1->name() + ".weight");
+  BOOST_TEST(params[3]->name() == d2->name() + ".bias");
+  auto h = affine(x.to_vector(), d1->weight().data().to_vector(), d1->bias().data().to_vector(), 3, 5, 4);
+  std::vector<float> hf(h.size());
+  for (std::size_t i = 0; i < h.size(); ++i) hf[i] = float(std::tanh(h[i]));
+  const auto ref = affine(hf, d2->weight().data().to_vector(), d2->bias().data().to_vector(), 3, 4, 2);
+  for (std::size_t i = 0; i < ref.size(); ++i) BOOST_TEST(std::abs(y[i] - ref[i]) <= 1e-5);
+  // Biases start at zero; Xavier weights lie within sqrt(6 / (in + out)).
+  for (float b : d1->bias().data().to_vector()) BOOST_TEST(b == 0.0f);
+  for (float w : d1->weight().data().to_vector()) BOOST_TEST(std::abs(w) <= std::sqrt(6.0 / 9.0));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(losses)
+
+BOOST_AUTO_TEST_CASE(softmax_cross_entropy_matches_a_double_reference_with_its_gradient) {
+  random::seed(2);
+  const int n = 6, c = 5;
+  Tensor<float> scores = random::normal<float>(0, 3, {n, c});
+  scores = scores + 40.0f;  // large scores: the stable form must not overflow
+  const Tensor<std::int64_t> labels({0, 4, 2, 2, 1, 3}, {n});
+  scores.attach_grad();
+  Tensor<float> loss;
+  {
+    autograd::record rec;
+    loss = nn::SoftmaxCrossEntropyLoss{}(scores, labels);
+    loss.backward();
+  }
+  const auto s = scores.to_vector(), l = loss.to_vector(), g = scores.grad().to_vector();
+  const auto y = labels.to_vector();
+  for (int i = 0; i < n; ++i) {
+    double m = -1e300, z = 0;
+    for (int j = 0; j < c; ++j) m = std::max(m, double(s[i * c + j]));
+    for (int j = 0; j < c; ++j) z += std::exp(double(s[i * c + j]) - m);
+    const double ref = std::log(z) + m - s[i * c + y[i]];
+    BOOST_TEST(std::abs(l[i] - ref) <= 1e-4);
+    for (int j = 0; j < c; ++j) {
+      const double p = std::exp(double(s[i * c + j]) - m) / z;
+      BOOST_TEST(std::abs(g[i * c + j] - (p - (j == y[i] ? 1.0 : 0.0))) <= 1e-5);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(an_out_of_range_label_fails_at_the_sync_point) {
+  const Tensor<float> scores = ones<float>({2, 3});
+  const Tensor<std::int64_t> labels({1, 3}, {2});
+  Tensor<float> l = nn::SoftmaxCrossEntropyLoss{}(scores, labels);  // recorded: the labels are not read yet
+  BOOST_CHECK_EXCEPTION(l.to_vector(), std::out_of_range,
+                        [](const std::out_of_range& e) { return mentions(e, "label 3") && mentions(e, "[0, 3)"); });
+  BOOST_CHECK_THROW(nn::SoftmaxCrossEntropyLoss{}(scores, Tensor<std::int64_t>({1, 2, 0}, {3})), std::invalid_argument);
+  try { wait_all(); } catch (...) {}
+}
+
+BOOST_AUTO_TEST_CASE(l2_loss_is_half_the_squared_error_averaged_per_sample) {
+  random::seed(3);
+  const Tensor<float> pred = random::normal<float>(0, 1, {4, 3}), label = random::normal<float>(0, 1, {4, 3});
+  const auto l = nn::L2Loss{}(pred, label).to_vector();
+  const auto p = pred.to_vector(), y = label.to_vector();
+  BOOST_REQUIRE_EQUAL(l.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    double s = 0;
+    for (int j = 0; j < 3; ++j) s += 0.5 * (double(p[i * 3 + j]) - y[i * 3 + j]) * (double(p[i * 3 + j]) - y[i * 3 + j]);
+    BOOST_TEST(std::abs(l[i] - s / 3) <= 1e-6);
+  }
+  BOOST_CHECK_THROW(nn::L2Loss{}(pred, ones<float>({5})), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(accuracy_counts_rows_whose_argmax_is_the_label) {
+  const Tensor<float> scores({0.1f, 0.9f, 0.8f, 0.2f, 0.3f, 0.7f}, {3, 2});
+  BOOST_TEST(nn::accuracy(scores, Tensor<std::int64_t>({1, 0, 0}, {3})).item() == 2.0f / 3.0f);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(optimizers)
+
+BOOST_AUTO_TEST_CASE(sgd_with_momentum_and_adam_follow_their_formulas) {
+  random::seed(4);
+  for (int which = 0; which < 2; ++which) {
+    nn::Dense layer(3);
+    layer.initialize();
+    const Tensor<float> x = random::normal<float>(0, 1, {8, 4});
+    (void)layer(x).to_vector();
+    std::vector<nn::Parameter*> params = layer.collect_params();
+    nn::Trainer trainer(params, which == 0 ? std::variant<nn::SGD, nn::Adam>(nn::SGD{0.1f, 0.9f, 0.01f})
+                                           : std::variant<nn::SGD, nn::Adam>(nn::Adam{0.01f, 0.9f, 0.999f, 1e-8f, 0.0f}));
+    const auto w0 = params[0]->data().to_vector();
+    std::vector<double> w(w0.begin(), w0.end());
+    std::vector<double> m(w.size(), 0.0), v(w.size(), 0.0);
+    for (int step = 1; step <= 3; ++step) {
+      {
+        autograd::record rec;
+        Tensor<float> l = sum(layer(x) * layer(x));
+        l.backward();
+      }
+      const auto g = params[0]->grad().to_vector();
+      trainer.step(8);
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        const double gi = g[i] / 8.0;
+        if (which == 0) {
+          m[i] = 0.9 * m[i] - 0.1 * (gi + 0.01 * w[i]);
+          w[i] += m[i];
+        } else {
+          m[i] = 0.9 * m[i] + 0.1 * gi;
+          v[i] = 0.999 * v[i] + 0.001 * gi * gi;
+          const double lr = 0.01 * std::sqrt(1 - std::pow(0.999, step)) / (1 - std::pow(0.9, step));
+          w[i] -= lr * m[i] / (std::sqrt(v[i]) + 1e-8);
+        }
+      }
+      const auto now = params[0]->data().to_vector();
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        BOOST_TEST(std::abs(now[i] - w[i]) <= 1e-5 * std::max(1.0, std::abs(w[i])));
+        w[i] = now[i];  // follow deft's float values
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(misuse_is_reported) {
+  nn::Dense layer(2);
+  layer.initialize();
+  nn::Trainer trainer(layer.collect_params(), nn::SGD{});
+  BOOST_CHECK_EXCEPTION(trainer.step(4), std::logic_error, [](const std::logic_error& e) { return mentions(e, "no value yet"); });
+  BOOST_CHECK_THROW(trainer.step(0), std::invalid_argument);
+  BOOST_CHECK_THROW(nn::Trainer(layer.collect_params(), nn::SGD{-1.0f}), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(parameter_files)
+
+BOOST_AUTO_TEST_CASE(save_and_load_round_trip_and_reject_bad_files) {
+  random::seed(5);
+  auto make = [] {
+    auto net = std::make_shared<nn::Sequential>();
+    net->add(std::make_shared<nn::Dense>(3, nn::Act::relu), std::make_shared<nn::Dense>(2));
+    net->initialize();
+    return net;
+  };
+  auto a = make();
+  const Tensor<float> x = random::normal<float>(0, 1, {4, 5});
+  const auto ya = (*a)(x).to_vector();
+  const auto file = temp_file("params.bin");
+  nn::save_parameters(*a, file);
+
+  // Parameters are matched by name: a second network (dense2, dense3) has none of them.
+  auto b = make();
+  BOOST_CHECK_EXCEPTION(nn::load_parameters(*b, file), std::runtime_error,
+                        [&](const std::runtime_error& e) { return mentions(e, "has no parameter") && mentions(e, file.string()); });
+
+  nn::load_parameters(*a, file);  // same network: values equal afterwards
+  const auto yb = (*a)(x).to_vector();
+  for (std::size_t i = 0; i < ya.size(); ++i) BOOST_TEST(ya[i] == yb[i]);
+
+  auto bytes = [&] {
+    std::ifstream in(file, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  }();
+  const auto bad = temp_file("bad.bin");
+  auto write = [&](const std::vector<char>& b) {
+    std::ofstream out(bad, std::ios::binary | std::ios::trunc);
+    out.write(b.data(), std::streamsize(b.size()));
+  };
+  write(std::vector<char>(bytes.begin(), bytes.end() - 7));
+  BOOST_CHECK_EXCEPTION(nn::load_parameters(*a, bad), std::runtime_error,
+                        [](const std::runtime_error& e) { return mentions(e, "truncated"); });
+  auto wrong = bytes;
+  wrong[0] = 'X';
+  write(wrong);
+  BOOST_CHECK_EXCEPTION(nn::load_parameters(*a, bad), std::runtime_error,
+                        [](const std::runtime_error& e) { return mentions(e, "not a deft parameter file"); });
+  auto extra = bytes;
+  extra.push_back(0);
+  write(extra);
+  BOOST_CHECK_EXCEPTION(nn::load_parameters(*a, bad), std::runtime_error,
+                        [](const std::runtime_error& e) { return mentions(e, "trailing bytes"); });
+  BOOST_CHECK_EXCEPTION(nn::load_parameters(*a, temp_file("missing.bin")), std::runtime_error,
+                        [](const std::runtime_error& e) { return mentions(e, "cannot open"); });
+  // Nothing changed by the failed loads.
+  const auto yc = (*a)(x).to_vector();
+  for (std::size_t i = 0; i < ya.size(); ++i) BOOST_TEST(ya[i] == yc[i]);
+  std::filesystem::remove(file);
+  std::filesystem::remove(bad);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(learning)
+
+BOOST_AUTO_TEST_CASE(an_mlp_learns_a_nonlinear_rule) {
+  // Two Gaussian clouds per class arranged as XOR: not linearly separable.
+  random::seed(6);
+  const int n = 512;
+  const auto pts = random::normal<float>(0, 0.35, {n, 2}).to_vector();
+  std::vector<float> xs(std::size_t(n) * 2);
+  std::vector<std::int64_t> ys(n);
+  for (int i = 0; i < n; ++i) {
+    const int q = i % 4;
+    const float cx = (q & 1) ? 1.0f : -1.0f, cy = (q & 2) ? 1.0f : -1.0f;
+    xs[2 * i] = cx + pts[2 * i];
+    xs[2 * i + 1] = cy + pts[2 * i + 1];
+    ys[i] = (q == 0 || q == 3) ? 0 : 1;
+  }
+  const Tensor<float> x(xs, {n, 2});
+  const Tensor<std::int64_t> y(ys, {n});
+  nn::Sequential net;
+  net.add(std::make_shared<nn::Dense>(16, nn::Act::tanh), std::make_shared<nn::Dense>(2));
+  net.initialize();
+  nn::Trainer trainer(net.collect_params(), nn::Adam{0.05f});
+  const nn::SoftmaxCrossEntropyLoss loss;
+  float first = 0, last = 0;
+  for (int step = 0; step < 200; ++step) {
+    Tensor<float> l;
+    {
+      autograd::record rec;
+      l = loss(net(x), y);
+      l.backward();
+    }
+    trainer.step(n);
+    if (step == 0) first = mean(l).item();
+    last = mean(l).item();
+  }
+  const float acc = nn::accuracy(net(x), y).item();
+  BOOST_TEST_MESSAGE("loss " << first << " -> " << last << ", accuracy " << acc);
+  BOOST_TEST(last < 0.3f * first);
+  BOOST_TEST(acc >= 0.95f);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

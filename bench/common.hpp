@@ -19,6 +19,7 @@ void bench_gemm();
 void bench_overhead();
 void bench_seeds();
 void bench_parallel();
+void bench_training();
 
 /// deft's engine with n workers, restored to the default count when dropped.
 struct DeftThreads {
@@ -56,6 +57,10 @@ Summary sum_axis(const float* x, std::int64_t rows, std::int64_t cols, int axis)
 Summary matmul(const float* a, const float* b, std::int64_t m, std::int64_t k, std::int64_t n, float* c);
 Summary tiny_ops(int ops, bool in_place);
 Summary seeds(const float* x, std::int64_t rows, std::int64_t cols, int steps);
+/// The seeds' MLP step with ATen autograd from `weights` (w1, b1, w2, b2, w3, b3 as deft's
+/// Dense stores them: (in, out) and (out)); *final_loss gets the mean loss of the last step.
+Summary mlp_step(const float* x, std::int64_t batch, const std::vector<std::vector<float>>& weights, float lr,
+                 float* final_loss);
 #endif
 }  // namespace torch_peer
 

@@ -50,7 +50,7 @@ std::string cpu_model() {
 
 void usage() {
   std::fprintf(stderr, "usage: deft_bench [--filter SUBSTRING] [--csv FILE] [--repeats N]\n"
-                       "groups: elementwise, broadcast, reduce, gemm, record, sync_vs_deferred, parallel\n");
+                       "groups: elementwise, broadcast, reduce, gemm, record, sync_vs_deferred, parallel, training\n");
 }
 
 /// The targets, checked on this run's medians.
@@ -168,6 +168,7 @@ int main(int argc, char** argv) {
   if (selected("record")) bench_overhead();
   if (selected("sync_vs_deferred")) bench_seeds();
   if (selected("parallel")) bench_parallel();
+  if (selected("training")) bench_training();
   if (rows().empty()) {
     std::fprintf(stderr, "deft_bench: no group matches --filter %s\n", opts.filter.c_str());
     usage();

@@ -85,6 +85,32 @@ Summary seeds(const float* x, std::int64_t rows, std::int64_t cols, int steps) {
   });
 }
 
+Summary mlp_step(const float* x, std::int64_t batch, const std::vector<std::vector<float>>& weights, float lr,
+                 float* final_loss) {
+  const std::int64_t dims[] = {512, 2048, 512, 1};
+  std::vector<at::Tensor> params;
+  for (int layer = 0; layer < 3; ++layer) {
+    params.push_back(wrap(weights[2 * layer].data(), {dims[layer], dims[layer + 1]}).clone().set_requires_grad(true));
+    params.push_back(wrap(weights[2 * layer + 1].data(), {dims[layer + 1]}).clone().set_requires_grad(true));
+  }
+  const at::Tensor tx = wrap(x, {batch, 512}), ty = at::ones({batch});
+  at::Tensor l;
+  const Summary s = measure([&] {
+    const at::Tensor h1 = at::relu(at::addmm(params[1], tx, params[0]));
+    const at::Tensor h2 = at::relu(at::addmm(params[3], h1, params[2]));
+    const at::Tensor out = at::addmm(params[5], h2, params[4]).reshape({batch});
+    l = (out - ty).pow(2) * 0.5;
+    l.sum().backward();
+    at::NoGradGuard no_grad;
+    for (auto& p : params) {
+      p.sub_(p.grad(), lr / float(batch));
+      p.mutable_grad().zero_();
+    }
+  });
+  *final_loss = l.mean().item<float>();
+  return s;
+}
+
 }  // namespace torch_peer
 }  // namespace bench
 #endif

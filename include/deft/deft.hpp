@@ -21,6 +21,7 @@
 #include "engine/engine.hpp"
 #include "expr/operators.hpp"
 #include "io/print.hpp"
+#include "ops/conv.hpp"
 #include "ops/creation.hpp"
 #include "ops/linalg.hpp"
 #include "ops/random.hpp"

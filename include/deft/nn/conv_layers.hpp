@@ -1,0 +1,61 @@
+// Convolution and pooling layers (LeNet's pieces), NCHW, over ops/conv.hpp.
+#pragma once
+#include <cstdint>
+#include <optional>
+
+#include "../ops/conv.hpp"
+#include "block.hpp"
+#include "layers.hpp"
+
+namespace deft::nn {
+
+/// act(conv2d(x, W, b)) with `channels` output channels; W has shape
+/// (channels, in_channels, kh, kw), in_channels inferred at the first call.
+class Conv2D : public Block {
+ public:
+  Conv2D(std::int64_t channels, Size2d kernel, Size2d stride = 1, Size2d padding = 0, Act act = Act::none)
+      : Block(auto_name("conv")), channels_(channels), kernel_(kernel), stride_(stride), padding_(padding), act_(act),
+        weight_(add_parameter("weight")), bias_(add_parameter("bias")) {
+    if (channels < 1 || kernel.h < 1 || kernel.w < 1)
+      detail::raise("Conv2D: channels and kernel extents must be at least 1, got ", channels, " and ", kernel.to_string());
+  }
+  Tensor<float> forward(const Tensor<float>& x) override {
+    if (x.rank() != 4) detail::raise(name(), ": needs an input of shape (batch, channels, height, width), got ", x.shape().to_string());
+    weight_.materialize(Shape{channels_, x.shape()[1], kernel_.h, kernel_.w});
+    bias_.materialize(Shape{channels_});
+    return activate(act_, conv2d(x, weight_.data(), bias_.data(), stride_, padding_));
+  }
+  Parameter& weight() { return weight_; }
+  Parameter& bias() { return bias_; }
+
+ private:
+  std::int64_t channels_;
+  Size2d kernel_, stride_, padding_;
+  Act act_;
+  Parameter& weight_;
+  Parameter& bias_;
+};
+
+/// The maximum of each window (stride defaults to the window).
+class MaxPool2D : public Block {
+ public:
+  explicit MaxPool2D(Size2d pool, std::optional<Size2d> stride = std::nullopt)
+      : Block(auto_name("maxpool")), pool_(pool), stride_(stride.value_or(pool)) {}
+  Tensor<float> forward(const Tensor<float>& x) override { return max_pool2d(x, pool_, stride_); }
+
+ private:
+  Size2d pool_, stride_;
+};
+
+/// The mean of each window (stride defaults to the window).
+class AvgPool2D : public Block {
+ public:
+  explicit AvgPool2D(Size2d pool, std::optional<Size2d> stride = std::nullopt)
+      : Block(auto_name("avgpool")), pool_(pool), stride_(stride.value_or(pool)) {}
+  Tensor<float> forward(const Tensor<float>& x) override { return avg_pool2d(x, pool_, stride_); }
+
+ private:
+  Size2d pool_, stride_;
+};
+
+}  // namespace deft::nn

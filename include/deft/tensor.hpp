@@ -324,6 +324,7 @@ class Tensor {
   bool covers_storage() const { return std::size_t(size()) * sizeof(T) == var().current->bytes; }
 
   static void wait(const std::shared_ptr<detail::Buffer>& b) {
+    detail::refuse_sync_in_trace("reading a tensor");
     if (b->producer && !b->producer->finished()) detail::Engine::get().wait(b->producer);
     if (b->error) std::rethrow_exception(b->error);
   }

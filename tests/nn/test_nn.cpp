@@ -299,3 +299,76 @@ BOOST_AUTO_TEST_CASE(an_mlp_learns_a_nonlinear_rule) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(hybridize)
+
+namespace {
+std::shared_ptr<nn::Sequential> seeds_net() {  // the seeds' 512 -> 256 -> 128 -> 2
+  auto net = std::make_shared<nn::Sequential>();
+  net->add(std::make_shared<nn::Dense>(256, nn::Act::relu), std::make_shared<nn::Dense>(128, nn::Act::relu),
+           std::make_shared<nn::Dense>(2));
+  net->initialize();
+  return net;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(replays_equal_the_imperative_results_and_retrace_when_needed) {
+  random::seed(8);
+  auto net = seeds_net();
+  const Tensor<float> x1 = random::normal<float>(0, 1, {1, 512}), x2 = random::normal<float>(0, 1, {1, 512});
+  const auto r1 = (*net)(x1).to_vector(), r2 = (*net)(x2).to_vector();
+  net->hybridize();
+  std::vector<Tensor<float>> outs;
+  for (int i = 0; i < 6; ++i) outs.push_back((*net)(i % 2 ? x2 : x1));  // no sync between calls
+  for (int i = 0; i < 6; ++i) {
+    const auto v = outs[i].to_vector();
+    const auto& ref = i % 2 ? r2 : r1;
+    for (int j = 0; j < 2; ++j) BOOST_TEST(v[j] == ref[j]);  // same kernels, same order: same bits
+  }
+  BOOST_TEST(net->traces() == 1);
+  // A new input shape traces again.
+  const Tensor<float> xb = random::normal<float>(0, 1, {3, 512});
+  const auto yb = (*net)(xb).to_vector();
+  BOOST_TEST(net->traces() == 2);
+  net->hybridize(false);
+  const auto yb_ref = (*net)(xb).to_vector();
+  for (std::size_t j = 0; j < yb.size(); ++j) BOOST_TEST(yb[j] == yb_ref[j]);
+  // A parameter update (a new version of the weights) traces again.
+  net->hybridize();
+  (void)(*net)(x1).to_vector();
+  const auto traced = net->traces();
+  nn::Trainer trainer(net->collect_params(), nn::SGD{0.5f});
+  {
+    autograd::record rec;  // hybridized blocks run imperatively while recording
+    Tensor<float> l = sum((*net)(x1));
+    l.backward();
+  }
+  trainer.step(1);
+  const auto after = (*net)(x1).to_vector();
+  BOOST_TEST(net->traces() == traced + 1);
+  net->hybridize(false);
+  const auto after_ref = (*net)(x1).to_vector();
+  for (int j = 0; j < 2; ++j) BOOST_TEST(after[j] == after_ref[j]);
+  BOOST_TEST(after[0] != r1[0]);
+}
+
+BOOST_AUTO_TEST_CASE(a_forward_that_reads_values_cannot_be_traced) {
+  struct Peeking : nn::Block {
+    Peeking() : nn::Block("peeking") {}
+    Tensor<float> forward(const Tensor<float>& x) override {
+      if (sum(x).item() > 0) return x * 2.0f;  // branching on data: the seeds' `if` exercise
+      return x;
+    }
+  };
+  Peeking block;
+  const Tensor<float> x = ones<float>({2, 2});
+  BOOST_TEST(block(x).to_vector()[0] == 2.0f);  // imperative: fine
+  block.hybridize();
+  BOOST_CHECK_EXCEPTION(block(x), std::logic_error,
+                        [](const std::logic_error& e) { return mentions(e, "hybridized forward"); });
+  BOOST_TEST(!detail::active_trace());  // the failed trace left nothing behind
+  block.hybridize(false);
+  BOOST_TEST(block(x).to_vector()[0] == 2.0f);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

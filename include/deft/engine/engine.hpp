@@ -20,6 +20,7 @@
 #include "task.hpp"
 #include "thread_pool.hpp"
 #include "thresholds.hpp"
+#include "trace.hpp"
 
 namespace deft::engine {
 
@@ -58,6 +59,7 @@ class Engine {
   /// Takes a newly built task. In deferred mode it returns at once (unless a
   /// bound makes it wait); in synchronous mode the task has run when it returns.
   void record(std::shared_ptr<Task> t) {
+    if (Trace* trace = active_trace()) trace->capture(*t);
     auto& c = counters();
     c.recorded.fetch_add(1, std::memory_order_relaxed);
     c.recorded_live.fetch_add(1, std::memory_order_relaxed);
@@ -90,24 +92,29 @@ class Engine {
     }
   }
 
-  /// Blocks until `t` finished, submitting it and what it needs first. When
-  /// `t` is ready at once it runs on the calling thread (which would only
-  /// wait otherwise): a sync point on a small result costs no hand-off.
+  /// Blocks until `t` finished, submitting it and what it needs first. The
+  /// waiting thread works instead of sleeping: it runs the ready tasks on
+  /// the way to `t` one at a time and hands the others to the workers, so a
+  /// chain of small tasks costs no hand-off between threads.
   void wait(const std::shared_ptr<Task>& t) {
     if (t->finished()) return;
     Ready ready;
     std::unique_lock lk(m_);
-    const bool here = submit_locked(t, ready, /*keep_ready_root=*/pool_ != nullptr);
-    dispatch_locked(lk, ready);
-    if (here) {
-      lk.unlock();
-      execute(t, ready);
-      if (!ready.empty()) {
-        lk.lock();
-        dispatch_locked(lk, ready);
-      }
+    submit_locked(t, ready);
+    if (!pool_) {  // shut down: dispatch runs everything here
+      dispatch_locked(lk, ready);
       return;
     }
+    while (!t->finished() && !ready.empty()) {
+      auto next = std::move(ready.back());
+      ready.pop_back();
+      dispatch_locked(lk, ready);  // the rest run in parallel on the workers
+      lk.unlock();
+      execute(next, ready);
+      lk.lock();
+    }
+    dispatch_locked(lk, ready);
+    if (t->finished()) return;
     ++waiters_;
     done_cv_.wait(lk, [&] { return t->finished(); });
     --waiters_;
@@ -264,10 +271,8 @@ class Engine {
   }
 
   // Marks `root` and every recorded task it needs as submitted; tasks with
-  // nothing left to wait for go to `ready`, except a ready root when
-  // keep_ready_root is set: then the caller runs it and true is returned.
-  bool submit_locked(const std::shared_ptr<Task>& root, Ready& ready, bool keep_ready_root = false) {
-    bool root_ready = false;
+  // nothing left to wait for go to `ready`.
+  void submit_locked(const std::shared_ptr<Task>& root, Ready& ready) {
     Ready& work = submit_stack_;  // reused: no allocation per sync point
     work.push_back(root);
     while (!work.empty()) {
@@ -285,11 +290,8 @@ class Engine {
         ++t->pending;
         if (d->state.load(std::memory_order_relaxed) == Task::State::recorded) work.push_back(d);
       }
-      if (t->pending != 0) continue;
-      if (keep_ready_root && t == root) root_ready = true;
-      else ready.push_back(std::move(t));
+      if (t->pending == 0) ready.push_back(std::move(t));
     }
-    return root_ready;
   }
 
   // Hands ready tasks to the workers, or runs them here once the pool is gone.
@@ -382,9 +384,46 @@ class Engine {
 
 namespace deft {
 
+namespace detail {
+/// Sync points are refused while a trace records: the traced graph could not
+/// replay what the program did with the value.
+inline void refuse_sync_in_trace(const char* what) {
+  if (active_trace())
+    raise<std::logic_error>(what, " inside a hybridized forward: a traced graph cannot read values (to_vector, item, "
+                                  "wait_to_read, printing, wait_all, branching on data); read them outside the block");
+}
+
+/// Records every step of `trace` again, after `first` (recorded by the
+/// caller: it refills the traced input buffer). Each new task waits for
+/// `first`, so nothing overwrites a buffer the previous replay still reads.
+inline void replay(Trace& trace, const std::shared_ptr<Task>& first) {
+  const auto& steps = trace.steps();
+  std::vector<std::shared_ptr<Task>> fresh(steps.size());
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const auto& s = steps[i];
+    if (!s.output) continue;  // nobody could read it when traced: dead work
+    auto t = s.prototype->clone();
+    t->deps.push_back(first);
+    for (std::size_t j : s.inner)
+      if (fresh[j]) t->deps.push_back(fresh[j]);
+    for (const auto& w : s.outer)
+      if (auto d = w.lock(); d && !d->finished()) t->deps.push_back(std::move(d));
+    t->output = s.output;
+    s.output->producer = t;
+    Engine::get().record(t);
+    fresh[i] = std::move(t);
+  }
+  std::erase(fresh, nullptr);
+  trace.last_replay() = std::move(fresh);
+}
+}  // namespace detail
+
 /// Sync point: runs all recorded work and waits for it; rethrows the first
 /// failure since the previous wait_all() (MXNet's waitall).
-inline void wait_all() { detail::Engine::get().wait_all(); }
+inline void wait_all() {
+  detail::refuse_sync_in_trace("wait_all()");
+  detail::Engine::get().wait_all();
+}
 
 namespace engine {
 

@@ -32,6 +32,8 @@ class Task {
   virtual void execute(Buffer& out) = 0;
   /// Drops the kernel's closure and with it the inputs it kept alive.
   virtual void release_closure() noexcept = 0;
+  /// A new, unrecorded task with a copy of this one's kernel (no deps, no output).
+  virtual std::shared_ptr<Task> clone() const = 0;
 
   bool finished() const {
     const State s = state.load(std::memory_order_acquire);
@@ -82,6 +84,7 @@ class TaskImpl final : public Task {
       : Task(task_name, out_bytes), kernel_(std::move(k)) {}
   void execute(Buffer& out) override { (*kernel_)(out); }
   void release_closure() noexcept override { kernel_.reset(); }
+  std::shared_ptr<Task> clone() const override { return std::make_shared<TaskImpl>(name, bytes, *kernel_); }
   /// The closure, for declaring its reads while recording (before it runs).
   const Kernel& kernel() const { return *kernel_; }
 

@@ -57,6 +57,9 @@ inline constexpr std::int64_t gemm_mc = 192;   // rows of A packed at once per t
 // A product runs on more than one thread from this many multiply-adds
 // (m * n * k; about 20 us on one AVX-512 core), its rows split evenly.
 inline constexpr std::int64_t gemm_parallel_min_work = std::int64_t(1) << 21;
+// Fewer rows than this skip packing: each row streams B once instead
+// (batch-1 inference is all matrix-vector-like products).
+inline constexpr std::int64_t gemm_min_rows_packed = 4;
 
 // --- bounds on deferred work (defaults of engine::Limits) -----------------
 // Recorded but unsubmitted work is handed to the workers past these...

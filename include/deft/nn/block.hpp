@@ -10,7 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "../autograd/meta.hpp"
 #include "../core/error.hpp"
+#include "../engine/engine.hpp"
 #include "../tensor.hpp"
 #include "init.hpp"
 
@@ -71,9 +73,29 @@ class Block {
   Block(const Block&) = delete;
   Block& operator=(const Block&) = delete;
 
-  /// Runs the block (deferred like any deft expression).
-  Tensor<float> operator()(const Tensor<float>& x) { return forward(x); }
+  /// Runs the block (deferred like any deft expression). Hybridized, it
+  /// replays the graph traced at the first call (see hybridize()).
+  Tensor<float> operator()(const Tensor<float>& x) {
+    if (!hybridized_ || autograd::is_recording() || detail::active_trace()) return forward(x);
+    return cached_call(x);
+  }
   virtual Tensor<float> forward(const Tensor<float>& x) = 0;
+
+  /// Gluon's hybridize(): the next call traces forward() into a graph of
+  /// tasks; later calls with an input of the same shape replay it (the same
+  /// kernels on the same, already allocated buffers, without building any
+  /// expression again). Changing the input shape or any parameter's value
+  /// (a Trainer step, load_parameters) traces again. Inside autograd::record
+  /// the block runs imperatively, so training works as before. A forward
+  /// that reads values (to_vector, item, printing, branching on data) cannot
+  /// be traced: the first call throws std::logic_error saying so.
+  void hybridize(bool on = true) {
+    hybridized_ = on;
+    cache_.reset();
+  }
+  bool hybridized() const { return hybridized_; }
+  /// How many times the forward was traced (1 + re-traces), for tests and tuning.
+  std::int64_t traces() const { return traces_; }
 
   const std::string& name() const { return name_; }
 
@@ -106,9 +128,61 @@ class Block {
   const std::vector<std::shared_ptr<Block>>& children() const { return children_; }
 
  private:
+  // One traced forward: its input placeholder, its output and the versions
+  // of the parameters it read.
+  struct CachedGraph {
+    detail::Trace trace;
+    Tensor<float> input, output;
+    std::vector<std::pair<Parameter*, const detail::Buffer*>> params;
+    bool stale(const Shape& x) const {
+      if (!(x == input.shape())) return true;
+      for (const auto& [p, version] : params)
+        if (!p->initialized() || p->data().leaf().source != version) return true;
+      return false;
+    }
+  };
+
+  Tensor<float> cached_call(const Tensor<float>& x) {
+    if (cache_ && !cache_->stale(x.shape())) {
+      // Refill the input placeholder, after the previous replay's last reads.
+      const auto in = cache_->input.leaf();
+      auto fill = detail::make_task("hybridized input", in.buffer->bytes, detail::EvaluateInto<detail::Leaf<float>>(x.leaf()));
+      detail::add_leaf_inputs(*fill);
+      for (const auto& t : cache_->trace.last_replay())
+        if (!t->finished()) fill->deps.push_back(t);
+      if (auto p = in.buffer->producer; p && !p->finished()) fill->deps.push_back(std::move(p));
+      fill->output = in.buffer;
+      in.buffer->producer = fill;
+      detail::Engine::get().record(fill);
+      detail::replay(cache_->trace, fill);
+      // The caller gets its own copy: the next replay overwrites the output buffer.
+      Tensor<float> out = cache_->output.clone();
+      cache_->trace.last_replay().push_back(out.leaf().buffer->producer);
+      return out;
+    }
+    // Deferred initialization runs untraced: replays must not draw the weights again.
+    for (auto* p : collect_params())
+      if (!p->initialized()) return forward(x);
+    auto graph = std::make_unique<CachedGraph>();
+    graph->input = x.clone();  // the placeholder later calls refill
+    {
+      detail::TraceScope scope(graph->trace);
+      graph->output = forward(graph->input);
+    }
+    for (auto* p : collect_params()) graph->params.emplace_back(p, p->data().leaf().source);
+    ++traces_;
+    cache_ = std::move(graph);
+    Tensor<float> out = cache_->output.clone();
+    cache_->trace.last_replay().push_back(out.leaf().buffer->producer);
+    return out;
+  }
+
   std::string name_;
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::shared_ptr<Block>> children_;
+  bool hybridized_ = false;
+  std::unique_ptr<CachedGraph> cache_;
+  std::int64_t traces_ = 0;
 };
 
 /// A unique default name per block kind: dense0, dense1, ...

@@ -205,12 +205,50 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, con
       });
       return;
     }
-    if (m >= 2) {
+    if (m >= thresholds::gemm_min_rows_packed) {
       GemmKernel<T>::run(m, n, k, a, b, c);
       return;
     }
+    // A few rows (a batch-1 layer): packing B would cost more than the
+    // product. Each row streams B once while a strip of 4 vectors of C
+    // stays in registers; strips go to the workers.
+    using B = xsimd::batch<T>;
+    constexpr std::int64_t W = B::size;
+    parallel_range(n, m * k, 4 * W, [&](std::int64_t j0, std::int64_t j1) {
+      for (std::int64_t i = 0; i < m; ++i) {
+        const T* arow = a + i * k;
+        T* crow = c + i * n;
+        std::int64_t j = j0;
+        for (; j + 4 * W <= j1; j += 4 * W) {
+          B c0(T(0)), c1(T(0)), c2(T(0)), c3(T(0));
+          for (std::int64_t p = 0; p < k; ++p) {
+            const B av(arow[p]);
+            const T* bp = b + p * n + j;
+            c0 = xsimd::fma(av, B::load_unaligned(bp), c0);
+            c1 = xsimd::fma(av, B::load_unaligned(bp + W), c1);
+            c2 = xsimd::fma(av, B::load_unaligned(bp + 2 * W), c2);
+            c3 = xsimd::fma(av, B::load_unaligned(bp + 3 * W), c3);
+          }
+          c0.store_unaligned(crow + j);
+          c1.store_unaligned(crow + j + W);
+          c2.store_unaligned(crow + j + 2 * W);
+          c3.store_unaligned(crow + j + 3 * W);
+        }
+        for (; j + W <= j1; j += W) {
+          B acc(T(0));
+          for (std::int64_t p = 0; p < k; ++p) acc = xsimd::fma(B(arow[p]), B::load_unaligned(b + p * n + j), acc);
+          acc.store_unaligned(crow + j);
+        }
+        for (; j < j1; ++j) {
+          T s = 0;
+          for (std::int64_t p = 0; p < k; ++p) s += arow[p] * b[p * n + j];
+          crow[j] = s;
+        }
+      }
+    });
+    return;
   }
-  // Integers, and a single row: c[i, :] = sum_p a[i, p] * b[p, :] (vectorised by the compiler).
+  // Integers: c[i, :] = sum_p a[i, p] * b[p, :].
   parallel_range(m * n, k, 64, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t i = lo / n; i * n < hi; ++i) {
       const std::int64_t j0 = std::max(lo, i * n) - i * n, j1 = std::min(hi, (i + 1) * n) - i * n;

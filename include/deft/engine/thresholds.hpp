@@ -61,6 +61,16 @@ inline constexpr std::int64_t gemm_parallel_min_work = std::int64_t(1) << 21;
 // (batch-1 inference is all matrix-vector-like products).
 inline constexpr std::int64_t gemm_min_rows_packed = 4;
 
+// --- convolutions (ops/conv.hpp) --------------------------------------------
+// Images per im2col block: as many as keep the block's matrix near this many
+// elements (at least one image)...
+inline constexpr std::int64_t conv_block_elements = std::int64_t(1) << 16;
+// ...but at least min(N, this many) blocks, so that small batches still split.
+inline constexpr std::int64_t conv_min_blocks = 8;
+// The weight gradient sums one partial (O x C*KH*KW) per group of blocks;
+// the partials together hold at most about this many elements.
+inline constexpr std::int64_t conv_partial_elements = std::int64_t(1) << 22;
+
 // --- bounds on deferred work (defaults of engine::Limits) -----------------
 // Recorded but unsubmitted work is handed to the workers past these...
 inline constexpr std::size_t max_recorded_tasks = 256;

@@ -47,16 +47,6 @@ namespace detail {
 
 // Tuning of the convolution kernels (shape-derived only, never the worker
 // count, so that results are the same bits for any number of workers).
-namespace conv_tuning {
-// Images per block: as many as keep the block's im2col matrix near this many
-// elements (at least one image)...
-inline constexpr std::int64_t block_elements = std::int64_t(1) << 16;
-// ...but at least min(N, this many) blocks, so that small batches still split.
-inline constexpr std::int64_t min_blocks = 8;
-// The weight gradient sums one partial (O x C*KH*KW) per group of blocks;
-// the partials together hold at most about this many elements.
-inline constexpr std::int64_t partial_elements = std::int64_t(1) << 22;
-}  // namespace conv_tuning
 
 /// Everything a convolution kernel needs to know about its shapes.
 struct ConvGeom {
@@ -70,11 +60,11 @@ struct ConvGeom {
   Shape input() const { return Shape{n, c, h, w}; }
   Shape weight() const { return Shape{o, c, kh, kw}; }
   Shape output() const { return Shape{n, o, oh, ow}; }
-  // Images per block and blocks (see conv_tuning).
+  // Images per block and blocks (see thresholds.hpp).
   std::int64_t block() const {
     const std::int64_t per_image = std::max<std::int64_t>(1, k() * p());
-    std::int64_t b = std::max<std::int64_t>(1, conv_tuning::block_elements / per_image);
-    b = std::min(b, std::max<std::int64_t>(1, (n + conv_tuning::min_blocks - 1) / conv_tuning::min_blocks));
+    std::int64_t b = std::max<std::int64_t>(1, thresholds::conv_block_elements / per_image);
+    b = std::min(b, std::max<std::int64_t>(1, (n + thresholds::conv_min_blocks - 1) / thresholds::conv_min_blocks));
     return b;
   }
   std::int64_t blocks() const { return (n + block() - 1) / block(); }
@@ -344,7 +334,7 @@ void conv2d_backward_weight(Ex ex, const ConvGeom& g, const T* dy, const T* x, T
     std::fill(dw, dw + OK, T(0));
     return;
   }
-  const std::int64_t max_slots = std::max<std::int64_t>(1, std::min(nb, conv_tuning::partial_elements / OK));
+  const std::int64_t max_slots = std::max<std::int64_t>(1, std::min(nb, thresholds::conv_partial_elements / OK));
   const std::int64_t per_slot = (nb + max_slots - 1) / max_slots, slots = (nb + per_slot - 1) / per_slot;
   // Slot 0 sums into dw itself, the others into partials added afterwards.
   Scratch<T> partials(at_least_one((slots - 1) * OK));

@@ -36,26 +36,22 @@ class Conv2D : public Block {
   Parameter& bias_;
 };
 
-/// The maximum of each window (stride defaults to the window).
-class MaxPool2D : public Block {
+/// Pooling as a layer: the maximum (MaxPool2D) or mean (AvgPool2D) of each
+/// window; the stride defaults to the window.
+template <bool Max>
+class Pool2D : public Block {
  public:
-  explicit MaxPool2D(Size2d pool, std::optional<Size2d> stride = std::nullopt)
-      : Block(auto_name("maxpool")), pool_(pool), stride_(stride.value_or(pool)) {}
-  Tensor<float> forward(const Tensor<float>& x) override { return max_pool2d(x, pool_, stride_); }
+  explicit Pool2D(Size2d pool, std::optional<Size2d> stride = std::nullopt)
+      : Block(auto_name(Max ? "maxpool" : "avgpool")), pool_(pool), stride_(stride.value_or(pool)) {}
+  Tensor<float> forward(const Tensor<float>& x) override {
+    if constexpr (Max) return max_pool2d(x, pool_, stride_);
+    else return avg_pool2d(x, pool_, stride_);
+  }
 
  private:
   Size2d pool_, stride_;
 };
-
-/// The mean of each window (stride defaults to the window).
-class AvgPool2D : public Block {
- public:
-  explicit AvgPool2D(Size2d pool, std::optional<Size2d> stride = std::nullopt)
-      : Block(auto_name("avgpool")), pool_(pool), stride_(stride.value_or(pool)) {}
-  Tensor<float> forward(const Tensor<float>& x) override { return avg_pool2d(x, pool_, stride_); }
-
- private:
-  Size2d pool_, stride_;
-};
+using MaxPool2D = Pool2D<true>;
+using AvgPool2D = Pool2D<false>;
 
 }  // namespace deft::nn

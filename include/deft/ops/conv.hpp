@@ -491,32 +491,32 @@ Tensor<T> record_conv2d(const Leaf<T>& x, const Leaf<T>& w, const Leaf<T>* b, co
       });
 }
 
-template <class T>
-Tensor<T> conv2d_grad_input(const Leaf<T>& dy, const Leaf<T>& w, const ConvGeom& g) {
+/// A gradient task reading two leaves: kernel(ex, a's data, b's data, out).
+template <class T, class Kernel>
+Tensor<T> record_grad(const char* name, const Shape& shape, const Leaf<T>& a, const Leaf<T>& b, Kernel kernel) {
   return record_new<T>(
-      "conv2d_grad_input", g.input(), dy.device(),
-      [dy = plain_leaf(dy), w = plain_leaf(w), g](Buffer& out) {
-        on_device(out.device,
-                  [&](auto ex) { cpu_conv::conv2d_backward_input(ex, g, data_of(dy), data_of(w), out.as<T>()); });
+      name, shape, a.device(),
+      [a = plain_leaf(a), b = plain_leaf(b), kernel](Buffer& out) {
+        on_device(out.device, [&](auto ex) { kernel(ex, data_of(a), data_of(b), out.as<T>()); });
       },
       [&](Task& t) {
-        t.add_input(dy.buffer);
-        t.add_input(w.buffer);
+        t.add_input(a.buffer);
+        t.add_input(b.buffer);
       });
 }
 
 template <class T>
+Tensor<T> conv2d_grad_input(const Leaf<T>& dy, const Leaf<T>& w, const ConvGeom& g) {
+  return record_grad<T>("conv2d_grad_input", g.input(), dy, w, [g](auto ex, const T* pdy, const T* pw, T* out) {
+    cpu_conv::conv2d_backward_input(ex, g, pdy, pw, out);
+  });
+}
+
+template <class T>
 Tensor<T> conv2d_grad_weight(const Leaf<T>& dy, const Leaf<T>& x, const ConvGeom& g) {
-  return record_new<T>(
-      "conv2d_grad_weight", g.weight(), dy.device(),
-      [dy = plain_leaf(dy), x = plain_leaf(x), g](Buffer& out) {
-        on_device(out.device,
-                  [&](auto ex) { cpu_conv::conv2d_backward_weight(ex, g, data_of(dy), data_of(x), out.as<T>()); });
-      },
-      [&](Task& t) {
-        t.add_input(dy.buffer);
-        t.add_input(x.buffer);
-      });
+  return record_grad<T>("conv2d_grad_weight", g.weight(), dy, x, [g](auto ex, const T* pdy, const T* px, T* out) {
+    cpu_conv::conv2d_backward_weight(ex, g, pdy, px, out);
+  });
 }
 
 template <class T>

@@ -106,6 +106,43 @@ void check_transpose(std::mt19937& g, const std::vector<i64>& d, const std::vect
   check_tensor(t, od, ref, 0, 0, what.str());
 }
 
+/// The last two axes of a row-major array of dims d swapped (a plain loop).
+template <class T>
+std::vector<T> swap_last_two(const std::vector<T>& v, const std::vector<i64>& d) {
+  const std::size_t r = d.size();
+  if (r < 2) return v;
+  const i64 rows = d[r - 2], cols = d[r - 1], mats = product(d) / std::max<i64>(1, rows * cols);
+  std::vector<T> out(v.size());
+  for (i64 q = 0; q < mats; ++q)
+    for (i64 i = 0; i < rows; ++i)
+      for (i64 j = 0; j < cols; ++j) out[(q * cols + j) * rows + i] = v[(q * rows + i) * cols + j];
+  return out;
+}
+
+/// op(a) · op(b) through the GEMM's transposed reads (what gradients use),
+/// against the naive product of explicitly transposed copies. `da` and `db`
+/// are the logical (already transposed) dims.
+template <class T>
+void check_transposed_product(std::mt19937& g, const std::vector<i64>& da, bool ta, const std::vector<i64>& db,
+                              bool tb) {
+  const double lo = std::is_integral_v<T> ? -10 : -1, hi = -lo;
+  const auto av = random_values<T>(g, product(da), lo, hi);
+  const auto bv = random_values<T>(g, product(db), lo, hi);
+  auto stored = [](const std::vector<T>& v, std::vector<i64> d, bool t) {
+    if (!t || d.size() < 2) return std::make_pair(v, d);
+    auto s = swap_last_two(v, d);
+    std::swap(d[d.size() - 2], d[d.size() - 1]);
+    return std::make_pair(s, d);
+  };
+  const auto [sa, sda] = stored(av, da, ta);
+  const auto [sb, sdb] = stored(bv, db, tb);
+  const Tensor<T> a = make(sa, shape_of(sda)), b = make(sb, shape_of(sdb));
+  const auto r = ref_dot(to_double(av), da, to_double(bv), db);
+  const std::string what = std::string("product ") + type_name<T>() + " " + str(shape_of(da)) + (ta ? "ᵀ" : "") +
+                           str(shape_of(db)) + (tb ? "ᵀ" : "");
+  check_product(deft::detail::record_product(a.leaf(), ta, b.leaf(), tb, "dot"), r, what);
+}
+
 using AllTypes = std::tuple<float, double, std::int32_t, std::int64_t>;
 
 }  // namespace
@@ -143,6 +180,28 @@ BOOST_AUTO_TEST_CASE(dot_large_float) {
   check_dot<double>(g, {130, 260}, {260, 140});
   check_dot<float>(g, {100003}, {100003});
   check_dot<float>(g, {1000, 700}, {700});
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(products_of_transposed_operands, T, AllTypes) {
+  std::mt19937 g(509);
+  // Packed kernel (m >= 4), matrix-vector, few rows, tails in every direction.
+  const std::vector<std::array<i64, 3>> mkn = {{1, 1, 1},   {2, 3, 4},    {5, 16, 17},    {17, 33, 15},
+                                               {33, 1, 65}, {97, 300, 31}, {100, 257, 300}, {1, 50, 70},
+                                               {50, 70, 1}, {3, 513, 40}, {4, 9, 2}};
+  for (const auto& [m, k, n] : mkn)
+    for (int t = 1; t < 4; ++t) check_transposed_product<T>(g, {m, k}, t & 1, {k, n}, t & 2);
+  for (int t = 1; t < 4; ++t) {
+    check_transposed_product<T>(g, {3, 17, 33}, t & 1, {3, 33, 15}, t & 2);  // batched
+    check_transposed_product<T>(g, {2, 30, 70}, t & 1, {70, 19}, t & 2);     // batched, shared right operand
+  }
+  check_transposed_product<T>(g, {37, 129}, true, {129}, false);  // (k,m)ᵀ(m): a gradient of (m,k)(k)
+}
+
+BOOST_AUTO_TEST_CASE(products_of_transposed_operands_large) {
+  std::mt19937 g(510);
+  check_transposed_product<float>(g, {257, 513}, true, {513, 300}, false);
+  check_transposed_product<float>(g, {257, 513}, false, {513, 300}, true);
+  check_transposed_product<float>(g, {130, 700}, true, {700, 2100}, true);  // wider than one column block
 }
 
 BOOST_AUTO_TEST_CASE(dot_empty_extents) {

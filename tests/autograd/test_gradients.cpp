@@ -65,6 +65,12 @@ BOOST_AUTO_TEST_CASE(matrix_products_and_transposes) {
   Tensor<double> x3 = uniform({2, 3, 4}), y3 = uniform({2, 4, 2});
   check_gradients({&x3, &b}, [&] { return Tensor<double>(sum(sigmoid(dot(x3, b)))); });
   check_gradients({&x3, &y3}, [&] { return Tensor<double>(sum(sigmoid(matmul(x3, y3)))); });
+  // Large enough (4+ rows) that the gradients' products go through the packed
+  // GEMM reading one operand transposed.
+  Tensor<double> c = uniform({6, 5}), d = uniform({5, 7}), x4 = uniform({2, 6, 5}), y4 = uniform({2, 5, 4});
+  check_gradients({&c, &d}, [&] { return Tensor<double>(sum(tanh(dot(c, d)))); });
+  check_gradients({&x4, &y4}, [&] { return Tensor<double>(sum(sigmoid(matmul(x4, y4)))); });
+  check_gradients({&x4, &d}, [&] { return Tensor<double>(sum(sigmoid(dot(x4, d)))); });
   const Tensor<double> weights = uniform({3, 4, 2});
   check_gradients({&x3}, [&] { return Tensor<double>(sum(transpose(x3, {1, 2, 0}) * weights)); });
 }

@@ -186,25 +186,26 @@ struct DotNode final : Node {
     };
     auto row = [](const Tensor<T>& v) { return v.reshape({1, -1}); };
     auto col = [](const Tensor<T>& v) { return v.reshape({-1, 1}); };
+    // op(x) · op(y), op swapping the last two axes where asked: the GEMM
+    // reads a transposed operand in place, no transposed copy is recorded.
+    auto product = [](const Tensor<T>& x, bool tx, const Tensor<T>& y, bool ty) {
+      return record_product(x.leaf(), tx, y.leaf(), ty, "dot");
+    };
     if (ra == 1 && rb == 1) {  // () = (k)(k)
       give(a, g * tb);
       give(b, g * ta);
     } else if (ra == 2 && rb == 1) {  // (m) = (m,k)(k)
       give(a, col(g) * row(tb));
-      give(b, dot(transpose(ta), g));
+      give(b, product(ta, true, g, false));
     } else if (ra == 1 && rb == 2) {  // (n) = (k)(k,n)
       give(a, dot(tb, g));
       give(b, col(ta) * row(g));
-    } else if (ra == 2 && rb == 2) {  // (m,n) = (m,k)(k,n)
-      if (a.grad) give(a, dot(g, transpose(tb)));
-      if (b.grad) give(b, dot(transpose(ta), g));
     } else if (ra == 3 && rb == 2) {  // (B,m,n) = (B,m,k)(k,n): rows of all batches share b
-      const auto g2 = g.reshape({-1, g.shape()[2]});
-      if (a.grad) give(a, dot(g, transpose(tb)));
-      if (b.grad) give(b, dot(transpose(ta.reshape({-1, a.extent[2]})), g2));
-    } else {  // (B,m,n) = (B,m,k)(B,k,n)
-      if (a.grad) give(a, dot(g, transpose(tb, {0, 2, 1})));
-      if (b.grad) give(b, dot(transpose(ta, {0, 2, 1}), g));
+      if (a.grad) give(a, product(g, false, tb, true));
+      if (b.grad) give(b, product(ta.reshape({-1, a.extent[2]}), true, g.reshape({-1, g.shape()[2]}), false));
+    } else {  // (m,n) = (m,k)(k,n), and (B,m,n) = (B,m,k)(B,k,n) batch by batch
+      if (a.grad) give(a, product(g, false, tb, true));
+      if (b.grad) give(b, product(ta, true, g, false));
     }
   }
 };

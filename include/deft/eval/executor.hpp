@@ -31,8 +31,9 @@ struct Executor<DeviceType::cpu> {
   template <class E>
   static void argmax_axis(const E& e, int axis, std::int64_t* out) { cpu::argmax_axis(e, axis, out); }
   template <class T>
-  static void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c) {
-    cpu::gemm(m, n, k, a, b, c);
+  static void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c, bool trans_a = false,
+                   bool trans_b = false) {
+    cpu::gemm(m, n, k, a, b, c, trans_a, trans_b);
   }
   template <class T>
   static void permute(const T* in, const Shape& in_shape, const std::array<int, max_rank>& axes, T* out) {

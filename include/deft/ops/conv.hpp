@@ -303,9 +303,6 @@ void conv2d_forward(Ex ex, const ConvGeom& g, const T* x, const T* w, const T* b
 template <class Ex, class T>
 void conv2d_backward_input(Ex ex, const ConvGeom& g, const T* dy, const T* w, T* dx) {
   const std::int64_t K = g.k(), P = g.p(), B = g.block(), nb = g.blocks(), chw = g.c * g.h * g.w;
-  Scratch<T> wt(at_least_one(K * g.o));  // Wᵀ (K x O)
-  for (std::int64_t o = 0; o < g.o; ++o)
-    for (std::int64_t r = 0; r < K; ++r) wt.p[r * g.o + o] = w[o * K + r];
   ex.parallel_range(nb, std::max<std::int64_t>(1, B * (g.o + 2) * K * P), 1, [&](std::int64_t lo, std::int64_t hi) {
     Scratch<T> dcols(at_least_one(K * B * P));
     Scratch<T> dyb(at_least_one(B > 1 ? g.o * B * P : 0));
@@ -316,7 +313,7 @@ void conv2d_backward_input(Ex ex, const ConvGeom& g, const T* dy, const T* w, T*
         gather_block(g, src, m, dyb.p);
         src = dyb.p;
       }
-      ex.gemm(K, m * P, g.o, wt.p, src, dcols.p);
+      ex.gemm(K, m * P, g.o, w, src, dcols.p, /*trans_a=*/true);  // W is O x K
       col2im(g, dcols.p, m, dx + n0 * chw);
     }
   });

@@ -54,6 +54,40 @@ auto materialized_leaf(X&& x) {
   else return eval(std::forward<X>(x)).leaf();
 }
 
+/// `s` with its last two axes swapped (unchanged below rank 2).
+inline Shape swap_last_axes(Shape s) {
+  if (s.rank() >= 2) std::swap(s[s.rank() - 2], s[s.rank() - 1]);
+  return s;
+}
+
+/// op(a) · op(b) as one task, where op swaps the last two axes of an operand
+/// when asked: the GEMM reads the operand transposed, no copy is made.
+/// Untracked (dot tracks its result; gradients call this directly).
+template <class T>
+Tensor<T> record_product(const Leaf<T>& la, bool ta, const Leaf<T>& lb, bool tb, const char* op) {
+  ta = ta && la.shape().rank() >= 2;
+  tb = tb && lb.shape().rank() >= 2;
+  const auto plan = plan_product(ta ? swap_last_axes(la.shape()) : la.shape(),
+                                 tb ? swap_last_axes(lb.shape()) : lb.shape(), op);
+  const Device dev = common_device(la, lb, op);
+  return record_new<T>(
+      op, plan.out, dev,
+      [la, lb, plan, ta, tb](Buffer& out) {
+        const T* pa = la.source->template as<const T>() + la.offset;
+        const T* pb = lb.source->template as<const T>() + lb.offset;
+        T* pc = out.as<T>();
+        on_device(out.device, [&](auto ex) {
+          for (std::int64_t i = 0; i < plan.batch; ++i)
+            ex.gemm(plan.m, plan.n, plan.k, pa + i * plan.m * plan.k, pb + (plan.shared_rhs ? 0 : i * plan.k * plan.n),
+                    pc + i * plan.m * plan.n, ta, tb);
+        });
+      },
+      [&](Task& t) {
+        t.add_input(la.buffer);
+        t.add_input(lb.buffer);
+      });
+}
+
 }  // namespace detail
 
 /// Matrix product (numpy dot for ranks 1-2, batched for rank 3).
@@ -70,24 +104,7 @@ auto dot(A&& a, B&& b) {
   using T = detail::value_t<decltype(la)>;
   static_assert(std::is_same_v<T, detail::value_t<decltype(lb)>>,
                 "deft: dot needs operands of one element type; use deft::cast<U>(x)");
-  const auto plan = detail::plan_product(la.shape(), lb.shape(), "dot");
-  const Device dev = detail::common_device(la, lb, "dot");
-  auto out = detail::record_new<T>(
-      "dot", plan.out, dev,
-      [la, lb, plan](detail::Buffer& out) {
-        const T* pa = la.source->template as<const T>() + la.offset;
-        const T* pb = lb.source->template as<const T>() + lb.offset;
-        T* pc = out.as<T>();
-        detail::on_device(out.device, [&](auto ex) {
-          for (std::int64_t i = 0; i < plan.batch; ++i)
-            ex.gemm(plan.m, plan.n, plan.k, pa + i * plan.m * plan.k, pb + (plan.shared_rhs ? 0 : i * plan.k * plan.n),
-                    pc + i * plan.m * plan.n);
-        });
-      },
-      [&](detail::Task& t) {
-        t.add_input(la.buffer);
-        t.add_input(lb.buffer);
-      });
+  auto out = detail::record_product(la, false, lb, false, "dot");
   if (autograd::is_recording() && (la.grad || lb.grad)) autograd::detail::track_dot(out, la, lb);
   return out;
 }

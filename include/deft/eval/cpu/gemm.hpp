@@ -54,29 +54,45 @@ struct GemmKernel {
   static constexpr int NV = thresholds::gemm_nr_vectors;
   static constexpr std::int64_t NR = NV * W;
 
-  // Packs rows [0, mc) x depth [0, kc) of A (leading dim lda) into MR-row panels, zero padded.
-  static void pack_a(const T* a, std::int64_t lda, std::int64_t mc, std::int64_t kc, T* dst) {
-    for (std::int64_t i0 = 0; i0 < mc; i0 += MR) {
+  // Packs rows [0, mc) x depth [0, kc) of op(A) into MR-row panels, zero
+  // padded. `a` points at element (0, 0) of the block; element (i, p) is
+  // a[i * lda + p], or a[p * lda + i] when A is read transposed. Both loops
+  // read memory in order and scatter into the small panel, which is in L1.
+  static void pack_a(const T* a, std::int64_t lda, bool trans, std::int64_t mc, std::int64_t kc, T* dst) {
+    for (std::int64_t i0 = 0; i0 < mc; i0 += MR, dst += MR * kc) {
       const std::int64_t rows = std::min(MR, mc - i0);
-      for (std::int64_t k = 0; k < kc; ++k) {
-        for (std::int64_t r = 0; r < rows; ++r) dst[r] = a[(i0 + r) * lda + k];
-        for (std::int64_t r = rows; r < MR; ++r) dst[r] = T(0);
-        dst += MR;
+      if (trans) {
+        for (std::int64_t p = 0; p < kc; ++p) {
+          std::memcpy(dst + p * MR, a + p * lda + i0, rows * sizeof(T));
+          std::fill(dst + p * MR + rows, dst + (p + 1) * MR, T(0));
+        }
+        continue;
       }
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* src = a + (i0 + r) * lda;
+        for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + r] = src[p];
+      }
+      for (std::int64_t r = rows; r < MR; ++r)
+        for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + r] = T(0);
     }
   }
-  // Packs depth [0, kc) x columns [0, nc) of B (leading dim ldb) into NR-column panels, zero padded.
-  static void pack_b(const T* b, std::int64_t ldb, std::int64_t kc, std::int64_t nc, T* dst) {
-    for (std::int64_t j0 = 0; j0 < nc; j0 += NR) {
+  // Packs depth [0, kc) x columns [0, nc) of op(B) into NR-column panels,
+  // zero padded; element (p, j) is b[p * ldb + j], or b[j * ldb + p] when B
+  // is read transposed.
+  static void pack_b(const T* b, std::int64_t ldb, bool trans, std::int64_t kc, std::int64_t nc, T* dst) {
+    for (std::int64_t j0 = 0; j0 < nc; j0 += NR, dst += NR * kc) {
       const std::int64_t cols = std::min(NR, nc - j0);
-      for (std::int64_t k = 0; k < kc; ++k) {
-        const T* src = b + k * ldb + j0;
-        if (cols == NR) std::memcpy(dst, src, NR * sizeof(T));
-        else {
-          std::memcpy(dst, src, cols * sizeof(T));
-          std::fill(dst + cols, dst + NR, T(0));
+      if (trans) {
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const T* src = b + (j0 + c) * ldb;
+          for (std::int64_t p = 0; p < kc; ++p) dst[p * NR + c] = src[p];
         }
-        dst += NR;
+        for (std::int64_t p = 0; p < kc; ++p) std::fill(dst + p * NR + cols, dst + (p + 1) * NR, T(0));
+        continue;
+      }
+      for (std::int64_t p = 0; p < kc; ++p) {
+        std::memcpy(dst + p * NR, b + p * ldb + j0, cols * sizeof(T));
+        std::fill(dst + p * NR + cols, dst + (p + 1) * NR, T(0));
       }
     }
   }
@@ -127,8 +143,12 @@ struct GemmKernel {
   // each thread packs its rows of A in MR-row panels, and every A panel (L1)
   // sweeps the whole B block. Every element of C sees the same k blocking
   // whatever the thread count, so results do not depend on it.
-  static void run(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c) {
+  static void run(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, bool ta, const T* b, bool tb, T* c) {
     Engine& eng = Engine::get();
+    const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
+    // Where element (i, p) of op(A) and (p, j) of op(B) live.
+    auto a_at = [&](std::int64_t i, std::int64_t p) { return ta ? a + p * lda + i : a + i * lda + p; };
+    auto b_at = [&](std::int64_t p, std::int64_t j) { return tb ? b + j * ldb + p : b + p * ldb + j; };
     const std::int64_t kc_len = ceil_div(k, ceil_div(k, thresholds::gemm_kc));
     const std::int64_t nc_len = ceil_div(ceil_div(n, ceil_div(n, thresholds::gemm_nc)), NR) * NR;
     std::int64_t threads = 1;
@@ -144,17 +164,16 @@ struct GemmKernel {
       const std::int64_t panels = ceil_div(nc, NR);
       for (std::int64_t pc = 0; pc < k; pc += kc_len) {
         const std::int64_t kc = std::min(kc_len, k - pc);
-        const T* bsrc = b + pc * n + jc;
         auto pack_part = [&](std::int64_t t) {
           const std::int64_t p0 = panels * t / threads, p1 = panels * (t + 1) / threads;
-          if (p1 > p0) pack_b(bsrc + p0 * NR, n, kc, std::min(nc, p1 * NR) - p0 * NR, bpack.p + p0 * NR * kc);
+          if (p1 > p0) pack_b(b_at(pc, jc + p0 * NR), ldb, tb, kc, std::min(nc, p1 * NR) - p0 * NR, bpack.p + p0 * NR * kc);
         };
         eng.parallel_for(threads, pack_part);
         auto body = [&](std::int64_t t) {
           T* ap = apack.p + std::size_t(t) * std::size_t(mc_len) * std::size_t(kc_len);
           for (std::int64_t ic = row_begin(t), end = row_begin(t + 1); ic < end; ic += mc_len) {
             const std::int64_t mc = std::min(mc_len, end - ic);
-            pack_a(a + ic * k + pc, k, mc, kc, ap);
+            pack_a(a_at(ic, pc), lda, ta, mc, kc, ap);
             for (std::int64_t ir = 0; ir < mc; ir += MR)
               for (std::int64_t jr = 0; jr < nc; jr += NR)
                 micro(kc, ap + ir * kc, bpack.p + jr * kc, c + (ic + ir) * n + jc + jr, n, pc > 0,
@@ -167,28 +186,54 @@ struct GemmKernel {
   }
 };
 
-/// C (m x n) = A (m x k) * B (k x n), all row-major and contiguous.
+/// C (m x n) = op(A) * op(B), row-major and contiguous, where op(A) is m x k
+/// and op(B) is k x n. With trans_a, A is stored k x m and read transposed
+/// (likewise B, stored n x k): the packing reads either layout, so gradients
+/// such as dY * Wᵀ need no transposed copy.
 template <class T>
-inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c) {
+inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c, bool trans_a = false,
+                 bool trans_b = false) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     std::fill(c, c + m * n, T(0));
     return;
   }
+  if (m == 1) trans_a = false;  // a single row or column is the same memory either way
+  if (n == 1) trans_b = false;
 #if defined(DEFT_BLAS) && DEFT_BLAS
   // cblas takes int extents; larger products stay on deft's kernel.
   constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  const int lda = int(trans_a ? m : k), ldb = int(trans_b ? k : n);
   if (m > int_max || n > int_max || k > int_max || m * n > int_max || m * k > int_max || k * n > int_max) {
   } else if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(k), b, int(n), 0.0f, c,
-                int(n));
+    cblas_sgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), 1.0f, a, lda, b, ldb, 0.0f, c, int(n));
     return;
   } else if constexpr (std::is_same_v<T, double>) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, a, int(k), b, int(n), 0.0, c,
-                int(n));
+    cblas_dgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), 1.0, a, lda, b, ldb, 0.0, c, int(n));
     return;
   }
 #endif
+  if constexpr (std::is_floating_point_v<T>) {
+    if (m >= thresholds::gemm_min_rows_packed && n > 1) {
+      GemmKernel<T>::run(m, n, k, a, trans_a, b, trans_b, c);
+      return;
+    }
+  }
+  if (trans_a || trans_b) {
+    // The matrix-vector, few-row and integer paths read plain layouts; these
+    // products are small, so one transposed copy costs little.
+    auto plain = [](const T* src, std::int64_t rows, std::int64_t cols) {  // src is cols x rows
+      std::vector<T> out(std::size_t(rows * cols));
+      for (std::int64_t j = 0; j < cols; ++j)
+        for (std::int64_t i = 0; i < rows; ++i) out[std::size_t(i * cols + j)] = src[j * rows + i];
+      return out;
+    };
+    const std::vector<T> pa = trans_a ? plain(a, m, k) : std::vector<T>();
+    const std::vector<T> pb = trans_b ? plain(b, k, n) : std::vector<T>();
+    gemm(m, n, k, trans_a ? pa.data() : a, trans_b ? pb.data() : b, c);
+    return;
+  }
   if constexpr (std::is_floating_point_v<T>) {
     if (n == 1) {  // matrix-vector: one dot product per row
       parallel_range(m, k, 1, [&](std::int64_t i0, std::int64_t i1) {
@@ -203,10 +248,6 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, con
           c[i] = s;
         }
       });
-      return;
-    }
-    if (m >= thresholds::gemm_min_rows_packed) {
-      GemmKernel<T>::run(m, n, k, a, b, c);
       return;
     }
     // A few rows (a batch-1 layer): packing B would cost more than the

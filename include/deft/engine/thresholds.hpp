@@ -71,6 +71,18 @@ inline constexpr std::int64_t conv_min_blocks = 8;
 // the partials together hold at most about this many elements.
 inline constexpr std::int64_t conv_partial_elements = std::int64_t(1) << 22;
 
+// --- host memory cache (engine::CachingHostAllocator) ----------------------
+// Blocks from this size up are kept for reuse when freed: a steady training
+// loop then allocates no new pages (the C heap returns large blocks to the
+// kernel, and every first touch of a fresh page costs a fault and a zeroing).
+// Smaller blocks stay with malloc, whose own bins serve them well.
+inline constexpr std::size_t host_cache_min_bytes = std::size_t(64) << 10;
+// Sizes are rounded up to one of this many classes per power of two (at most
+// 1/8 waste) so that nearly equal sizes share blocks.
+inline constexpr int host_cache_classes_per_octave = 8;
+// Default cap on the bytes held free in the cache; past it blocks are freed.
+inline constexpr std::size_t host_cache_max_bytes = std::size_t(512) << 20;
+
 // --- bounds on deferred work (defaults of engine::Limits) -----------------
 // Recorded but unsubmitted work is handed to the workers past these...
 inline constexpr std::size_t max_recorded_tasks = 256;

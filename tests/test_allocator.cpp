@@ -1,0 +1,178 @@
+// The host memory cache: large freed blocks are reused by size class, small
+// ones pass through, the cap holds, and tensors computed through the cache
+// keep their values.
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common.hpp"
+
+using namespace dt;
+namespace engine = deft::engine;
+
+namespace {
+
+/// An upstream that counts and remembers what it hands out.
+class CountingAllocator final : public engine::HostAllocator {
+ public:
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    void* p = std::aligned_alloc(alignment, bytes);
+    std::lock_guard lk(m_);
+    ++allocations;
+    live_[p] = bytes;
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes, std::size_t) noexcept override {
+    {
+      std::lock_guard lk(m_);
+      ++deallocations;
+      const auto it = live_.find(p);
+      if (it == live_.end() || it->second != bytes) ++mismatches;  // freed with another size, or twice
+      else live_.erase(it);
+    }
+    std::free(p);
+  }
+  std::size_t live() {
+    std::lock_guard lk(m_);
+    return live_.size();
+  }
+  std::atomic<int> allocations{0}, deallocations{0}, mismatches{0};
+
+ private:
+  std::mutex m_;
+  std::map<void*, std::size_t> live_;
+};
+
+constexpr std::size_t align = 64;
+constexpr std::size_t big = std::size_t(1) << 20;
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_SUITE(host_memory, EngineFixture)
+
+BOOST_AUTO_TEST_CASE(size_classes) {
+  using C = engine::CachingHostAllocator;
+  const std::size_t small = deft::thresholds::host_cache_min_bytes - align;
+  BOOST_TEST(C::size_class(small, align) == small);  // below the cache: exact
+  for (std::size_t bytes : {deft::thresholds::host_cache_min_bytes, big - align, big, big + align, 3 * big + 4096,
+                            std::size_t(100) << 20}) {
+    const std::size_t c = C::size_class(bytes, align);
+    BOOST_TEST(c >= bytes);
+    BOOST_TEST(c % align == 0u);
+    BOOST_TEST(double(c) <= double(bytes) * (1.0 + 1.0 / deft::thresholds::host_cache_classes_per_octave),
+               bytes << " rounds up to " << c);
+    BOOST_TEST(C::size_class(c, align) == c, "a class size is its own class");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(reuses_large_blocks_and_passes_small_ones_through) {
+  auto up = std::make_shared<CountingAllocator>();
+  {
+    engine::CachingHostAllocator cache(up);
+    void* a = cache.allocate(big, align);
+    cache.deallocate(a, big, align);
+    void* b = cache.allocate(big, align);
+    BOOST_TEST(b == a, "the freed block is handed out again");
+    BOOST_TEST(up->allocations == 1);
+    void* c = cache.allocate(big - align, align);  // same class as `big`, but `b` is in use
+    BOOST_TEST(up->allocations == 2);
+    cache.deallocate(c, big - align, align);
+    void* d = cache.allocate(big - 2 * align, align);  // served by c's block
+    BOOST_TEST(d == c);
+    BOOST_TEST(up->allocations == 2);
+    void* e = cache.allocate(4 * big, align);  // another class
+    BOOST_TEST(up->allocations == 3);
+    const std::size_t small = 4096;
+    for (int i = 0; i < 3; ++i) cache.deallocate(cache.allocate(small, align), small, align);
+    BOOST_TEST(up->allocations == 6, "small blocks always come from upstream");
+    BOOST_TEST(up->deallocations == 3);
+    const auto s = cache.stats();
+    BOOST_TEST(s.hits == 2u);
+    BOOST_TEST(s.misses == 3u);
+    cache.deallocate(b, big, align);
+    cache.deallocate(d, big - 2 * align, align);
+    cache.deallocate(e, 4 * big, align);
+    BOOST_TEST(cache.stats().cached_bytes >= 6 * big);
+  }  // destruction frees the cached blocks
+  BOOST_TEST(up->live() == 0u);
+  BOOST_TEST(up->mismatches == 0);
+}
+
+BOOST_AUTO_TEST_CASE(holds_at_most_its_limit) {
+  auto up = std::make_shared<CountingAllocator>();
+  engine::CachingHostAllocator cache(up, 3 * big);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 5; ++i) blocks.push_back(cache.allocate(big, align));
+  for (void* p : blocks) cache.deallocate(p, big, align);
+  BOOST_TEST(cache.stats().cached_bytes == 3 * big);
+  BOOST_TEST(up->live() == 3u, "blocks past the limit go back upstream");
+  cache.set_limit(big);
+  BOOST_TEST(cache.stats().cached_bytes <= big);
+  cache.set_limit(0);
+  BOOST_TEST(up->live() == 0u);
+  cache.deallocate(cache.allocate(big, align), big, align);
+  BOOST_TEST(up->live() == 0u, "a zero limit caches nothing");
+  BOOST_TEST(up->mismatches == 0);
+}
+
+BOOST_AUTO_TEST_CASE(concurrent_use) {
+  auto up = std::make_shared<CountingAllocator>();
+  {
+    engine::CachingHostAllocator cache(up, 16 * big);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        std::mt19937 g(600 + t);
+        std::vector<std::pair<std::byte*, std::size_t>> held;
+        for (int i = 0; i < 2000; ++i) {
+          if (held.size() < 6 && g() % 2) {
+            const std::size_t bytes = (std::size_t(1) << (12 + g() % 9)) + align * (g() % 4);
+            auto* p = static_cast<std::byte*>(cache.allocate(bytes, align));
+            std::memset(p, t + 1, bytes);  // a block shared by two owners would be overwritten
+            held.emplace_back(p, bytes);
+          } else if (!held.empty()) {
+            const auto [p, bytes] = held.back();
+            held.pop_back();
+            BOOST_REQUIRE(p[0] == std::byte(t + 1) && p[bytes - 1] == std::byte(t + 1));
+            cache.deallocate(p, bytes, align);
+          }
+        }
+        for (const auto& [p, bytes] : held) cache.deallocate(p, bytes, align);
+      });
+    for (auto& th : threads) th.join();
+    BOOST_TEST(cache.stats().hits > 0u);
+  }
+  BOOST_TEST(up->live() == 0u);
+  BOOST_TEST(up->mismatches == 0);
+}
+
+BOOST_AUTO_TEST_CASE(tensors_reuse_cached_blocks) {
+  auto cache = std::make_shared<engine::CachingHostAllocator>();
+  const auto previous = engine::set_host_allocator(cache);
+  struct Restore {
+    std::shared_ptr<engine::HostAllocator> p;
+    ~Restore() {
+      settle();
+      engine::set_host_allocator(p);
+    }
+  } restore{previous};
+  std::mt19937 g(611);
+  const i64 n = 1 << 18;  // 1 MiB of float32: cached
+  const auto xv = random_values<float>(g, n, -1, 1);
+  const Tensor<float> x = make(xv, Shape{n});
+  for (int step = 0; step < 20; ++step) {
+    const Tensor<float> y = x * float(step) + 1.f;  // a new 1 MiB buffer per step, freed at the end of it
+    const auto got = y.to_vector();
+    std::size_t bad = 0;
+    for (i64 i = 0; i < n; ++i) bad += std::abs(double(got[i]) - (double(xv[i]) * step + 1)) > 1e-6 * (1 + step);
+    BOOST_REQUIRE_MESSAGE(bad == 0u, "step " << step << ": " << bad << " wrong values");
+  }
+  const auto s = cache->stats();
+  BOOST_TEST(s.hits >= 15u, "hits " << s.hits << ", misses " << s.misses);
+  BOOST_TEST(s.misses <= 4u);
+  engine::release_cached_host_memory();  // the installed cache is emptied
+  BOOST_TEST(cache->stats().cached_bytes == 0u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -30,6 +30,12 @@ constexpr std::int64_t parallel_chunks(std::int64_t work, int workers) {
   return n < 1 ? 1 : n;
 }
 
+// An elementwise result of this many bytes or more is written with
+// non-temporal stores (it would not stay in cache anyway): the writes then
+// skip reading each destination line first. Measured on the 2-core VM with
+// the fused 4-input expression at 2^24 floats: 18% faster on one thread.
+inline constexpr std::int64_t stream_store_min_bytes = std::int64_t(32) << 20;
+
 // --- reductions -----------------------------------------------------------
 // Reductions are cut into pieces of this many elements regardless of the
 // worker count, so that a sum gives the same bits with 1 or 16 workers.

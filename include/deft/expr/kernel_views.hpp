@@ -32,10 +32,10 @@ struct LeafView {
   DEFT_HD T at(std::int64_t j) const { return row[j * inner]; }
 #if DEFT_HOST_SIMD
   template <class B>
-  B batch(std::int64_t j) const { return inner ? B::load_unaligned(row + j) : B(*row); }
+  DEFT_ALWAYS_INLINE B batch(std::int64_t j) const { return inner ? B::load_unaligned(row + j) : B(*row); }
   // batch() when dense() holds: no per-load test of the stride.
   template <class B>
-  B batch_dense(std::int64_t j) const { return B::load_unaligned(row + j); }
+  DEFT_ALWAYS_INLINE B batch_dense(std::int64_t j) const { return B::load_unaligned(row + j); }
 #endif
   /// Whether every leaf is contiguous along the innermost dimension.
   DEFT_HD bool dense() const { return inner == 1; }
@@ -52,9 +52,9 @@ struct ConstantView {
   DEFT_HD T at(std::int64_t) const { return value; }
 #if DEFT_HOST_SIMD
   template <class B>
-  B batch(std::int64_t) const { return B(value); }
+  DEFT_ALWAYS_INLINE B batch(std::int64_t) const { return B(value); }
   template <class B>
-  B batch_dense(std::int64_t) const { return B(value); }
+  DEFT_ALWAYS_INLINE B batch_dense(std::int64_t) const { return B(value); }
 #endif
   DEFT_HD bool dense() const { return true; }
   template <class F>
@@ -70,9 +70,9 @@ struct UnaryView {
   DEFT_HD value_type at(std::int64_t j) const { return Op{}(a.at(j)); }
 #if DEFT_HOST_SIMD
   template <class B>
-  B batch(std::int64_t j) const { return Op{}(a.template batch<B>(j)); }
+  DEFT_ALWAYS_INLINE B batch(std::int64_t j) const { return Op{}(a.template batch<B>(j)); }
   template <class B>
-  B batch_dense(std::int64_t j) const { return Op{}(a.template batch_dense<B>(j)); }
+  DEFT_ALWAYS_INLINE B batch_dense(std::int64_t j) const { return Op{}(a.template batch_dense<B>(j)); }
 #endif
   DEFT_HD bool dense() const { return a.dense(); }
   template <class F>
@@ -92,9 +92,9 @@ struct BinaryView {
   DEFT_HD value_type at(std::int64_t j) const { return Op{}(a.at(j), b.at(j)); }
 #if DEFT_HOST_SIMD
   template <class B>
-  B batch(std::int64_t j) const { return Op{}(a.template batch<B>(j), b.template batch<B>(j)); }
+  DEFT_ALWAYS_INLINE B batch(std::int64_t j) const { return Op{}(a.template batch<B>(j), b.template batch<B>(j)); }
   template <class B>
-  B batch_dense(std::int64_t j) const { return Op{}(a.template batch_dense<B>(j), b.template batch_dense<B>(j)); }
+  DEFT_ALWAYS_INLINE B batch_dense(std::int64_t j) const { return Op{}(a.template batch_dense<B>(j), b.template batch_dense<B>(j)); }
 #endif
   DEFT_HD bool dense() const { return a.dense() && b.dense(); }
   template <class F>
@@ -119,11 +119,11 @@ struct SelectView {
   DEFT_HD value_type at(std::int64_t j) const { return Where{}(c.at(j), a.at(j), b.at(j)); }
 #if DEFT_HOST_SIMD
   template <class B>
-  B batch(std::int64_t j) const {
+  DEFT_ALWAYS_INLINE B batch(std::int64_t j) const {
     return Where{}(c.template batch<B>(j), a.template batch<B>(j), b.template batch<B>(j));
   }
   template <class B>
-  B batch_dense(std::int64_t j) const {
+  DEFT_ALWAYS_INLINE B batch_dense(std::int64_t j) const {
     return Where{}(c.template batch_dense<B>(j), a.template batch_dense<B>(j), b.template batch_dense<B>(j));
   }
 #endif

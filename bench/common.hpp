@@ -20,6 +20,9 @@ void bench_overhead();
 void bench_seeds();
 void bench_parallel();
 void bench_training();
+/// deft_bench --peak-memory deft|torch: one library's MLP steps alone in this
+/// process; prints "peak_mib X" (peak RSS above the RSS after set-up).
+int training_peak_memory_child(const std::string& lib);
 
 /// deft's engine with n workers, restored to the default count when dropped.
 struct DeftThreads {
@@ -61,6 +64,12 @@ Summary seeds(const float* x, std::int64_t rows, std::int64_t cols, int steps);
 /// Dense stores them: (in, out) and (out)); *final_loss gets the mean loss of the last step.
 Summary mlp_step(const float* x, std::int64_t batch, const std::vector<std::vector<float>>& weights, float lr,
                  float* final_loss);
+/// `calls` forwards of the 512-256-128-2 net at batch 1 (no autograd); out gets the last output (2 values).
+Summary small_forward(const float* x, const std::vector<std::vector<float>>& weights, int calls, float* out);
+/// One epoch of the 784-256-10 MLP over `n` samples in order, softmax cross-entropy, SGD with momentum.
+Summary mlp_epoch(const float* images, const std::int64_t* labels, std::int64_t n, std::int64_t features,
+                  std::int64_t batch, const std::vector<std::vector<float>>& weights, float lr, float momentum,
+                  float* last_loss);
 #endif
 }  // namespace torch_peer
 

@@ -1,61 +1,256 @@
-// training: the seeds' MLP training step (batch 1024, 512 -> 2048 -> 512 -> 1,
-// ReLU, L2 loss, SGD lr 0.005) with deft's nn + autograd against libtorch's
-// eager autograd, same initial weights and data; ms per step (forward,
-// backward and update, ending with every value computed).
+// training: deft's nn + autograd against libtorch's eager autograd, same
+// initial weights and data, same thread count.
+//   - the seeds' MLP training step (batch 1024, 512 -> 2048 -> 512 -> 1, ReLU,
+//     L2 loss, SGD lr 0.005): ms per step, ending with every value computed;
+//     and the peak memory a few steps add, each library measured alone in a
+//     child process (peak RSS above the RSS after set-up);
+//   - the seeds' 512 -> 256 -> 128 -> 2 forward at batch 1, imperative and
+//     hybridized, each result read (us per call);
+//   - one Fashion-MNIST epoch of the example's MLP (784 -> 256 -> 10, SGD
+//     with momentum, batch 256, the same batches in the same order): seconds
+//     per epoch and samples per second.
+#include <deft/data/fashion_mnist.hpp>
 #include <deft/nn.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <unistd.h>
 
 #include "common.hpp"
 
 namespace bench {
+namespace {
 
-void bench_training() {
-  using namespace deft;
-  const char* g = "training";
-  const std::string name = "mlp step 512-2048-512-1";
-  const std::string size = "1024x512";
-  constexpr std::int64_t batch = 1024;
-  const int w = engine::num_workers();
+using namespace deft;
 
-  random::seed(7);
-  const Tensor<float> x = random::normal<float>(0, 1, {batch, 512});
-  const Tensor<float> y = ones<float>({batch});
-  nn::Sequential net;
-  auto d1 = std::make_shared<nn::Dense>(2048, nn::Act::relu);
-  auto d2 = std::make_shared<nn::Dense>(512, nn::Act::relu);
-  auto d3 = std::make_shared<nn::Dense>(1);
-  net.add(d1, d2, d3);
-  net.initialize(nn::init::normal(0.01));
-  (void)net(x).to_vector();  // deferred initialization
-  // The peers start from the same weights.
+/// The parameters of a net as (in, out) weights and (out) biases, in order.
+std::vector<std::vector<float>> weights_of(nn::Block& net) {
+  std::vector<std::vector<float>> w;
+  for (auto* p : net.collect_params()) w.push_back(p->data().to_vector());
+  return w;
+}
+
+std::shared_ptr<nn::Sequential> dense_net(std::initializer_list<std::pair<std::int64_t, nn::Act>> layers) {
+  auto net = std::make_shared<nn::Sequential>();
+  for (const auto& [units, act] : layers) net->add(std::make_shared<nn::Dense>(units, act));
+  return net;
+}
+
+// --- the seeds' MLP step ------------------------------------------------------
+
+constexpr std::int64_t step_batch = 1024;
+
+struct StepSetup {
+  Tensor<float> x, y;
+  std::shared_ptr<nn::Sequential> net;
   std::vector<std::vector<float>> weights;
-  for (auto* p : net.collect_params()) weights.push_back(p->data().to_vector());
+};
 
-  nn::Trainer trainer(net.collect_params(), nn::SGD{.learning_rate = 0.005f});
+StepSetup step_setup() {
+  StepSetup s;
+  random::seed(7);
+  s.x = random::normal<float>(0, 1, {step_batch, 512});
+  s.y = ones<float>({step_batch});
+  s.net = dense_net({{2048, nn::Act::relu}, {512, nn::Act::relu}, {1, nn::Act::none}});
+  s.net->initialize(nn::init::normal(0.01));
+  (void)(*s.net)(s.x).to_vector();  // deferred initialization
+  s.weights = weights_of(*s.net);   // the peers start from the same weights
+  return s;
+}
+
+/// Times deft's step; *loss gets the mean loss of the last step.
+Summary deft_step(StepSetup& s, float* loss_out) {
+  nn::Trainer trainer(s.net->collect_params(), nn::SGD{.learning_rate = 0.005f});
   const nn::L2Loss loss;
-  float deft_loss = 0;
-  const Summary s = measure([&] {
+  return measure([&] {
     Tensor<float> l;
     {
       autograd::record rec;
-      l = loss(net(x), y);
+      l = loss((*s.net)(s.x), s.y);
       l.backward();
     }
-    trainer.step(batch);
+    trainer.step(step_batch);
     wait_all();
-    deft_loss = mean(l).item();
+    *loss_out = mean(l).item();
   });
-  add_time(g, name, "deft", w, size, "ms", s);
+}
 
+/// A line of /proc/self/status in MiB (VmRSS, VmHWM), -1 when unknown.
+double status_mib(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::atof(line.c_str() + std::strlen(key) + 1) / 1024.0;
+  return -1;
+}
+
+/// Runs `command` and returns the number after "peak_mib " in its output, -1 if none.
+double child_peak(const std::string& command) {
+  FILE* p = popen(command.c_str(), "r");
+  if (!p) return -1;
+  char line[256];
+  double v = -1;
+  while (std::fgets(line, sizeof line, p))
+    if (std::strncmp(line, "peak_mib ", 9) == 0) v = std::atof(line + 9);
+  return pclose(p) == 0 ? v : -1;
+}
+
+std::string self_path() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, std::size_t(n)) : std::string();
+}
+
+void step_rows(const char* g) {
+  const std::string name = "mlp step 512-2048-512-1", size = "1024x512";
+  const int w = engine::num_workers();
+  StepSetup s = step_setup();
+  float deft_loss = 0;
+  add_time(g, name, "deft", w, size, "ms", deft_step(s, &deft_loss));
 #if DEFT_BENCH_HAVE_TORCH
   torch_peer::set_threads(w);
-  const auto xv = x.to_vector();
+  const auto xv = s.x.to_vector();
   float torch_loss = 0;
-  add_time(g, name, "torch", w, size, "ms", torch_peer::mlp_step(xv.data(), batch, weights, 0.005f, &torch_loss));
+  add_time(g, name, "torch", w, size, "ms", torch_peer::mlp_step(xv.data(), step_batch, s.weights, 0.005f, &torch_loss));
   std::printf("%-12s loss after the timed steps: deft %.6f, torch %.6f (both start from the same weights)\n", g,
               deft_loss, torch_loss);
 #else
   skip(g, "torch", "libtorch not found");
 #endif
+  // Peak memory: each library alone in a fresh process, so that neither
+  // reuses pages the other freed.
+  const std::string self = self_path();
+  for (const char* lib : {"deft", "torch"}) {
+#if !DEFT_BENCH_HAVE_TORCH
+    if (std::string(lib) == "torch") continue;
+#endif
+    const double mib = self.empty() ? -1 : child_peak(self + " --peak-memory " + lib + " --repeats 3");
+    if (mib < 0) {
+      skip(g, lib, "peak memory: the child process failed (needs /proc)");
+      continue;
+    }
+    add(g, "mlp step peak memory", lib, w, size, "MiB", mib, mib);
+  }
+  const double dm = find_median(g, "mlp step peak memory", "deft", w, size),
+               tm = find_median(g, "mlp step peak memory", "torch", w, size);
+  if (dm > 0 && tm > 0) std::printf("%-12s peak memory deft / torch %.2f\n", g, dm / tm);
+}
+
+// --- batch-1 forward, imperative and hybridized -------------------------------
+
+void forward_rows(const char* g) {
+  const std::string name = "forward 512-256-128-2", size = "1x512";
+  const int w = engine::num_workers();
+  constexpr int calls = 200;  // per timed repeat
+  random::seed(11);
+  const Tensor<float> x = random::normal<float>(0, 1, {1, 512});
+  auto net = dense_net({{256, nn::Act::relu}, {128, nn::Act::relu}, {2, nn::Act::none}});
+  net->initialize(nn::init::xavier());
+  const auto imperative = (*net)(x).to_vector();
+  const auto weights = weights_of(*net);
+  auto loop = [&] {
+    for (int i = 0; i < calls; ++i) (*net)(x).wait_to_read();
+  };
+  add_time(g, name + " imperative", "deft", w, size, "us", measure(loop), calls);
+  net->hybridize();
+  const auto hybrid = (*net)(x).to_vector();
+  add_time(g, name + " hybridized", "deft", w, size, "us", measure(loop), calls);
+  check_same(g, name + " hybridized vs imperative", hybrid.data(), imperative.data(), hybrid.size(), 0);
+#if DEFT_BENCH_HAVE_TORCH
+  const auto xv = x.to_vector();
+  std::vector<float> out(2);
+  const Summary t = torch_peer::small_forward(xv.data(), weights, calls, out.data());
+  add_time(g, name + " imperative", "torch", w, size, "us", t, calls);
+  add_time(g, name + " hybridized", "torch", w, size, "us", t, calls);  // eager: libtorch's only C++ mode here
+  check_same(g, name + " torch vs deft", out.data(), imperative.data(), out.size(), 1e-5);
+#else
+  skip(g, "torch", "libtorch not found");
+#endif
+}
+
+// --- one Fashion-MNIST epoch ----------------------------------------------------
+
+void epoch_rows(const char* g) {
+  std::filesystem::path dir;
+  try {
+    dir = data::find_fashion_mnist_dir();
+  } catch (const std::exception&) {
+    skip(g, "deft", "Fashion-MNIST not found (scripts/setup.sh installs dataset-fashion-mnist)");
+    return;
+  }
+  const auto train = data::load_fashion_mnist(dir, data::Split::train, data::Layout::flat);
+  const std::int64_t n = train.size(), batch = 256, features = train.images.shape()[1];
+  const std::string name = "fashion-mnist mlp epoch", size = std::to_string(n) + "x" + std::to_string(features);
+  const int w = engine::num_workers();
+  constexpr float lr = 0.1f, momentum = 0.9f;
+
+  random::seed(3);
+  auto net = dense_net({{256, nn::Act::relu}, {10, nn::Act::none}});
+  net->initialize(nn::init::xavier());
+  (void)(*net)(train.images.rows(0, 1)).to_vector();
+  const auto weights = weights_of(*net);
+  nn::Trainer trainer(net->collect_params(), nn::SGD{.learning_rate = lr, .momentum = momentum});
+  const nn::SoftmaxCrossEntropyLoss loss_fn;
+  float deft_loss = 0;
+  const Summary d = measure([&] {
+    Tensor<float> last;
+    for (std::int64_t i = 0; i < n; i += batch) {
+      const std::int64_t e = std::min(n, i + batch);
+      {
+        autograd::record rec;
+        last = loss_fn((*net)(train.images.rows(i, e)), train.labels.rows(i, e));
+        last.backward();
+      }
+      trainer.step(e - i);
+    }
+    deft_loss = mean(last).item();
+  });
+  add_time(g, name, "deft", w, size, "s", d);
+  std::printf("%-12s deft: %.0f samples/s\n", g, double(n) / d.median);
+#if DEFT_BENCH_HAVE_TORCH
+  const auto xs = train.images.to_vector();
+  const auto ys = train.labels.to_vector();
+  float torch_loss = 0;
+  const Summary t = torch_peer::mlp_epoch(xs.data(), ys.data(), n, features, batch, weights, lr, momentum, &torch_loss);
+  add_time(g, name, "torch", w, size, "s", t);
+  std::printf("%-12s torch: %.0f samples/s; mean loss of the last batch: deft %.4f, torch %.4f\n", g,
+              double(n) / t.median, deft_loss, torch_loss);
+#else
+  skip(g, "torch", "libtorch not found");
+#endif
+}
+
+}  // namespace
+
+void bench_training() {
+  const char* g = "training";
+  step_rows(g);
+  forward_rows(g);
+  epoch_rows(g);
+}
+
+int training_peak_memory_child(const std::string& lib) {
+  StepSetup s = step_setup();
+  const auto xv = s.x.to_vector();
+  std::ofstream("/proc/self/clear_refs") << "5";  // peak RSS := current RSS
+  const double base = status_mib("VmRSS");
+  float loss = 0;
+  if (lib == "deft") (void)deft_step(s, &loss);
+#if DEFT_BENCH_HAVE_TORCH
+  else if (lib == "torch") {
+    torch_peer::set_threads(engine::num_workers());
+    (void)torch_peer::mlp_step(xv.data(), step_batch, s.weights, 0.005f, &loss);
+  }
+#endif
+  else return 2;
+  const double peak = status_mib("VmHWM");
+  if (base < 0 || peak < 0) return 1;
+  std::printf("peak_mib %.1f\n", peak - base);
+  return 0;
 }
 
 }  // namespace bench

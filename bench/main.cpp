@@ -114,18 +114,21 @@ void print_targets() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string child;  // --peak-memory LIB: the training group's child process
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--filter" || a == "--csv" || a == "--repeats") && i + 1 < argc) {
+    if ((a == "--filter" || a == "--csv" || a == "--repeats" || a == "--peak-memory") && i + 1 < argc) {
       const std::string v = argv[++i];
       if (a == "--filter") opts.filter = v;
       else if (a == "--csv") opts.csv = v;
+      else if (a == "--peak-memory") child = v;
       else opts.repeats = std::max(1, std::atoi(v.c_str()));
     } else {
       usage();
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
+  if (!child.empty()) return training_peak_memory_child(child);
   std::printf("deft_bench: deft %d.%d.%d, %d workers, %s, %d hardware threads\n", DEFT_VERSION_MAJOR,
               DEFT_VERSION_MINOR, DEFT_VERSION_PATCH, deft::engine::num_workers(), cpu_model().c_str(),
               hardware_threads());

@@ -111,6 +111,59 @@ Summary mlp_step(const float* x, std::int64_t batch, const std::vector<std::vect
   return s;
 }
 
+Summary small_forward(const float* x, const std::vector<std::vector<float>>& weights, int calls, float* out) {
+  const std::int64_t dims[] = {512, 256, 128, 2};
+  std::vector<at::Tensor> params;
+  for (int layer = 0; layer < 3; ++layer) {
+    params.push_back(wrap(weights[2 * layer].data(), {dims[layer], dims[layer + 1]}).clone());
+    params.push_back(wrap(weights[2 * layer + 1].data(), {dims[layer + 1]}).clone());
+  }
+  const at::Tensor tx = wrap(x, {1, 512});
+  at::NoGradGuard no_grad;
+  at::Tensor y;
+  const Summary s = measure([&] {
+    for (int i = 0; i < calls; ++i) {
+      const at::Tensor h1 = at::relu(at::addmm(params[1], tx, params[0]));
+      const at::Tensor h2 = at::relu(at::addmm(params[3], h1, params[2]));
+      y = at::addmm(params[5], h2, params[4]);
+    }
+  });
+  std::memcpy(out, y.data_ptr<float>(), 2 * sizeof(float));
+  return s;
+}
+
+Summary mlp_epoch(const float* images, const std::int64_t* labels, std::int64_t n, std::int64_t features,
+                  std::int64_t batch, const std::vector<std::vector<float>>& weights, float lr, float momentum,
+                  float* last_loss) {
+  const std::int64_t dims[] = {features, 256, 10};
+  std::vector<at::Tensor> params, velocity;
+  for (int layer = 0; layer < 2; ++layer) {
+    params.push_back(wrap(weights[2 * layer].data(), {dims[layer], dims[layer + 1]}).clone().set_requires_grad(true));
+    params.push_back(wrap(weights[2 * layer + 1].data(), {dims[layer + 1]}).clone().set_requires_grad(true));
+  }
+  for (const auto& p : params) velocity.push_back(at::zeros_like(p));
+  const at::Tensor tx = wrap(images, {n, features});
+  const at::Tensor ty = at::from_blob(const_cast<std::int64_t*>(labels), {n}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor l;
+  const Summary s = measure([&] {
+    for (std::int64_t i = 0; i < n; i += batch) {
+      const std::int64_t e = std::min(n, i + batch);
+      const at::Tensor h = at::relu(at::addmm(params[1], tx.slice(0, i, e), params[0]));
+      const at::Tensor scores = at::addmm(params[3], h, params[2]);
+      l = at::cross_entropy_loss(scores, ty.slice(0, i, e));  // mean over the batch, as deft's step(batch) does
+      l.backward();
+      at::NoGradGuard no_grad;
+      for (std::size_t j = 0; j < params.size(); ++j) {  // v = momentum v + g; p -= lr v
+        velocity[j].mul_(momentum).add_(params[j].grad());
+        params[j].sub_(velocity[j], lr);
+        params[j].mutable_grad().zero_();
+      }
+    }
+  });
+  *last_loss = l.item<float>();
+  return s;
+}
+
 }  // namespace torch_peer
 }  // namespace bench
 #endif

@@ -157,7 +157,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(dot_all_rank_combinations, T, AllTypes) {
   // (m,k)(k,n): tiles, tails, k > the packed depth, m > one row block.
   const std::vector<std::array<i64, 3>> mkn = {{1, 1, 1},    {2, 3, 4},     {5, 16, 17},  {16, 16, 16},
                                                {17, 33, 15}, {33, 1, 65},   {6, 256, 32}, {97, 300, 31},
-                                               {100, 257, 300}, {1, 50, 70}, {50, 70, 1},  {2, 513, 3}};
+                                               {100, 257, 300}, {1, 50, 70}, {50, 70, 1},  {2, 513, 3},
+                                               {3, 70, 400}, {1, 300, 1000}};  // few-row strips of 16, 8, 4, 1 vectors
   for (const auto& [m, k, n] : mkn) check_dot<T>(g, {m, k}, {k, n});
   // (m,k)(k) and (k)(k,n)
   for (const auto& [m, k] : std::vector<std::pair<i64, i64>>{{1, 1}, {37, 129}, {300, 300}, {5, 3}}) {

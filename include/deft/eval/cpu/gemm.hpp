@@ -56,8 +56,7 @@ struct GemmKernel {
 
   // Packs rows [0, mc) x depth [0, kc) of op(A) into MR-row panels, zero
   // padded. `a` points at element (0, 0) of the block; element (i, p) is
-  // a[i * lda + p], or a[p * lda + i] when A is read transposed. Both loops
-  // read memory in order and scatter into the small panel, which is in L1.
+  // a[i * lda + p], or a[p * lda + i] when A is read transposed.
   static void pack_a(const T* a, std::int64_t lda, bool trans, std::int64_t mc, std::int64_t kc, T* dst) {
     for (std::int64_t i0 = 0; i0 < mc; i0 += MR, dst += MR * kc) {
       const std::int64_t rows = std::min(MR, mc - i0);
@@ -68,12 +67,10 @@ struct GemmKernel {
         }
         continue;
       }
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* src = a + (i0 + r) * lda;
-        for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + r] = src[p];
+      for (std::int64_t p = 0; p < kc; ++p) {
+        for (std::int64_t r = 0; r < rows; ++r) dst[p * MR + r] = a[(i0 + r) * lda + p];
+        for (std::int64_t r = rows; r < MR; ++r) dst[p * MR + r] = T(0);
       }
-      for (std::int64_t r = rows; r < MR; ++r)
-        for (std::int64_t p = 0; p < kc; ++p) dst[p * MR + r] = T(0);
     }
   }
   // Packs depth [0, kc) x columns [0, nc) of op(B) into NR-column panels,
@@ -186,6 +183,22 @@ struct GemmKernel {
   }
 };
 
+/// c[0, V*W) = sum over p of a[p] * b[p * ldb + (0 .. V*W)], V vectors of c
+/// held in registers (the few-row product).
+template <int V, class T>
+inline void gemv_strip(std::int64_t k, const T* a, const T* b, std::int64_t ldb, T* c) {
+  using B = xsimd::batch<T>;
+  constexpr std::int64_t W = B::size;
+  B acc[V];
+  for (int v = 0; v < V; ++v) acc[v] = B(T(0));
+  for (std::int64_t p = 0; p < k; ++p) {
+    const B av(a[p]);
+    const T* bp = b + p * ldb;
+    for (int v = 0; v < V; ++v) acc[v] = xsimd::fma(av, B::load_unaligned(bp + v * W), acc[v]);
+  }
+  for (int v = 0; v < V; ++v) acc[v].store_unaligned(c + v * W);
+}
+
 /// C (m x n) = op(A) * op(B), row-major and contiguous, where op(A) is m x k
 /// and op(B) is k x n. With trans_a, A is stored k x m and read transposed
 /// (likewise B, stored n x k): the packing reads either layout, so gradients
@@ -251,39 +264,26 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, con
       return;
     }
     // A few rows (a batch-1 layer): packing B would cost more than the
-    // product. Each row streams B once while a strip of 4 vectors of C
-    // stays in registers; strips go to the workers.
-    using B = xsimd::batch<T>;
-    constexpr std::int64_t W = B::size;
-    parallel_range(n, m * k, 4 * W, [&](std::int64_t j0, std::int64_t j1) {
+    // product. A strip of up to 16 vectors of a row of C stays in registers
+    // while B is read row by row, a contiguous run per row: independent
+    // accumulators hide the FMA latency and the prefetcher sees one stream.
+    // Every element sums over p in order, whatever the strip or the thread.
+    constexpr std::int64_t W = xsimd::batch<T>::size;
+    constexpr int wide = simd_registers >= 32 ? 16 : 8;
+    parallel_range(n, m * k, wide * W, [&](std::int64_t j0, std::int64_t j1) {
       for (std::int64_t i = 0; i < m; ++i) {
         const T* arow = a + i * k;
         T* crow = c + i * n;
         std::int64_t j = j0;
-        for (; j + 4 * W <= j1; j += 4 * W) {
-          B c0(T(0)), c1(T(0)), c2(T(0)), c3(T(0));
-          for (std::int64_t p = 0; p < k; ++p) {
-            const B av(arow[p]);
-            const T* bp = b + p * n + j;
-            c0 = xsimd::fma(av, B::load_unaligned(bp), c0);
-            c1 = xsimd::fma(av, B::load_unaligned(bp + W), c1);
-            c2 = xsimd::fma(av, B::load_unaligned(bp + 2 * W), c2);
-            c3 = xsimd::fma(av, B::load_unaligned(bp + 3 * W), c3);
-          }
-          c0.store_unaligned(crow + j);
-          c1.store_unaligned(crow + j + W);
-          c2.store_unaligned(crow + j + 2 * W);
-          c3.store_unaligned(crow + j + 3 * W);
-        }
-        for (; j + W <= j1; j += W) {
-          B acc(T(0));
-          for (std::int64_t p = 0; p < k; ++p) acc = xsimd::fma(B(arow[p]), B::load_unaligned(b + p * n + j), acc);
-          acc.store_unaligned(crow + j);
-        }
+        for (; j + wide * W <= j1; j += wide * W) gemv_strip<wide>(k, arow, b + j, n, crow + j);
+        if constexpr (wide > 8)
+          for (; j + 8 * W <= j1; j += 8 * W) gemv_strip<8>(k, arow, b + j, n, crow + j);
+        for (; j + 4 * W <= j1; j += 4 * W) gemv_strip<4>(k, arow, b + j, n, crow + j);
+        for (; j + W <= j1; j += W) gemv_strip<1>(k, arow, b + j, n, crow + j);
         for (; j < j1; ++j) {
-          T s = 0;
-          for (std::int64_t p = 0; p < k; ++p) s += arow[p] * b[p * n + j];
-          crow[j] = s;
+          T sum = 0;
+          for (std::int64_t p = 0; p < k; ++p) sum += arow[p] * b[p * n + j];
+          crow[j] = sum;
         }
       }
     });

@@ -125,6 +125,8 @@ def main():
         relative_chart(rows, "reduce", "reductions, float32", os.path.join(a.out, "bench_reduce.png")),
         gemm_chart(rows, os.path.join(a.out, "bench_gemm.png")),
         relative_chart(rows, "record", "cost of one tiny op (ns/op)", os.path.join(a.out, "bench_record.png")),
+        relative_chart(rows, "training", "training and inference (MLP step, batch-1 forward, Fashion-MNIST epoch)",
+                       os.path.join(a.out, "bench_training.png")),
     ]
     for m in made:
         if m:

@@ -188,5 +188,30 @@ BOOST_AUTO_TEST_CASE(cast_between_types) {
                {2147483647.0, -2147483648.0, 0, 0, 2}, 0, 0, "saturating cast");
 }
 
+// Results of thresholds::stream_store_min_bytes and more are written with
+// non-temporal stores; a write into a view starts at an unaligned address and
+// peels elements until the stores are aligned.
+BOOST_AUTO_TEST_CASE(results_too_large_for_the_caches) {
+  std::mt19937 g(140);
+  const i64 n = deft::thresholds::stream_store_min_bytes / i64(sizeof(float)) + 37;
+  const auto a = random_values<float>(g, std::size_t(n), -2, 2);
+  const auto b = random_values<float>(g, std::size_t(n), -2, 2);
+  check_binary(a, {n}, b, {n}, [](auto& x, auto& y) -> Tensor<float> { return x * y + x * 2 - deft::maximum(y, 0); },
+               [](double x, double y) { return x * y + x * 2 - std::max(y, 0.0); }, 1e-6, 1e-6, "fused, streamed");
+  // rows [1, r) of a (r, c) tensor with c odd: the written range starts 4*c bytes into the buffer.
+  const i64 c = 1001, r = deft::thresholds::stream_store_min_bytes / i64(sizeof(float)) / c + 3;
+  const auto v = random_values<float>(g, std::size_t((r - 1) * c), -2, 2);
+  Tensor<float> x = deft::zeros<float>({r, c});
+  const Tensor<float> ta = make(v, Shape{r - 1, c});
+  x.rows(1, r).assign(ta * 3.f + 1.f);
+  const auto got = x.to_vector();
+  std::size_t bad = 0;
+  for (i64 i = 0; i < r * c; ++i) {
+    const double want = i < c ? 0.0 : double(v[std::size_t(i - c)]) * 3 + 1;
+    bad += std::abs(double(got[std::size_t(i)]) - want) > 1e-6 * (1 + std::abs(want));
+  }
+  BOOST_TEST(bad == 0u, bad << " wrong elements in a streamed write into rows(1, " << r << ")");
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 

@@ -21,7 +21,7 @@ cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" -DCMAKE_BUILD_TYPE
 targets=""
 exclude=""
 if [ "$sanitizers" = thread ]; then
-  targets="deft_tests exit_pending deft_stress deft_data_tests deft_nn_tests deft_conv_tests"
+  targets="deft_tests exit_pending deft_stress deft_data_tests deft_nn_tests deft_conv_tests deft_observe_tests"
   exclude='^(fuzz_|bad_input_|autograd_)'
 fi
 # shellcheck disable=SC2086

@@ -16,6 +16,7 @@
 
 #include "../core/error.hpp"
 #include "allocator.hpp"
+#include "profiler.hpp"
 #include "stats.hpp"
 #include "task.hpp"
 #include "thread_pool.hpp"
@@ -160,6 +161,14 @@ class Engine {
       counters().discarded.fetch_add(1, std::memory_order_relaxed);
       w->release_closure();
     }
+  }
+
+  /// Calls f(recorded_) under the engine's lock: no recorded task is submitted
+  /// (nor its deps changed) meanwhile, so f may walk their graph (graph_dump.hpp).
+  template <class F>
+  void inspect_recorded(F&& f) {
+    std::lock_guard lk(m_);
+    f(std::as_const(recorded_));
   }
 
   engine::Mode mode() const { return mode_.load(); }
@@ -338,6 +347,7 @@ class Engine {
         c.skipped.fetch_add(1, std::memory_order_relaxed);
       } else {
         try {
+          TaskSlice slice(*t);  // profiler: one relaxed load unless engine::trace_to is on
           out->allocate();
           t->execute(*out);
           c.run.fetch_add(1, std::memory_order_relaxed);

@@ -18,6 +18,12 @@
 
 namespace deft::detail {
 
+/// The calling thread's index in the engine's pool, or -1 outside the pool (profiler lanes).
+inline int& worker_index() {
+  thread_local int index = -1;
+  return index;
+}
+
 class ThreadPool {
  public:
   using TaskRunner = void (*)(std::shared_ptr<Task>);
@@ -25,7 +31,10 @@ class ThreadPool {
   ThreadPool(int workers, TaskRunner run_task) : run_task_(run_task) {
     workers = std::max(workers, 1);
     threads_.reserve(workers);
-    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] {
+      worker_index() = i;
+      work();
+    });
   }
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

@@ -8,12 +8,14 @@ namespace deft {
 
 enum class DeviceType : std::uint8_t { cpu, gpu };
 
+/// Where a tensor lives: the CPU, or a numbered GPU (no GPU backend is built yet).
 struct Device {
-  DeviceType type = DeviceType::cpu;
-  int index = 0;
+  DeviceType type = DeviceType::cpu;  ///< cpu or gpu
+  int index = 0;                      ///< which device of that type, from 0
 
   friend constexpr bool operator==(const Device&, const Device&) = default;
 
+  /// "cpu(0)", "gpu(1)": the form error messages use.
   std::string to_string() const {
     return std::string(type == DeviceType::cpu ? "cpu(" : "gpu(") + std::to_string(index) + ")";
   }

@@ -20,13 +20,16 @@ class HostAllocator {
   virtual ~HostAllocator() = default;
   /// `bytes` is a positive multiple of `alignment`, a power of two.
   virtual void* allocate(std::size_t bytes, std::size_t alignment) = 0;
+  /// Frees `p`, which allocate(bytes, alignment) returned.
   virtual void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept = 0;
 };
 
 /// std::aligned_alloc / std::free.
 class DefaultHostAllocator final : public HostAllocator {
  public:
+  /// std::aligned_alloc(alignment, bytes).
   void* allocate(std::size_t bytes, std::size_t alignment) override { return std::aligned_alloc(alignment, bytes); }
+  /// std::free(p).
   void deallocate(void* p, std::size_t, std::size_t) noexcept override { std::free(p); }
 };
 

@@ -10,9 +10,17 @@ set(DEFT_DOCS_OUTPUT "${PROJECT_BINARY_DIR}/docs")
 configure_file("${PROJECT_SOURCE_DIR}/docs/Doxyfile.in" "${DEFT_DOCS_OUTPUT}/Doxyfile" @ONLY)
 # The script prints the warnings (doxygen writes them to a log) before failing.
 add_custom_target(deft_docs
-  COMMAND "${CMAKE_COMMAND}" -E rm -f "${DEFT_DOCS_OUTPUT}/warnings.log"
   COMMAND "${CMAKE_COMMAND}" -DDOXYGEN=${DOXYGEN_EXECUTABLE} -DDOXYFILE=${DEFT_DOCS_OUTPUT}/Doxyfile
           -DLOG=${DEFT_DOCS_OUTPUT}/warnings.log -P "${PROJECT_SOURCE_DIR}/cmake/run_doxygen.cmake"
   WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}"
   COMMENT "deft: API reference -> ${DEFT_DOCS_OUTPUT}/html/index.html"
   VERBATIM)
+# CI runs the same check as a test (label `docs`, under a second): a public
+# name added without a `///` comment fails the README's test command.
+if(DEFT_BUILD_TESTS)
+  add_test(NAME api_docs
+    COMMAND "${CMAKE_COMMAND}" -DDOXYGEN=${DOXYGEN_EXECUTABLE} -DDOXYFILE=${DEFT_DOCS_OUTPUT}/Doxyfile
+            -DLOG=${DEFT_DOCS_OUTPUT}/warnings.log -P "${PROJECT_SOURCE_DIR}/cmake/run_doxygen.cmake"
+    WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}")
+  set_tests_properties(api_docs PROPERTIES LABELS docs TIMEOUT 120)
+endif()

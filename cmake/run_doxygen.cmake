@@ -1,4 +1,5 @@
 # Runs Doxygen and fails, listing the warnings, if it reported any.
+file(REMOVE "${LOG}")
 execute_process(COMMAND "${DOXYGEN}" "${DOXYFILE}" RESULT_VARIABLE rc)
 set(warnings "")
 if(EXISTS "${LOG}")

@@ -39,5 +39,6 @@ export DEFT_FAULT_PROGRAMS="${DEFT_FAULT_PROGRAMS:-300}"
 export DEFT_MEMORY_STEPS="${DEFT_MEMORY_STEPS:-1000}"
 export DEFT_FUZZ_PROGRAMS="${DEFT_FUZZ_PROGRAMS:-2000}"
 # The package checks (label `package`: install, find_package, pkg-config,
-# Conan) test packaging, not code: the Release run covers them.
-ctest --test-dir "$build" --output-on-failure -LE '^package$' ${exclude:+-E "$exclude"}
+# Conan) and the API reference check (label `docs`) test packaging and
+# comments, not code: the Release run covers them.
+ctest --test-dir "$build" --output-on-failure -LE '^(package|docs)$' ${exclude:+-E "$exclude"}

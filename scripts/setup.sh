@@ -4,12 +4,12 @@
 # (dataset-fashion-mnist, 30 MB, in /usr/share/datasets/fashion-mnist; see
 # docs/data.md); for the package checks (ctest -L package) pkg-config and
 # Conan 2, which goes into a virtual environment build/conan-venv (from PyPI,
-# so nothing touches the system Python). Doxygen, for the API reference
-# (target deft_docs), is not needed by CI: apt-get install doxygen.
+# so nothing touches the system Python); doxygen for the API reference and
+# its check that every public name is documented (ctest -L docs).
 # With --sanitizers also clang and its sanitizer runtimes (for
 # scripts/sanitize.sh). Safe to run again.
 set -euo pipefail
-packages=(g++ cmake make libxsimd-dev libboost-test-dev dataset-fashion-mnist pkg-config python3-venv)
+packages=(g++ cmake make libxsimd-dev libboost-test-dev dataset-fashion-mnist pkg-config python3-venv doxygen)
 if [ "${1:-}" = "--sanitizers" ]; then packages+=(clang libclang-rt-dev); fi
 missing=()
 for p in "${packages[@]}"; do

@@ -6,6 +6,7 @@
 
 namespace deft {
 
+/// The kinds of device (only cpu has a backend in this build).
 enum class DeviceType : std::uint8_t { cpu, gpu };
 
 /// Where a tensor lives: the CPU, or a numbered GPU (no GPU backend is built yet).
@@ -22,7 +23,9 @@ struct Device {
   friend std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.to_string(); }
 };
 
+/// The CPU (index 0; the workers share it).
 inline constexpr Device cpu(int index = 0) { return {DeviceType::cpu, index}; }
+/// GPU number `index`; recording work on it throws until the CUDA backend exists.
 inline constexpr Device gpu(int index = 0) { return {DeviceType::gpu, index}; }
 
 }  // namespace deft

@@ -15,6 +15,7 @@
 
 namespace deft {
 
+/// The most extents a Shape holds.
 inline constexpr int max_rank = 8;
 
 /// The extents of a tensor, outermost first, rank 0 to max_rank; `{2, 3}` is 2 rows of 3.

@@ -71,6 +71,7 @@ namespace deft::engine {
 inline std::shared_ptr<HostAllocator> set_host_allocator(std::shared_ptr<HostAllocator> a) {
   return detail::AllocatorSlot::get().exchange(std::move(a));
 }
+/// The allocator new buffers take their memory from.
 inline std::shared_ptr<HostAllocator> host_allocator() { return detail::AllocatorSlot::get().current(); }
 
 }  // namespace deft::engine

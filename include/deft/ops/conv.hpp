@@ -690,6 +690,7 @@ template <Operand X>
 auto max_pool2d(X&& x, Size2d kernel, Size2d stride) {
   return detail::pool2d_impl<detail::cpu_conv::PoolKind::max>("max_pool2d", std::forward<X>(x), kernel, stride);
 }
+/// max_pool2d with the stride equal to the window.
 template <Operand X>
 auto max_pool2d(X&& x, Size2d kernel) { return max_pool2d(std::forward<X>(x), kernel, kernel); }
 
@@ -698,6 +699,7 @@ template <Operand X>
 auto avg_pool2d(X&& x, Size2d kernel, Size2d stride) {
   return detail::pool2d_impl<detail::cpu_conv::PoolKind::avg>("avg_pool2d", std::forward<X>(x), kernel, stride);
 }
+/// avg_pool2d with the stride equal to the window.
 template <Operand X>
 auto avg_pool2d(X&& x, Size2d kernel) { return avg_pool2d(std::forward<X>(x), kernel, kernel); }
 

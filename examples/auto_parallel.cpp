@@ -88,8 +88,9 @@ static Finish watch_two_products(const Tensor<float>& a, const Tensor<float>& b,
 
 static void two_products(int all) {
   std::printf("\n== 2. s = dot(a, b) + dot(c, d): both products at once ==\n");
-  // 64-row products: too few rows for deft to split one product across
-  // workers, so any overlap comes from running the two tasks side by side.
+  // 64-row products: each is also split into row blocks, but the trace
+  // (--trace) shows the two tasks running side by side, an idle worker
+  // helping with the blocks.
   auto a = random::uniform<float>(0, 1, {64, 4096});
   auto b = random::uniform<float>(0, 1, {4096, 1024});
   auto c = random::uniform<float>(0, 1, {64, 4096});
@@ -130,9 +131,9 @@ static void two_products(int all) {
   }
 }
 
-/// --trace FILE: a Chrome trace of ten 64 x 64 products and of dot(a, b) +
-/// dot(c, d) with 64-row operands, every task small enough to run on one
-/// worker, so each lane shows what one worker did (docs/tutorial.md).
+/// --trace FILE: a Chrome trace of ten 64 x 64 products, of dot(a, b) +
+/// dot(c, d) with 64-row and with 1000 x 1000 operands (docs/tutorial.md,
+/// section 11, shows the picture).
 static void trace(int all, const std::string& path) {
   std::printf("\n== 3. A trace of both experiments ==\n");
   engine::set_num_workers(all);
@@ -141,12 +142,15 @@ static void trace(int all, const std::string& path) {
   auto b = random::uniform<float>(0, 1, {4096, 1024});
   auto c = random::uniform<float>(0, 1, {64, 4096});
   auto d = random::uniform<float>(0, 1, {4096, 1024});
+  auto big = random::uniform<float>(0, 1, {1000, 1000});
   wait_all();
   run(x);  // warm-up: not traced
   engine::trace_to(path);
   run(x);
   Tensor<float> s = dot(a, b) + dot(c, d);
   s.wait_to_read();
+  Tensor<float> s2 = dot(big, big) + dot(big, big);
+  s2.wait_to_read();
   const std::size_t slices = engine::trace_stop();
   std::printf("trace written to %s: %zu tasks\n", path.c_str(), slices);
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Draws a Chrome trace written by deft::engine::trace_to as a PNG timeline:
 one row per lane (worker or caller thread), one bar per task slice, labelled
-with the task's name where it fits. For places without a browser; Perfetto
+with the task's name where it fits; a worker's help with another thread's
+split task is drawn hatched in that task's colour. For places without a browser; Perfetto
 (ui.perfetto.dev) or chrome://tracing open the same JSON interactively.
 
     python3 scripts/plot_trace.py trace.json trace.png [--title TEXT]
@@ -36,7 +37,7 @@ def main():
             order[e["tid"]] = e["args"]["sort_index"]
         elif e["ph"] == "X":
             slices.append(e)
-    if not slices:
+    if not any(s.get("cat") != "help" for s in slices):
         sys.exit(f"plot_trace: {args.trace} holds no task slices")
     lanes = sorted(names, key=lambda t: order.get(t, t))
     row = {tid: i for i, tid in enumerate(lanes)}
@@ -48,23 +49,26 @@ def main():
     colours = {}
     fig, ax = plt.subplots(figsize=(11, 0.9 + 0.7 * len(lanes)))
     for s in slices:
-        name = s["name"]
+        help_ = s.get("cat") == "help"
+        name = s["name"][: -len(" (help)")] if help_ and s["name"].endswith(" (help)") else s["name"]
         colour = colours.setdefault(name, palette(len(colours) % 10))
         x, w = (s["ts"] - t0) * scale, s["dur"] * scale
         y = row[s["tid"]]
-        ax.broken_barh([(x, w)], (y - 0.35, 0.7), facecolors=colour, edgecolors="black", linewidth=0.4)
+        ax.broken_barh([(x, w)], (y - 0.35, 0.7), facecolors=colour, edgecolors="black", linewidth=0.4,
+                       hatch="///" if help_ else None, alpha=0.55 if help_ else 1.0)
         if w > span * scale * 0.06:
-            ax.text(x + w / 2, y, name, ha="center", va="center", fontsize=8)
+            ax.text(x + w / 2, y, name + (" (help)" if help_ else ""), ha="center", va="center", fontsize=8)
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels([names[t] for t in lanes])
     ax.invert_yaxis()
     ax.set_xlabel(f"time since the first traced task ({unit})")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
     ax.legend(handles, list(colours), loc="upper right", fontsize=8, ncol=len(colours))
-    ax.set_title(args.title or f"{len(slices)} tasks on {len(lanes)} lanes")
+    tasks = sum(1 for s in slices if s.get("cat") != "help")
+    ax.set_title(args.title or f"{tasks} tasks on {len(lanes)} lanes")
     fig.tight_layout()
     fig.savefig(args.png, dpi=110)
-    print(f"plot_trace: {len(slices)} slices on {len(lanes)} lanes -> {args.png}")
+    print(f"plot_trace: {tasks} task slices, {len(slices) - tasks} help slices on {len(lanes)} lanes -> {args.png}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ using namespace deft;
 namespace {
 
 struct Trace {
-  std::vector<json::Value> slices;      // "ph": "X"
+  std::vector<json::Value> slices;      // "ph": "X", "cat": "task"
+  std::vector<json::Value> helps;       // "ph": "X", "cat": "help"
   std::map<int, std::string> lanes;     // tid -> thread_name
   double dropped = -1;
 };
@@ -26,7 +27,11 @@ Trace read_trace(const std::string& path) {
   Trace t;
   for (const auto& e : doc["traceEvents"].arr()) {
     const auto& ph = e["ph"].str();
-    if (ph == "X") t.slices.push_back(e);
+    if (ph == "X" && e["cat"].str() == "task") t.slices.push_back(e);
+    else if (ph == "X") {
+      BOOST_TEST(e["cat"].str() == "help");
+      t.helps.push_back(e);
+    }
     else if (ph == "M" && e["name"].str() == "thread_name") {
       const int tid = int(e["tid"].num());
       BOOST_TEST(t.lanes.count(tid) == 0u, "two names for lane " << tid);
@@ -97,7 +102,8 @@ BOOST_FIXTURE_TEST_CASE(lanes_are_the_threads_that_ran_tasks, obs::Clean) {
   engine::trace_stop();
   const auto t = read_trace(path);
   std::map<int, std::vector<std::pair<double, double>>> by_lane;
-  for (const auto& s : t.slices) by_lane[int(s["tid"].num())].emplace_back(s["ts"].num(), s["ts"].num() + s["dur"].num());
+  for (const auto* group : {&t.slices, &t.helps})
+    for (const auto& s : *group) by_lane[int(s["tid"].num())].emplace_back(s["ts"].num(), s["ts"].num() + s["dur"].num());
   // Exactly the lanes that hold slices are named, and each name says which thread it is.
   BOOST_TEST(by_lane.size() == t.lanes.size());
   std::set<std::string> distinct;
@@ -113,12 +119,54 @@ BOOST_FIXTURE_TEST_CASE(lanes_are_the_threads_that_ran_tasks, obs::Clean) {
   }
   BOOST_TEST(distinct.size() == t.lanes.size());
   BOOST_TEST(t.lanes.size() <= std::size_t(engine::num_workers()) + 1);  // the workers and this thread
-  // One thread runs one task at a time: slices on a lane never overlap.
+  // One thread runs one task (or helps one) at a time: slices on a lane never overlap.
   for (auto& [tid, spans] : by_lane) {
     std::sort(spans.begin(), spans.end());
     for (std::size_t i = 1; i < spans.size(); ++i)
       BOOST_TEST(spans[i].first >= spans[i - 1].second - 1e-3, "overlap on lane " << tid);
   }
+}
+
+BOOST_FIXTURE_TEST_CASE(help_slices_lie_inside_the_task_they_help, obs::Clean) {
+  // Products big enough to be split into row blocks that idle workers take.
+  engine::set_num_workers(2);
+  auto x = random::uniform<float>(-1.0, 1.0, {512, 512});
+  x.wait_to_read();
+  const auto path = obs::scratch("help.json");
+  engine::trace_to(path);
+  for (int round = 0; round < 3; ++round) {
+    Tensor<float> y = dot(x, x);
+    y.wait_to_read();
+  }
+  engine::trace_stop();
+  const auto t = read_trace(path);
+  BOOST_TEST(t.slices.size() == 3u);
+  std::map<double, const json::Value*> by_id;
+  for (const auto& s : t.slices) BOOST_TEST(by_id.emplace(s["args"]["task"].num(), &s).second, "task ids repeat");
+  BOOST_TEST_MESSAGE(t.helps.size() << " help slices");
+  for (const auto& h : t.helps) {
+    const auto it = by_id.find(h["args"]["helps"].num());
+    BOOST_REQUIRE_MESSAGE(it != by_id.end(), "a help slice names no traced task");
+    const auto& owner = *it->second;
+    BOOST_TEST(h["name"].str() == owner["name"].str() + " (help)");
+    BOOST_TEST(h["tid"].num() != owner["tid"].num());  // help comes from another thread
+    BOOST_TEST(h["ts"].num() >= owner["ts"].num() - 1e-3);
+    BOOST_TEST(h["ts"].num() + h["dur"].num() <= owner["ts"].num() + owner["dur"].num() + 1e-3);
+  }
+}
+
+BOOST_FIXTURE_TEST_CASE(a_scoped_trace_leaves_a_later_trace_alone, obs::Clean) {
+  const auto first = obs::scratch("first.json"), second = obs::scratch("second.json");
+  {
+    engine::ScopedTrace trace(first);
+    engine::trace_stop();      // stopped early by hand
+    engine::trace_to(second);  // a new trace the scope does not own
+  }
+  BOOST_TEST(engine::tracing());
+  Tensor<float> c = ones({4}) + 1;
+  c.wait_to_read();
+  BOOST_TEST(engine::trace_stop() == 2u);
+  BOOST_TEST(read_trace(second).slices.size() == 2u);
 }
 
 BOOST_FIXTURE_TEST_CASE(only_the_traced_region_is_recorded, obs::Clean) {

@@ -1,15 +1,18 @@
 // The engine's profiler: a Chrome trace (JSON for Perfetto or chrome://tracing)
 // of the tasks that run, one lane per thread that ran tasks (each worker, and
 // each thread that ran tasks itself while waiting at a sync point), one slice
-// per task with its name, output size and dependency count.
+// per task with its name, output size and dependency count, and one "help"
+// slice per stretch a worker spent on another task's split loop.
 //
 // Off by default. Off, a task pays one relaxed atomic load (TaskSlice's
-// constructor); on, two clock reads and a short critical section.
+// constructor) and a split loop one more; on, two clock reads and a short
+// critical section per slice.
 #pragma once
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,10 +26,28 @@
 
 #include "../core/error.hpp"
 #include "task.hpp"
-#include "thread_pool.hpp"
 #include "thresholds.hpp"
 
 namespace deft::detail {
+
+/// The calling thread's index in the engine's pool, or -1 outside it (set by ThreadPool).
+inline int& worker_index() {
+  thread_local int index = -1;
+  return index;
+}
+
+/// A task as the profiler names it: its name and a number unique within one
+/// trace (addresses are not: a freed task's memory is reused by the next).
+struct ProfiledTask {
+  const char* name = nullptr;  // null: not traced
+  std::uint64_t id = 0;
+};
+
+/// The task this thread is running, while a trace records.
+inline ProfiledTask& current_profiled_task() {
+  thread_local ProfiledTask task;
+  return task;
+}
 
 /// Writes `s` as a JSON string body (quotes, backslashes and control characters escaped).
 inline void json_escape(std::string& out, const char* s) {
@@ -67,7 +88,8 @@ class Profiler {
     return on;
   }
 
-  void start(const std::string& path) {
+  /// Starts a trace into `path`; returns its number (ScopedTrace stops only its own).
+  std::uint64_t start(const std::string& path) {
     std::lock_guard lk(m_);
     if (active_)
       raise<std::logic_error>("engine::trace_to('", path, "'): already tracing to '", path_,
@@ -84,9 +106,19 @@ class Profiler {
     origin_ = Clock::now();
     active_ = true;
     enabled().store(true, std::memory_order_release);
+    return ++generation_;
   }
 
-  /// Stops recording and writes the file; returns the number of slices written.
+  /// Stops trace number `generation` if it is still the one recording.
+  void stop_if_current(std::uint64_t generation) {
+    {
+      std::lock_guard lk(m_);
+      if (!active_ || generation_ != generation) return;
+    }
+    stop();
+  }
+
+  /// Stops recording and writes the file; returns the number of task slices written.
   std::size_t stop() {
     std::unique_lock lk(m_);
     if (!active_) raise<std::logic_error>("engine::trace_stop(): no trace is being recorded (start one with engine::trace_to)");
@@ -98,7 +130,7 @@ class Profiler {
     const auto dropped = std::exchange(dropped_, 0);
     lk.unlock();
     write(path, slices, lanes, dropped);
-    return slices.size();
+    return std::size_t(std::count_if(slices.begin(), slices.end(), [](const Slice& s) { return !s.help; }));
   }
 
   bool active() {
@@ -106,26 +138,30 @@ class Profiler {
     return active_;
   }
 
-  /// One finished task (called by TaskSlice).
-  void add(const Task& t, Clock::time_point begin, Clock::time_point end, std::size_t deps, bool failed) {
+  /// A number for a task about to run (unique within a trace).
+  std::uint64_t next_id() { return next_id_.fetch_add(1, std::memory_order_relaxed); }
+
+  /// One finished task (called by TaskSlice), or with `help` one stretch of
+  /// another thread's task run by this thread (HelpSlice).
+  void add(ProfiledTask t, std::size_t bytes, Clock::time_point begin, Clock::time_point end, std::size_t deps,
+           bool failed, bool help) {
     std::lock_guard lk(m_);
     if (!active_ || begin < origin_) return;  // began before this trace started
     if (slices_.size() >= thresholds::max_trace_slices) {
       ++dropped_;
       return;
     }
-    slices_.push_back(Slice{t.name, t.bytes, deps, reinterpret_cast<std::uintptr_t>(&t), lane_of_this_thread(),
-                            micros(begin), micros(end), failed});
+    slices_.push_back(Slice{t.name, bytes, deps, t.id, lane_of_this_thread(), micros(begin), micros(end), failed, help});
   }
 
  private:
   struct Slice {
     const char* name;
     std::size_t bytes, deps;
-    std::uintptr_t task;
+    std::uint64_t task;
     int lane;
     double begin_us, end_us;
-    bool failed;
+    bool failed, help;
   };
   struct Lane {
     std::thread::id thread;
@@ -174,12 +210,19 @@ class Profiler {
              ",\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":" + std::to_string(rank) + "}}";
     }
     for (const auto& s : slices) {
-      out += ",\n{\"ph\":\"X\",\"cat\":\"task\",\"pid\":1,\"tid\":" + std::to_string(s.lane + 1) + ",\"name\":\"";
+      out += ",\n{\"ph\":\"X\",\"cat\":\"";
+      out += s.help ? "help" : "task";
+      out += "\",\"pid\":1,\"tid\":" + std::to_string(s.lane + 1) + ",\"name\":\"";
       json_escape(out, s.name);
-      std::snprintf(buf, sizeof buf,
-                    "\",\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"bytes\":%zu,\"deps\":%zu,\"task\":\"0x%llx\",\"status\":\"%s\"}}",
-                    s.begin_us, s.end_us - s.begin_us, s.bytes, s.deps, static_cast<unsigned long long>(s.task),
-                    s.failed ? "failed" : "ok");
+      if (s.help) {  // a worker running chunks of another thread's task: "helps" names that task
+        std::snprintf(buf, sizeof buf, " (help)\",\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"helps\":%llu}}", s.begin_us,
+                      s.end_us - s.begin_us, static_cast<unsigned long long>(s.task));
+      } else {
+        std::snprintf(buf, sizeof buf,
+                      "\",\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"bytes\":%zu,\"deps\":%zu,\"task\":%llu,\"status\":\"%s\"}}",
+                      s.begin_us, s.end_us - s.begin_us, s.bytes, s.deps, static_cast<unsigned long long>(s.task),
+                      s.failed ? "failed" : "ok");
+      }
       out += buf;
     }
     out += "\n],\"otherData\":{\"slices\":" + std::to_string(slices.size()) +
@@ -192,6 +235,8 @@ class Profiler {
 
   std::mutex m_;
   bool active_ = false, exit_hook_ = false;
+  std::uint64_t generation_ = 0;
+  std::atomic<std::uint64_t> next_id_{1};
   std::string path_;
   Clock::time_point origin_;
   std::vector<Slice> slices_;
@@ -207,13 +252,16 @@ class TaskSlice {
     if (!task_) return;
     deps_ = t.deps.size();
     unwinding_ = std::uncaught_exceptions();
+    me_ = ProfiledTask{t.name, Profiler::get().next_id()};
+    outer_ = std::exchange(current_profiled_task(), me_);
     begin_ = Profiler::Clock::now();
   }
   ~TaskSlice() {
     if (!task_) return;
     const auto end = Profiler::Clock::now();
+    current_profiled_task() = outer_;
     try {
-      Profiler::get().add(*task_, begin_, end, deps_, std::uncaught_exceptions() > unwinding_);
+      Profiler::get().add(me_, task_->bytes, begin_, end, deps_, std::uncaught_exceptions() > unwinding_, false);
     } catch (...) {  // out of memory for the slice: the trace misses it, the task's own outcome stands
     }
   }
@@ -222,8 +270,36 @@ class TaskSlice {
 
  private:
   const Task* task_;
+  ProfiledTask me_, outer_;
   std::size_t deps_ = 0;
   int unwinding_ = 0;
+  Profiler::Clock::time_point begin_;
+};
+
+/// The task a split loop started on this thread belongs to, for its helpers'
+/// slices; unnamed (after one relaxed load) when no trace records.
+inline ProfiledTask profiled_task() noexcept {
+  return Profiler::enabled().load(std::memory_order_relaxed) ? current_profiled_task() : ProfiledTask{};
+}
+
+/// Times a worker's stretch of chunks of `owner`'s split loop (no-op for an unnamed owner).
+class HelpSlice {
+ public:
+  explicit HelpSlice(ProfiledTask owner) noexcept : owner_(owner) {
+    if (owner_.name) begin_ = Profiler::Clock::now();
+  }
+  ~HelpSlice() {
+    if (!owner_.name) return;
+    try {
+      Profiler::get().add(owner_, 0, begin_, Profiler::Clock::now(), 0, false, true);
+    } catch (...) {  // the trace misses this slice; the loop's result stands
+    }
+  }
+  HelpSlice(const HelpSlice&) = delete;
+  HelpSlice& operator=(const HelpSlice&) = delete;
+
+ private:
+  ProfiledTask owner_;
   Profiler::Clock::time_point begin_;
 };
 
@@ -237,10 +313,10 @@ namespace deft::engine {
 /// std::runtime_error here; std::logic_error if a trace is already recording.
 /// Only tasks that *run* are traced: deferred work appears when a sync point
 /// runs it, so end the traced region with wait_all() to include everything.
-inline void trace_to(const std::string& path) { detail::Profiler::get().start(path); }
+inline void trace_to(const std::string& path) { (void)detail::Profiler::get().start(path); }
 
 /// Stops recording and writes the trace file; returns how many task slices it
-/// holds. std::logic_error when no trace is recording; std::runtime_error
+/// holds (help slices not counted). std::logic_error when no trace is recording; std::runtime_error
 /// naming the file when it cannot be written.
 inline std::size_t trace_stop() { return detail::Profiler::get().stop(); }
 
@@ -252,16 +328,20 @@ inline bool tracing() { return detail::Profiler::get().active(); }
 class ScopedTrace {
  public:
   /// Starts tracing into `path` (see trace_to for the errors).
-  explicit ScopedTrace(const std::string& path) { trace_to(path); }
+  explicit ScopedTrace(const std::string& path) : generation_(detail::Profiler::get().start(path)) {}
+  /// Writes the file unless this trace was already stopped (trace_stop()).
   ~ScopedTrace() {
     try {
-      if (tracing()) trace_stop();
+      detail::Profiler::get().stop_if_current(generation_);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
     }
   }
   ScopedTrace(const ScopedTrace&) = delete;
   ScopedTrace& operator=(const ScopedTrace&) = delete;
+
+ private:
+  std::uint64_t generation_;
 };
 
 }  // namespace deft::engine

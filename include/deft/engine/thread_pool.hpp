@@ -14,15 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "profiler.hpp"
 #include "task.hpp"
 
 namespace deft::detail {
-
-/// The calling thread's index in the engine's pool, or -1 outside the pool (profiler lanes).
-inline int& worker_index() {
-  thread_local int index = -1;
-  return index;
-}
 
 class ThreadPool {
  public:
@@ -71,6 +66,7 @@ class ThreadPool {
       return;
     }
     Loop loop;
+    loop.owner = profiled_task();  // null unless a trace records: then helpers' slices name it
     loop.count = chunks;
     loop.context = &body;
     loop.call = [](void* ctx, std::int64_t i) { (*static_cast<std::remove_reference_t<Body>*>(ctx))(i); };
@@ -99,6 +95,7 @@ class ThreadPool {
 
  private:
   struct Loop {
+    ProfiledTask owner;  // the task running this loop, named only while a trace records
     std::int64_t count = 0;
     void* context = nullptr;
     void (*call)(void*, std::int64_t) = nullptr;
@@ -135,7 +132,10 @@ class ThreadPool {
         jobs_.pop_front();
       }
       if (job.loop) {
-        job.loop->run_chunks();
+        {
+          HelpSlice slice(job.loop->owner);  // the profiler's record of this help, if a trace records
+          job.loop->run_chunks();
+        }
         job.loop->helpers_done.fetch_add(1, std::memory_order_release);
       } else {
         run_task_(std::move(job.task));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Package checks (CTest label `package`): deft used the ways a user would.
 #   package_test.sh MODE SOURCE_DIR BUILD_DIR WORK_DIR [CMAKE] [CXX]
-# MODE: find_package | add_subdirectory | fetchcontent | pkgconfig | conan
+# MODE: find_package | add_subdirectory | fetchcontent | pkgconfig | conan | cuda
 # BUILD_DIR is deft's configured build tree (it holds the install script);
 # WORK_DIR is wiped and used for the prefix and the consumer's build.
 set -euo pipefail
@@ -63,6 +63,24 @@ case "$mode" in
     # shellcheck disable=SC2086
     "$cxx" $cflags "$consumer/main.cpp" -o "$work/consumer_pc" $libs
     "$work/consumer_pc"
+    ;;
+  cuda)
+    # deft::cuda: a second configure of deft with DEFT_CUDA=ON, installed, and
+    # a .cu consumer. Needs nvcc (skipped without one); a GPU only to run the kernel.
+    nvcc="$(command -v nvcc || true)"
+    [ -n "$nvcc" ] || { [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc; } || true
+    if [ -z "$nvcc" ]; then
+      echo "package test: SKIPPED: no nvcc (the CUDA toolkit) on this machine"
+      exit 77
+    fi
+    "$cmake" -S "$src" -B "$work/deft" -DDEFT_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DDEFT_BUILD_TESTS=OFF \
+      -DDEFT_BUILD_EXAMPLES=OFF -DDEFT_BUILD_DOCS=OFF -DDEFT_INSTALL=ON >"$work/deft_configure.log" 2>&1 \
+      || { cat "$work/deft_configure.log"; exit 1; }
+    "$cmake" --install "$work/deft" --prefix "$prefix" >"$work/install.log"
+    "$cmake" -S "$src/tests/package/cuda_consumer" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
+      -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CXX_COMPILER="$cxx" >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
+    "$cmake" --build "$work/consumer" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+    "$work/consumer/cuda_consumer"
     ;;
   conan)
     conan="$(command -v conan || true)"

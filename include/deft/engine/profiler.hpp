@@ -109,18 +109,12 @@ class Profiler {
     return ++generation_;
   }
 
-  /// Stops trace number `generation` if it is still the one recording.
-  void stop_if_current(std::uint64_t generation) {
-    {
-      std::lock_guard lk(m_);
-      if (!active_ || generation_ != generation) return;
-    }
-    stop();
-  }
-
-  /// Stops recording and writes the file; returns the number of task slices written.
-  std::size_t stop() {
+  /// Stops recording and writes the file; returns the number of task slices
+  /// written. With `only` (a number from start()) it stops that trace only,
+  /// and does nothing if another or none is recording.
+  std::size_t stop(std::uint64_t only = 0) {
     std::unique_lock lk(m_);
+    if (only && (!active_ || generation_ != only)) return 0;
     if (!active_) raise<std::logic_error>("engine::trace_stop(): no trace is being recorded (start one with engine::trace_to)");
     enabled().store(false, std::memory_order_relaxed);
     active_ = false;
@@ -332,7 +326,7 @@ class ScopedTrace {
   /// Writes the file unless this trace was already stopped (trace_stop()).
   ~ScopedTrace() {
     try {
-      detail::Profiler::get().stop_if_current(generation_);
+      detail::Profiler::get().stop(generation_);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
     }

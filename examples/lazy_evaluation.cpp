@@ -7,6 +7,7 @@
 //   3. the sync functions: wait_to_read, wait_all, to_vector, item, printing
 //   4. 1000 x `y = x + 1` with a sync per step and without
 //   5. memory: a training loop with a sync per batch and without
+// `--graph FILE` also writes the task graph behind `c = a * b + 2` (Graphviz DOT).
 // docs/tutorial.md walks through this program and its output.
 #include <deft/deft.hpp>
 
@@ -79,12 +80,16 @@ static void three_assignments() {
 }
 
 // --- 2. The front end queues; the back end computes ---------------------------
+static std::string graph_path;  // --graph FILE: the pending graph behind c as Graphviz DOT
+
 static void front_end_back_end() {
   section("2. The front end queues work, a sync point waits for it");
   auto a = ones({1, 2});
   auto b = ones({1, 2});
   Tensor<float> c = a * b + 2;
   std::cout << "c is ready before printing: " << std::boolalpha << c.is_ready() << "\n";
+  if (!graph_path.empty())  // no sync point: it only looks at what is recorded
+    std::cout << "pending tasks behind c: " << dump_graph(c, graph_path) << " (written to " << graph_path << ")\n";
   std::cout << c << "\n";
   std::cout << "c is ready after printing: " << c.is_ready() << "\n\n";
 
@@ -257,7 +262,9 @@ static void memory_experiment() {
   train("no sync until the end (wait_all)", false);
 }
 
-int main() {
+int main(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--graph") graph_path = argv[i + 1];
   std::printf("deft %d.%d.%d, %d workers\n", DEFT_VERSION_MAJOR, DEFT_VERSION_MINOR, DEFT_VERSION_PATCH,
               engine::num_workers());
   const auto start = Clock::now();

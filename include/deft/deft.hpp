@@ -3,7 +3,8 @@
 //   core/    shapes, dtypes, devices, errors
 //   expr/    expression nodes (what), element functors, kernel views
 //   eval/    evaluators per device (how): eval/cpu/ runs on xsimd
-//   engine/  tasks, the scheduler and its thread pool (where and when)
+//   engine/  tasks, the scheduler and its thread pool (where and when),
+//            the profiler (Chrome traces) and the task-graph dump (DOT)
 //   ops/     the public vocabulary: creation, random, reductions, linalg
 //   io/      printing
 //   autograd/ recording, derivatives of every operation, backward()
@@ -19,6 +20,8 @@
 #include "data/idx.hpp"
 #include "data/loader.hpp"
 #include "engine/engine.hpp"
+#include "engine/graph_dump.hpp"
+#include "engine/profiler.hpp"
 #include "expr/operators.hpp"
 #include "io/print.hpp"
 #include "ops/conv.hpp"

@@ -6,21 +6,26 @@
 
 namespace deft {
 
+/// The kinds of device (only cpu has a backend in this build).
 enum class DeviceType : std::uint8_t { cpu, gpu };
 
+/// Where a tensor lives: the CPU, or a numbered GPU (no GPU backend is built yet).
 struct Device {
-  DeviceType type = DeviceType::cpu;
-  int index = 0;
+  DeviceType type = DeviceType::cpu;  ///< cpu or gpu
+  int index = 0;                      ///< which device of that type, from 0
 
   friend constexpr bool operator==(const Device&, const Device&) = default;
 
+  /// "cpu(0)", "gpu(1)": the form error messages use.
   std::string to_string() const {
     return std::string(type == DeviceType::cpu ? "cpu(" : "gpu(") + std::to_string(index) + ")";
   }
   friend std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.to_string(); }
 };
 
+/// The CPU (index 0; the workers share it).
 inline constexpr Device cpu(int index = 0) { return {DeviceType::cpu, index}; }
+/// GPU number `index`; recording work on it throws until the CUDA backend exists.
 inline constexpr Device gpu(int index = 0) { return {DeviceType::gpu, index}; }
 
 }  // namespace deft

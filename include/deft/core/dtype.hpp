@@ -6,6 +6,7 @@
 
 namespace deft {
 
+/// The element types, as values (Tensor::dtype()).
 enum class DType : std::uint8_t { float32, float64, int32, int64 };
 
 /// Element types deft tensors support.
@@ -13,12 +14,14 @@ template <class T>
 concept Element = std::same_as<T, float> || std::same_as<T, double> ||
                   std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t>;
 
+/// The DType of element type T.
 template <Element T>
 inline constexpr DType dtype_of = std::is_same_v<T, float>          ? DType::float32
                                   : std::is_same_v<T, double>       ? DType::float64
                                   : std::is_same_v<T, std::int32_t> ? DType::int32
                                                                     : DType::int64;
 
+/// "float32", "float64", "int32" or "int64".
 inline constexpr const char* dtype_name(DType t) {
   switch (t) {
     case DType::float32: return "float32";
@@ -29,6 +32,7 @@ inline constexpr const char* dtype_name(DType t) {
   return "unknown";
 }
 
+/// The name of element type T's DType.
 template <Element T>
 inline constexpr const char* dtype_name_of = dtype_name(dtype_of<T>);
 

@@ -15,19 +15,29 @@
 
 namespace deft {
 
+/// The most extents a Shape holds.
 inline constexpr int max_rank = 8;
 
+/// The extents of a tensor, outermost first, rank 0 to max_rank; `{2, 3}` is 2 rows of 3.
 class Shape {
  public:
   constexpr Shape() = default;
+  /// The extents given; std::invalid_argument for a negative extent or more than max_rank of them.
   Shape(std::initializer_list<std::int64_t> dims) { assign(dims.begin(), dims.end()); }
+  /// As above, from a span of extents.
   explicit Shape(std::span<const std::int64_t> dims) { assign(dims.begin(), dims.end()); }
+  /// As above, from a vector of extents.
   explicit Shape(const std::vector<std::int64_t>& dims) { assign(dims.begin(), dims.end()); }
 
+  /// Number of extents (0 for a scalar).
   DEFT_HD constexpr int rank() const { return rank_; }
+  /// Extent i (unchecked), outermost first.
   DEFT_HD constexpr std::int64_t operator[](int i) const { return dims_[i]; }
+  /// Extent i (unchecked), writable.
   DEFT_HD constexpr std::int64_t& operator[](int i) { return dims_[i]; }
+  /// The extents as a range: `for (auto d : shape)`.
   const std::int64_t* begin() const { return dims_.data(); }
+  /// End of the range of extents.
   const std::int64_t* end() const { return dims_.data() + rank_; }
 
   /// Number of elements (1 for a rank-0 shape).
@@ -37,6 +47,7 @@ class Shape {
     return n;
   }
 
+  /// Appends an innermost extent; std::invalid_argument past max_rank or for a negative extent.
   void push_back(std::int64_t d) {
     if (rank_ == max_rank) detail::raise("shape rank exceeds the maximum of ", max_rank);
     check_extent(d);

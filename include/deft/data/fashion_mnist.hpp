@@ -20,6 +20,7 @@
 
 namespace deft::data {
 
+/// Which part of the data set: 60,000 training or 10,000 test images.
 enum class Split { train, test };
 /// How images come out: (N, 28, 28), or one row of 784 pixels per image.
 enum class Layout { grid, flat };
@@ -31,9 +32,11 @@ inline constexpr std::array<std::string_view, 10> fashion_mnist_classes = {
 /// Where Debian's (and Ubuntu's) dataset-fashion-mnist package puts the files.
 inline constexpr std::string_view fashion_mnist_debian_dir = "/usr/share/datasets/fashion-mnist";
 
+/// One split of Fashion-MNIST (training or test) as tensors.
 struct FashionMnist {
-  Tensor<float> images;         // (N, rows, cols) or (N, rows * cols), pixels scaled to [0, 1]
-  Tensor<std::int64_t> labels;  // (N,), each in 0..9 (an index into fashion_mnist_classes)
+  Tensor<float> images;         ///< (N, rows, cols) or (N, rows * cols), pixels scaled to [0, 1]
+  Tensor<std::int64_t> labels;  ///< (N,), each in 0..9 (an index into fashion_mnist_classes)
+  /// N, the number of samples.
   std::int64_t size() const { return labels.size(); }
 };
 

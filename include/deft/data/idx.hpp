@@ -30,8 +30,8 @@ namespace deft::data {
 
 /// The contents of an IDX file of unsigned bytes.
 struct IdxArray {
-  std::vector<std::int64_t> dims;  // extents, outermost first (e.g. 10000, 28, 28)
-  std::vector<std::uint8_t> data;  // the elements, row-major; data.size() == size()
+  std::vector<std::int64_t> dims;  ///< extents, outermost first (e.g. 10000, 28, 28)
+  std::vector<std::uint8_t> data;  ///< the elements, row-major; data.size() == size()
 
   /// Number of elements (the product of the extents).
   std::int64_t size() const {

@@ -36,19 +36,22 @@ enum class LastBatch {
   rollover,  // carry them into the next epoch, where they come first (Gluon's "rollover")
 };
 
+/// How a DataLoader orders and batches its samples.
 struct LoaderOptions {
-  bool shuffle = true;       // false: samples in order 0..N-1 every epoch
-  std::uint64_t seed = 0;    // with the epoch number, determines each epoch's order
-  LastBatch last_batch = LastBatch::keep;
-  bool prefetch = true;      // gather the next batch on a background thread
+  bool shuffle = true;       ///< false: samples in order 0..N-1 every epoch
+  std::uint64_t seed = 0;    ///< with the epoch number, determines each epoch's order
+  LastBatch last_batch = LastBatch::keep;  ///< what happens to a last, smaller batch
+  bool prefetch = true;      ///< gather the next batch on a background thread
 };
 
-/// One mini-batch: x of shape (b, <sample shape>...), y of shape (b,).
+/// One mini-batch: x of shape (b, sample shape...), y of shape (b,).
 struct Batch {
-  Tensor<float> x;
-  Tensor<std::int64_t> y;
+  Tensor<float> x;         ///< the samples, batch first
+  Tensor<std::int64_t> y;  ///< their labels
 };
 
+/// Mini-batches of (features, labels) for a range-for, one epoch per loop
+/// (Gluon's DataLoader); see docs/data.md.
 class DataLoader {
   // The data set, shared with running epochs so that an epoch stays valid
   // even if the loader is moved or destroyed under it.
@@ -120,18 +123,23 @@ class DataLoader {
     data_ = std::move(d);
   }
 
+  /// An input iterator over one epoch's batches (end() is a sentinel).
   class Iterator {
    public:
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
+    using value_type = Batch;                ///< what the iterator yields
+    using difference_type = std::ptrdiff_t;  ///< required of input iterators
 
     Iterator() = default;
+    /// The current batch.
     const Batch& operator*() const { return epoch_->current; }
+    /// The current batch's members.
     const Batch* operator->() const { return &epoch_->current; }
+    /// Moves to the next batch (waiting for its background gather).
     Iterator& operator++() {
       epoch_->advance();
       return *this;
     }
+    /// Moves to the next batch.
     void operator++(int) { ++*this; }
     friend bool operator==(const Iterator& it, std::default_sentinel_t) { return !it.epoch_ || it.epoch_->index >= it.epoch_->batches; }
 
@@ -167,11 +175,14 @@ class DataLoader {
     e->advance();  // batch 0 now (nothing to overlap with yet), batch 1 in the background
     return Iterator(std::move(e));
   }
+  /// The end of an epoch.
   std::default_sentinel_t end() const { return {}; }
 
   /// The number of samples N.
   std::int64_t size() const { return std::int64_t(data_->labels.size()); }
+  /// Samples per batch.
   std::int64_t batch_size() const { return batch_; }
+  /// The options the loader was made with.
   const LoaderOptions& options() const { return options_; }
   /// The number of batches the next epoch yields (with rollover it depends on
   /// the samples carried over).

@@ -28,13 +28,16 @@ class HostAllocator {
   virtual ~HostAllocator() = default;
   /// `bytes` is a positive multiple of `alignment`, a power of two.
   virtual void* allocate(std::size_t bytes, std::size_t alignment) = 0;
+  /// Frees `p`, which allocate(bytes, alignment) returned.
   virtual void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept = 0;
 };
 
 /// std::aligned_alloc / std::free.
 class DefaultHostAllocator final : public HostAllocator {
  public:
+  /// std::aligned_alloc(alignment, bytes).
   void* allocate(std::size_t bytes, std::size_t alignment) override { return std::aligned_alloc(alignment, bytes); }
+  /// std::free(p).
   void deallocate(void* p, std::size_t, std::size_t) noexcept override { std::free(p); }
 };
 
@@ -169,6 +172,7 @@ namespace deft::engine {
 inline std::shared_ptr<HostAllocator> set_host_allocator(std::shared_ptr<HostAllocator> a) {
   return detail::AllocatorSlot::get().exchange(std::move(a));
 }
+/// The allocator new buffers take their memory from.
 inline std::shared_ptr<HostAllocator> host_allocator() { return detail::AllocatorSlot::get().current(); }
 
 /// Frees the blocks the installed allocator keeps for reuse, if it is a

@@ -16,6 +16,7 @@
 
 #include "../core/error.hpp"
 #include "allocator.hpp"
+#include "profiler.hpp"
 #include "stats.hpp"
 #include "task.hpp"
 #include "thread_pool.hpp"
@@ -31,10 +32,10 @@ enum class Mode {
 
 /// Bounds on the work deferral may hold (see docs/engine.md).
 struct Limits {
-  std::size_t max_recorded_tasks = thresholds::max_recorded_tasks;
-  std::size_t max_recorded_bytes = thresholds::max_recorded_bytes;
-  std::size_t max_inflight_tasks = thresholds::max_inflight_tasks;
-  std::size_t max_inflight_bytes = thresholds::max_inflight_bytes;
+  std::size_t max_recorded_tasks = thresholds::max_recorded_tasks;  ///< recorded tasks before they go to the workers
+  std::size_t max_recorded_bytes = thresholds::max_recorded_bytes;  ///< their output bytes before they go to the workers
+  std::size_t max_inflight_tasks = thresholds::max_inflight_tasks;  ///< submitted tasks before recording waits
+  std::size_t max_inflight_bytes = thresholds::max_inflight_bytes;  ///< their output bytes before recording waits
 };
 
 }  // namespace deft::engine
@@ -160,6 +161,14 @@ class Engine {
       counters().discarded.fetch_add(1, std::memory_order_relaxed);
       w->release_closure();
     }
+  }
+
+  /// Calls f(recorded_) under the engine's lock: no recorded task is submitted
+  /// (nor its deps changed) meanwhile, so f may walk their graph (graph_dump.hpp).
+  template <class F>
+  void inspect_recorded(F&& f) {
+    std::lock_guard lk(m_);
+    f(std::as_const(recorded_));
   }
 
   engine::Mode mode() const { return mode_.load(); }
@@ -338,6 +347,7 @@ class Engine {
         c.skipped.fetch_add(1, std::memory_order_relaxed);
       } else {
         try {
+          TaskSlice slice(*t);  // profiler: one relaxed load unless engine::trace_to is on
           out->allocate();
           t->execute(*out);
           c.run.fetch_add(1, std::memory_order_relaxed);

@@ -21,7 +21,7 @@ struct Stats {
   std::size_t bytes_pending = 0;      ///< output bytes of recorded or in-flight tasks now
   std::size_t peak_bytes_pending = 0; ///< the most bytes unfinished work ever held at once
   std::size_t bytes_allocated = 0;    ///< bytes of tensor storage alive now
-  std::size_t peak_bytes_allocated = 0;
+  std::size_t peak_bytes_allocated = 0; ///< the most tensor storage ever alive at once
 
   friend std::ostream& operator<<(std::ostream& os, const Stats& s) {
     return os << "recorded " << s.tasks_recorded << ", run " << s.tasks_run << ", discarded "

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "profiler.hpp"
 #include "task.hpp"
 
 namespace deft::detail {
@@ -25,7 +26,10 @@ class ThreadPool {
   ThreadPool(int workers, TaskRunner run_task) : run_task_(run_task) {
     workers = std::max(workers, 1);
     threads_.reserve(workers);
-    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] {
+      worker_index() = i;
+      work();
+    });
   }
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -62,6 +66,7 @@ class ThreadPool {
       return;
     }
     Loop loop;
+    loop.owner = profiled_task();  // null unless a trace records: then helpers' slices name it
     loop.count = chunks;
     loop.context = &body;
     loop.call = [](void* ctx, std::int64_t i) { (*static_cast<std::remove_reference_t<Body>*>(ctx))(i); };
@@ -90,6 +95,7 @@ class ThreadPool {
 
  private:
   struct Loop {
+    ProfiledTask owner;  // the task running this loop, named only while a trace records
     std::int64_t count = 0;
     void* context = nullptr;
     void (*call)(void*, std::int64_t) = nullptr;
@@ -126,7 +132,10 @@ class ThreadPool {
         jobs_.pop_front();
       }
       if (job.loop) {
-        job.loop->run_chunks();
+        {
+          HelpSlice slice(job.loop->owner);  // the profiler's record of this help, if a trace records
+          job.loop->run_chunks();
+        }
         job.loop->helpers_done.fetch_add(1, std::memory_order_release);
       } else {
         run_task_(std::move(job.task));

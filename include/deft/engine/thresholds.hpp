@@ -97,6 +97,11 @@ inline constexpr std::size_t max_recorded_bytes = std::size_t(64) << 20;
 inline constexpr std::size_t max_inflight_tasks = 1024;
 inline constexpr std::size_t max_inflight_bytes = std::size_t(128) << 20;
 
+// --- profiler (engine::trace_to) -------------------------------------------
+// Slices one trace keeps (about 64 bytes each); later ones are counted as
+// dropped in the file, so a forgotten trace cannot grow without bound.
+inline constexpr std::size_t max_trace_slices = std::size_t(1) << 22;
+
 // Storage alignment: one cache line, enough for any SIMD width deft uses.
 inline constexpr std::size_t alignment = 64;
 

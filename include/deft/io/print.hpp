@@ -43,6 +43,7 @@ void print_values(std::ostream& os, const std::vector<T>& v, const Shape& s, int
 
 }  // namespace detail
 
+/// Prints the values numpy-style, then `<Tensor dtype shape @device>`; a sync point.
 template <Element T>
 std::ostream& operator<<(std::ostream& os, const Tensor<T>& t) {
   const auto values = t.to_vector();

@@ -21,9 +21,12 @@ namespace deft::nn {
 /// A trainable tensor with a name, an initializer and an attached gradient.
 class Parameter {
  public:
+  /// A parameter called `name` whose value `init` will draw once its shape is known.
   Parameter(std::string name, Initializer init) : name_(std::move(name)), init_(std::move(init)) {}
 
+  /// The full name, e.g. "dense0.weight" (the key in parameter files).
   const std::string& name() const { return name_; }
+  /// True once the value exists (after the first forward pass).
   bool initialized() const { return static_cast<bool>(data_); }
   /// The current value; throws until the block has seen its first input.
   Tensor<float>& data() {
@@ -33,8 +36,11 @@ class Parameter {
                                       "(its shape is inferred from the first input)");
     return data_;
   }
+  /// The current value (read-only); throws like data().
   const Tensor<float>& data() const { return const_cast<Parameter*>(this)->data(); }
+  /// The gradient the last backward() wrote.
   Tensor<float> grad() const { return data().grad(); }
+  /// The value's shape; throws like data() before the first forward pass.
   Shape shape() const { return data().shape(); }
 
   /// Draws the value for `shape` (once; later calls must agree on the shape).
@@ -58,6 +64,7 @@ class Parameter {
     data_ = value.clone();
     data_.attach_grad();
   }
+  /// How the value will be drawn (used before it exists).
   void set_initializer(Initializer init) { init_ = std::move(init); }
 
  private:
@@ -66,8 +73,11 @@ class Parameter {
   Tensor<float> data_;
 };
 
+/// A network or a part of one (Gluon's Block): a forward function, its
+/// parameters and child blocks. Not copyable; hold blocks by shared_ptr.
 class Block {
  public:
+  /// A block named `name` (the prefix of its parameters' names).
   explicit Block(std::string name) : name_(std::move(name)) {}
   virtual ~Block() = default;
   Block(const Block&) = delete;
@@ -79,6 +89,7 @@ class Block {
     if (!hybridized_ || autograd::is_recording() || detail::active_trace()) return forward(x);
     return cached_call(x);
   }
+  /// The computation itself, written imperatively with deft's operations.
   virtual Tensor<float> forward(const Tensor<float>& x) = 0;
 
   /// Gluon's hybridize(): the next call traces forward() into a graph of
@@ -93,10 +104,12 @@ class Block {
     hybridized_ = on;
     cache_.reset();
   }
+  /// Whether hybridize() is on.
   bool hybridized() const { return hybridized_; }
   /// How many times the forward was traced (1 + re-traces), for tests and tuning.
   std::int64_t traces() const { return traces_; }
 
+  /// The block's name, e.g. "dense0".
   const std::string& name() const { return name_; }
 
   /// Every parameter of this block and its children, in a stable order.
@@ -110,21 +123,26 @@ class Block {
   void initialize(const Initializer& weights = init::xavier()) { apply_initializer(weights); }
 
  protected:
+  /// Appends this block's parameters, then its children's.
   virtual void collect(std::vector<Parameter*>& out) {
     for (auto& p : params_) out.push_back(p.get());
     for (auto& c : children_) c->collect(out);
   }
+  /// Gives every ".weight" parameter `weights` and the others zeros, recursively.
   virtual void apply_initializer(const Initializer& weights) {
     for (auto& p : params_)
       if (p->name().ends_with(".weight")) p->set_initializer(weights);
       else p->set_initializer(init::zeros());
     for (auto& c : children_) c->apply_initializer(weights);
   }
+  /// Declares a parameter named "<block name>.<short_name>" (for layers' constructors).
   Parameter& add_parameter(const std::string& short_name) {
     params_.push_back(std::make_unique<Parameter>(name_ + "." + short_name, nullptr));
     return *params_.back();
   }
+  /// Adds a child block (its parameters become this block's too).
   void add_child(std::shared_ptr<Block> child) { children_.push_back(std::move(child)); }
+  /// The child blocks, in the order they were added.
   const std::vector<std::shared_ptr<Block>>& children() const { return children_; }
 
  private:
@@ -199,18 +217,22 @@ inline std::string auto_name(const std::string& kind) {
 /// Children run one after another (Gluon's Sequential).
 class Sequential : public Block {
  public:
+  /// An empty network named "sequentialN".
   Sequential() : Block(auto_name("sequential")) {}
+  /// Appends layers: `net.add(std::make_shared<nn::Dense>(256, nn::Act::relu), ...)`.
   template <class... Blocks>
   Sequential& add(std::shared_ptr<Blocks>... blocks) {
     (add_child(std::move(blocks)), ...);
     return *this;
   }
+  /// Runs the children in order; std::logic_error when none was added.
   Tensor<float> forward(const Tensor<float>& x) override {
     if (children().empty()) detail::raise<std::logic_error>(name(), ": no layers were added");
     Tensor<float> h = x;
     for (auto& c : children()) h = (*c)(h);
     return h;
   }
+  /// Number of layers added.
   std::size_t size() const { return children().size(); }
 };
 

@@ -13,6 +13,7 @@ namespace deft::nn {
 /// (channels, in_channels, kh, kw), in_channels inferred at the first call.
 class Conv2D : public Block {
  public:
+  /// `channels` output channels, a kernel of kh x kw; std::invalid_argument for extents below 1.
   Conv2D(std::int64_t channels, Size2d kernel, Size2d stride = 1, Size2d padding = 0, Act act = Act::none)
       : Block(auto_name("conv")), channels_(channels), kernel_(kernel), stride_(stride), padding_(padding), act_(act),
         weight_(add_parameter("weight")), bias_(add_parameter("bias")) {
@@ -25,7 +26,9 @@ class Conv2D : public Block {
     bias_.materialize(Shape{channels_});
     return activate(act_, conv2d(x, weight_.data(), bias_.data(), stride_, padding_));
   }
+  /// W, of shape (channels, in_channels, kh, kw).
   Parameter& weight() { return weight_; }
+  /// b, of shape (channels,).
   Parameter& bias() { return bias_; }
 
  private:
@@ -41,6 +44,7 @@ class Conv2D : public Block {
 template <bool Max>
 class Pool2D : public Block {
  public:
+  /// Windows of `pool`, moved by `stride` (the window by default).
   explicit Pool2D(Size2d pool, std::optional<Size2d> stride = std::nullopt)
       : Block(auto_name(Max ? "maxpool" : "avgpool")), pool_(pool), stride_(stride.value_or(pool)) {}
   Tensor<float> forward(const Tensor<float>& x) override {
@@ -51,7 +55,7 @@ class Pool2D : public Block {
  private:
   Size2d pool_, stride_;
 };
-using MaxPool2D = Pool2D<true>;
-using AvgPool2D = Pool2D<false>;
+using MaxPool2D = Pool2D<true>;   ///< the maximum of each window
+using AvgPool2D = Pool2D<false>;  ///< the mean of each window
 
 }  // namespace deft::nn

@@ -10,6 +10,7 @@
 
 namespace deft::nn {
 
+/// Activation functions a layer can apply to its output.
 enum class Act { none, relu, sigmoid, tanh, softrelu };
 
 /// act(x), evaluated (one fused task with whatever x's expression is).
@@ -29,6 +30,7 @@ Tensor<float> activate(Act act, X&& x) {
 /// to (batch, -1)); W has shape (in, units), inferred at the first call.
 class Dense : public Block {
  public:
+  /// `units` outputs (at least 1), then `act`; std::invalid_argument for units < 1.
   explicit Dense(std::int64_t units, Act act = Act::none, bool use_bias = true)
       : Block(auto_name("dense")), units_(units), act_(act), use_bias_(use_bias),
         weight_(add_parameter("weight")), bias_(use_bias ? &add_parameter("bias") : nullptr) {
@@ -47,8 +49,11 @@ class Dense : public Block {
     const Tensor<float> xw = dot(x2, weight_.data());
     return activate(act_, xw + bias_->data());
   }
+  /// The number of outputs.
   std::int64_t units() const { return units_; }
+  /// W, of shape (in, units).
   Parameter& weight() { return weight_; }
+  /// b, of shape (units,); only when made with use_bias.
   Parameter& bias() { return *bias_; }
 
  private:
@@ -62,6 +67,7 @@ class Dense : public Block {
 /// An activation function as a layer.
 class Activation : public Block {
  public:
+  /// A layer applying `act`.
   explicit Activation(Act act) : Block(auto_name("activation")), act_(act) {}
   Tensor<float> forward(const Tensor<float>& x) override { return activate(act_, x); }
 
@@ -72,6 +78,7 @@ class Activation : public Block {
 /// (batch, d1, d2, ...) -> (batch, d1 * d2 * ...), a view.
 class Flatten : public Block {
  public:
+  /// A layer with no parameters.
   Flatten() : Block(auto_name("flatten")) {}
   Tensor<float> forward(const Tensor<float>& x) override {
     if (x.rank() < 1) detail::raise(name(), ": cannot flatten a scalar");

@@ -16,6 +16,7 @@ namespace deft::nn {
 /// is viewed with pred's shape (same number of elements).
 class L2Loss {
  public:
+  /// The loss per sample, shape (batch,); std::invalid_argument when the sizes differ.
   Tensor<float> operator()(const Tensor<float>& pred, const Tensor<float>& label) const {
     if (pred.rank() < 1 || label.size() != pred.size())
       detail::raise("L2Loss: prediction of shape ", pred.shape().to_string(), " and label of shape ",
@@ -44,6 +45,7 @@ class SoftmaxCrossEntropyLoss {
   };
 
  public:
+  /// The loss per sample, shape (batch,), for logits (batch, classes) and class indices (batch,).
   Tensor<float> operator()(const Tensor<float>& pred, const Tensor<std::int64_t>& label) const {
     if (pred.rank() != 2 || label.rank() != 1 || label.shape()[0] != pred.shape()[0])
       detail::raise("SoftmaxCrossEntropyLoss: needs scores (batch, classes) and labels (batch,), got ",

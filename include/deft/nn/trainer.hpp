@@ -15,21 +15,23 @@ namespace deft::nn {
 
 /// Stochastic gradient descent, optionally with momentum and weight decay.
 struct SGD {
-  float learning_rate = 0.01f;
-  float momentum = 0.0f;
-  float weight_decay = 0.0f;
+  float learning_rate = 0.01f;  ///< step size, positive
+  float momentum = 0.0f;        ///< 0: plain SGD
+  float weight_decay = 0.0f;    ///< L2 penalty added to each gradient (times the weight)
 };
 /// Adam (Kingma & Ba), with bias correction.
 struct Adam {
-  float learning_rate = 0.001f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float epsilon = 1e-8f;
-  float weight_decay = 0.0f;
+  float learning_rate = 0.001f;  ///< step size, positive
+  float beta1 = 0.9f;            ///< decay of the first-moment estimate
+  float beta2 = 0.999f;          ///< decay of the second-moment estimate
+  float epsilon = 1e-8f;         ///< added to the denominator
+  float weight_decay = 0.0f;     ///< L2 penalty added to each gradient (times the weight)
 };
 
+/// Updates parameters from their gradients with SGD or Adam (Gluon's Trainer).
 class Trainer {
  public:
+  /// Trains `params` (e.g. net.collect_params()); std::invalid_argument for a non-positive learning rate.
   Trainer(std::vector<Parameter*> params, std::variant<SGD, Adam> optimizer)
       : params_(std::move(params)), opt_(optimizer), state_(params_.size()) {
     if (learning_rate() <= 0) detail::raise("Trainer: the learning rate must be positive, got ", learning_rate());
@@ -52,13 +54,16 @@ class Trainer {
     }
   }
 
+  /// The current learning rate.
   float learning_rate() const {
     return std::visit([](const auto& o) { return o.learning_rate; }, opt_);
   }
+  /// Changes the learning rate (schedules); std::invalid_argument unless positive.
   void set_learning_rate(float lr) {
     if (lr <= 0) detail::raise("Trainer: the learning rate must be positive, got ", lr);
     std::visit([lr](auto& o) { o.learning_rate = lr; }, opt_);
   }
+  /// How many step() calls were made.
   std::int64_t steps() const { return steps_; }
 
  private:

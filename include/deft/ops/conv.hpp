@@ -30,9 +30,13 @@ namespace deft {
 /// A (height, width) pair: strides, paddings and pooling windows.
 /// `2` means {2, 2}; `{2, 1}` is 2 along the height, 1 along the width.
 struct Size2d {
-  std::int64_t h = 0, w = 0;
+  std::int64_t h = 0;  ///< along the height
+  std::int64_t w = 0;  ///< along the width
+  /// The same value along both axes.
   constexpr Size2d(std::int64_t both) : h(both), w(both) {}  // NOLINT: implicit on purpose, `max_pool2d(x, 2)`
+  /// Height and width values.
   constexpr Size2d(std::int64_t height, std::int64_t width) : h(height), w(width) {}
+  /// "(h, w)", for error messages.
   std::string to_string() const {
     std::string s = "(";  // appended piece by piece: GCC 12 warns (-Wrestrict) on "(" + std::to_string(...)
     s += std::to_string(h);
@@ -683,6 +687,7 @@ template <Operand X>
 auto max_pool2d(X&& x, Size2d kernel, Size2d stride) {
   return detail::pool2d_impl<detail::cpu_conv::PoolKind::max>("max_pool2d", std::forward<X>(x), kernel, stride);
 }
+/// max_pool2d with the stride equal to the window.
 template <Operand X>
 auto max_pool2d(X&& x, Size2d kernel) { return max_pool2d(std::forward<X>(x), kernel, kernel); }
 
@@ -691,6 +696,7 @@ template <Operand X>
 auto avg_pool2d(X&& x, Size2d kernel, Size2d stride) {
   return detail::pool2d_impl<detail::cpu_conv::PoolKind::avg>("avg_pool2d", std::forward<X>(x), kernel, stride);
 }
+/// avg_pool2d with the stride equal to the window.
 template <Operand X>
 auto avg_pool2d(X&& x, Size2d kernel) { return avg_pool2d(std::forward<X>(x), kernel, kernel); }
 

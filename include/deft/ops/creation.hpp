@@ -17,8 +17,10 @@ Tensor<T> full(const Shape& shape, T value, Device device = cpu()) {
   return detail::record_new<T>(
       "full", shape, device, [e](detail::Buffer& out) { detail::on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<T>()); }); }, [](detail::Task&) {});
 }
+/// A tensor of zeros.
 template <Element T = float>
 Tensor<T> zeros(const Shape& shape, Device device = cpu()) { return full<T>(shape, T(0), device); }
+/// A tensor of ones.
 template <Element T = float>
 Tensor<T> ones(const Shape& shape, Device device = cpu()) { return full<T>(shape, T(1), device); }
 
@@ -45,6 +47,7 @@ Tensor<T> arange(T start, T stop, T step = T(1), Device device = cpu()) {
       },
       [](detail::Task&) {});
 }
+/// 0, 1, ..., stop - 1.
 template <Element T = float>
 Tensor<T> arange(T stop) { return arange<T>(T(0), stop); }
 

@@ -55,6 +55,7 @@ void require_floating() {
 /// Sum of all elements (a 0-d tensor), or along `axis`.
 template <Operand X>
 auto sum(X&& x) { return detail::reduce<detail::SumReducer>("sum", std::forward<X>(x), std::nullopt, false, false); }
+/// Sums along `axis` (negative counts from the end); keepdims keeps it with extent 1.
 template <Operand X>
 auto sum(X&& x, int axis, bool keepdims = false) {
   return detail::reduce<detail::SumReducer>("sum", std::forward<X>(x), axis, keepdims, false);
@@ -65,6 +66,7 @@ auto mean(X&& x) {
   detail::require_floating<X>();
   return detail::reduce<detail::MeanReducer>("mean", std::forward<X>(x), std::nullopt, false, false);
 }
+/// Means along `axis` (see sum).
 template <Operand X>
 auto mean(X&& x, int axis, bool keepdims = false) {
   detail::require_floating<X>();
@@ -73,6 +75,7 @@ auto mean(X&& x, int axis, bool keepdims = false) {
 /// Largest element (NaN if any is NaN); throws for an empty tensor.
 template <Operand X>
 auto max(X&& x) { return detail::reduce<detail::MaxReducer>("max", std::forward<X>(x), std::nullopt, false, true); }
+/// Maxima along `axis` (see sum).
 template <Operand X>
 auto max(X&& x, int axis, bool keepdims = false) {
   return detail::reduce<detail::MaxReducer>("max", std::forward<X>(x), axis, keepdims, true);
@@ -80,6 +83,7 @@ auto max(X&& x, int axis, bool keepdims = false) {
 /// Smallest element (NaN if any is NaN); throws for an empty tensor.
 template <Operand X>
 auto min(X&& x) { return detail::reduce<detail::MinReducer>("min", std::forward<X>(x), std::nullopt, false, true); }
+/// Minima along `axis` (see sum).
 template <Operand X>
 auto min(X&& x, int axis, bool keepdims = false) {
   return detail::reduce<detail::MinReducer>("min", std::forward<X>(x), axis, keepdims, true);
@@ -90,6 +94,7 @@ auto norm(X&& x) {
   detail::require_floating<X>();
   return detail::reduce<detail::NormReducer>("norm", std::forward<X>(x), std::nullopt, false, false);
 }
+/// L2 norms along `axis` (see sum).
 template <Operand X>
 auto norm(X&& x, int axis, bool keepdims = false) {
   detail::require_floating<X>();
@@ -105,6 +110,7 @@ Tensor<std::int64_t> argmax(X&& x) {
       "argmax", Shape{}, e.device(), [e](detail::Buffer& b) { detail::on_device(b.device, [&](auto ex) { ex.argmax_all(e, b.as<std::int64_t>()); }); },
       detail::reads_of(e));
 }
+/// Indices of the first maxima along `axis` (see sum).
 template <Operand X>
 Tensor<std::int64_t> argmax(X&& x, int axis, bool keepdims = false) {
   auto e = as_expr(std::forward<X>(x));

@@ -1,0 +1,75 @@
+"""Conan 2 recipe for deft, a header-only C++20 tensor library.
+
+Offline on Debian (xsimd from libxsimd-dev): scripts/conan_create.sh, which
+uses the profile scripts/conan/debian12.profile. See docs/install.md.
+"""
+import os
+import re
+
+from conan import ConanFile
+from conan.tools.build import check_min_cppstd
+from conan.tools.files import copy, load
+from conan.tools.layout import basic_layout
+
+
+class DeftConan(ConanFile):
+    name = "deft"
+    description = "Deferred tensors: compile-time expressions on a parallel task engine"
+    topics = ("tensor", "expression-templates", "simd", "header-only", "deferred-execution")
+    package_type = "header-library"
+    settings = "os", "arch", "compiler", "build_type"
+    options = {
+        # False: xsimd is not a Conan requirement; the consumer's compiler must find
+        # <xsimd/xsimd.hpp> by itself (say, from a system package).
+        "with_xsimd": [True, False],
+        # True: adds the deft::cuda component (deft plus the CUDA runtime) for nvcc-compiled code.
+        "with_cuda": [True, False],
+    }
+    default_options = {"with_xsimd": True, "with_cuda": False}
+    exports_sources = "include/*"
+    no_copy_source = True
+
+    def set_version(self):
+        # One source of truth: the macros in core/config.hpp.
+        text = load(self, os.path.join(self.recipe_folder, "include", "deft", "core", "config.hpp"))
+        parts = [re.search(rf"#define DEFT_VERSION_{p} (\d+)", text).group(1) for p in ("MAJOR", "MINOR", "PATCH")]
+        self.version = ".".join(parts)
+
+    def layout(self):
+        basic_layout(self, src_folder=".")
+
+    def requirements(self):
+        if self.options.with_xsimd:
+            # deft's kernels are written and tested against the xsimd 8 API.
+            self.requires("xsimd/[>=8.1.0 <9]")
+
+    def package_id(self):
+        self.info.clear()
+
+    def validate(self):
+        if self.settings.get_safe("compiler.cppstd"):
+            check_min_cppstd(self, 20)
+
+    def package(self):
+        copy(self, "*.hpp", src=os.path.join(self.source_folder, "include"),
+             dst=os.path.join(self.package_folder, "include"))
+
+    def package_info(self):
+        self.cpp_info.set_property("cmake_file_name", "deft")
+        self.cpp_info.set_property("pkg_config_name", "deft")
+        core = self.cpp_info.components["core"]
+        core.set_property("cmake_target_name", "deft::deft")
+        core.set_property("pkg_config_name", "deft")
+        core.bindirs = []
+        core.libdirs = []
+        if self.settings.os in ("Linux", "FreeBSD"):
+            core.system_libs = ["pthread"]
+        if self.options.with_xsimd:
+            core.requires = ["xsimd::xsimd"]
+        if self.options.with_cuda:
+            cuda = self.cpp_info.components["cuda"]
+            cuda.set_property("cmake_target_name", "deft::cuda")
+            cuda.requires = ["core"]
+            cuda.bindirs = []
+            cuda.libdirs = []
+            cuda.system_libs = ["cudart"]

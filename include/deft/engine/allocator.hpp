@@ -46,11 +46,14 @@ class DefaultHostAllocator final : public HostAllocator {
 /// straight through. The cache holds at most limit() free bytes.
 class CachingHostAllocator final : public HostAllocator {
  public:
+  /// What the cache did so far.
   struct Stats {
-    std::uint64_t hits = 0, misses = 0;  // cacheable requests served from the cache / from upstream
-    std::size_t cached_bytes = 0;        // free bytes held now
+    std::uint64_t hits = 0;        ///< cacheable requests served from the cache
+    std::uint64_t misses = 0;      ///< cacheable requests passed to the upstream allocator
+    std::size_t cached_bytes = 0;  ///< free bytes held now
   };
 
+  /// Caches what `upstream` allocates, holding at most `limit` free bytes.
   explicit CachingHostAllocator(std::shared_ptr<HostAllocator> upstream = std::make_shared<DefaultHostAllocator>(),
                                 std::size_t limit = thresholds::host_cache_max_bytes)
       : upstream_(std::move(upstream)), limit_(limit) {}
@@ -116,10 +119,12 @@ class CachingHostAllocator final : public HostAllocator {
     }
     release();
   }
+  /// The cap on the free bytes held.
   std::size_t limit() const noexcept {
     std::lock_guard lk(m_);
     return limit_;
   }
+  /// Hits, misses and the free bytes held now.
   Stats stats() const noexcept {
     std::lock_guard lk(m_);
     return stats_;

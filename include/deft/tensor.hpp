@@ -372,7 +372,12 @@ class Tensor {
       using Kernel = detail::EvaluateInto<decltype(e)>;
       std::shared_ptr<detail::TaskImpl<Kernel>> t;
       if (in_place) {
-        // Nobody else can see this version: write it where it is.
+        // Nobody else can see this version: write it where it is. use_count()
+        // is a relaxed read and does not order the write of cur->producer
+        // below after the reads of it by the tasks that held `cur` until now
+        // (TSan saw that race); those reads preceded their Engine::record,
+        // so taking the engine's lock once orders them.
+        detail::Engine::get().sync_with_recorders();
         t = detail::make_task(op, std::size_t(size()) * sizeof(T), Kernel{std::move(e), offset_});
         if (!reads_cur && whole) detail::Engine::get().supersede(cur->producer, *t);
         else t->add_input(cur);

@@ -163,6 +163,11 @@ class Engine {
     }
   }
 
+  /// An empty critical section on the engine's lock. Every thread records
+  /// its tasks under that lock after reading its inputs' producers, so a
+  /// caller that takes it afterwards is ordered after those reads.
+  void sync_with_recorders() { std::lock_guard lk(m_); }
+
   /// Calls f(recorded_) under the engine's lock: no recorded task is submitted
   /// (nor its deps changed) meanwhile, so f may walk their graph (graph_dump.hpp).
   template <class F>

@@ -343,7 +343,6 @@ class Tensor {
   template <class Build>
   void write(Build&& build, const char* op) {
     auto& v = var();
-    std::shared_ptr<detail::Task> task;
     {
       std::lock_guard lk(v.m);
       std::shared_ptr<detail::Buffer> cur = v.current;
@@ -395,9 +394,11 @@ class Tensor {
         v.current = std::move(fresh);
       }
       detail::add_leaf_inputs(*t);
-      task = std::move(t);
+      // Recorded before the storage's lock is released: once another thread
+      // can see it as the producer it must be recorded, or that thread's
+      // supersede() could cancel it first and count its bytes out before in.
+      detail::Engine::get().record(std::move(t));
     }
-    detail::Engine::get().record(std::move(task));
   }
 
   std::shared_ptr<detail::Var> var_;

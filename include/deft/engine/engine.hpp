@@ -3,6 +3,7 @@
 // work passes a second bound, and carries failures to the sync points.
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -443,6 +444,14 @@ inline void wait_all() {
 namespace engine {
 
 inline void set_num_workers(int n) { detail::Engine::get().set_num_workers(n); }
+/// How long an idle worker polls for new work before it sleeps (default
+/// thresholds::worker_poll_ns). Polling makes bursts of small parallel loops
+/// cheap to start; 0 makes idle workers sleep at once (a busy shared machine).
+inline void set_worker_poll(std::chrono::nanoseconds d) {
+  detail::ThreadPool::poll_ns().store(std::max<std::int64_t>(0, d.count()));
+}
+/// The current polling time of idle workers (see set_worker_poll).
+inline std::chrono::nanoseconds worker_poll() { return std::chrono::nanoseconds(detail::ThreadPool::poll_ns().load()); }
 inline int num_workers() { return detail::Engine::get().num_workers(); }
 /// Switching to synchronous first finishes all recorded work.
 inline void set_mode(Mode m) { detail::Engine::get().set_mode(m); }

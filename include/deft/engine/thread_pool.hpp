@@ -1,9 +1,14 @@
 // ThreadPool: a fixed set of workers sharing one FIFO of jobs. A job is either
 // a ready task or a helper for a parallel loop; loops are split into chunks
 // that the calling thread and any idle worker claim with an atomic counter.
+// A worker that runs out of jobs polls for a short while before it sleeps
+// (at most one fewer than the workers or the cores, so that they and a thread
+// at a sync point fit the cores): handing a job to a polling worker costs well under a
+// microsecond, waking a sleeping one several.
 #pragma once
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -16,6 +21,11 @@
 
 #include "profiler.hpp"
 #include "task.hpp"
+#include "thresholds.hpp"
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace deft::detail {
 
@@ -25,6 +35,10 @@ class ThreadPool {
 
   ThreadPool(int workers, TaskRunner run_task) : run_task_(run_task) {
     workers = std::max(workers, 1);
+    // Pollers plus one thread at a sync point must fit the cores: a poller
+    // that took a core from a computing thread would cost more than it saves.
+    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    max_polling_ = std::min(workers, cores) - 1;
     threads_.reserve(workers);
     for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] {
       worker_index() = i;
@@ -38,7 +52,7 @@ class ThreadPool {
   ~ThreadPool() {
     {
       std::lock_guard lk(m_);
-      stop_ = true;
+      stop_.store(true, std::memory_order_relaxed);
     }
     cv_.notify_all();
     for (auto& t : threads_) t.join();
@@ -46,14 +60,24 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(threads_.size()); }
 
+  /// How long an idle worker polls before it sleeps (0: sleep at once).
+  static std::atomic<std::int64_t>& poll_ns() {
+    static std::atomic<std::int64_t> ns{thresholds::worker_poll_ns};
+    return ns;
+  }
+
   void push(std::vector<std::shared_ptr<Task>>& ready) {
     if (ready.empty()) return;
+    int sleeping;
     {
       std::lock_guard lk(m_);
       for (auto& t : ready) jobs_.push_back(Job{std::move(t), nullptr});
+      queued_.fetch_add(static_cast<int>(ready.size()), std::memory_order_release);
+      sleeping = sleeping_;
     }
-    if (ready.size() == 1) cv_.notify_one();
-    else cv_.notify_all();
+    // Always wake sleepers for tasks: two pushers could both count on the
+    // same polling worker, and a task may wait for another one to start.
+    if (sleeping > 0) notify(static_cast<int>(ready.size()));
     ready.clear();
   }
 
@@ -73,12 +97,16 @@ class ThreadPool {
     // The calling thread works too (a worker, or a user thread running a task
     // at its sync point): with size() - 1 helpers at most size() threads run.
     const int helpers = static_cast<int>(std::min<std::int64_t>(chunks - 1, size() - 1));
+    int sleeping;
     {
       std::lock_guard lk(m_);
       for (int i = 0; i < helpers; ++i) jobs_.push_back(Job{nullptr, &loop});
+      queued_.fetch_add(helpers, std::memory_order_release);
+      sleeping = sleeping_;
     }
-    if (helpers == 1) cv_.notify_one();
-    else cv_.notify_all();
+    // A loop needs no helper to finish (this thread runs every chunk no helper
+    // took), so polling workers may take its helpers without a wake-up.
+    if (sleeping > 0 && helpers > polling_.load(std::memory_order_relaxed)) notify(helpers);
     loop.run_chunks();
     // Take back helpers no worker has started; wait for those that have.
     int removed = 0;
@@ -87,6 +115,7 @@ class ThreadPool {
       auto it = std::remove_if(jobs_.begin(), jobs_.end(), [&](const Job& j) { return j.loop == &loop; });
       removed = static_cast<int>(jobs_.end() - it);
       jobs_.erase(it, jobs_.end());
+      queued_.fetch_sub(removed, std::memory_order_relaxed);
     }
     const int started = helpers - removed;
     while (loop.helpers_done.load(std::memory_order_acquire) < started) std::this_thread::yield();
@@ -121,15 +150,44 @@ class ThreadPool {
     Loop* loop;
   };
 
+  void notify(int jobs) {
+    if (jobs == 1) cv_.notify_one();
+    else cv_.notify_all();
+  }
+
+  // Polls for a queued job for up to poll_ns(), if fewer than max_polling_
+  // workers already poll. Returns early when a job or the stop arrives.
+  void poll() {
+    const std::int64_t budget = poll_ns().load(std::memory_order_relaxed);
+    if (budget <= 0) return;
+    int n = polling_.load(std::memory_order_relaxed);
+    do {
+      if (n >= max_polling_) return;
+    } while (!polling_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(budget);
+    for (unsigned i = 1;; ++i) {
+      if (queued_.load(std::memory_order_acquire) > 0 || stop_.load(std::memory_order_relaxed)) break;
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+      _mm_pause();
+#endif
+      if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
+    }
+    polling_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
   void work() {
     for (;;) {
       Job job;
+      poll();
       {
         std::unique_lock lk(m_);
-        cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+        ++sleeping_;
+        cv_.wait(lk, [&] { return stop_.load(std::memory_order_relaxed) || !jobs_.empty(); });
+        --sleeping_;
         if (jobs_.empty()) return;
         job = std::move(jobs_.front());
         jobs_.pop_front();
+        queued_.fetch_sub(1, std::memory_order_relaxed);
       }
       if (job.loop) {
         {
@@ -148,7 +206,11 @@ class ThreadPool {
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
-  bool stop_ = false;
+  std::atomic<int> queued_{0};   // jobs_.size(), readable without the lock by polling workers
+  std::atomic<int> polling_{0};  // workers in poll()
+  int max_polling_ = 0;
+  int sleeping_ = 0;  // workers in cv_.wait (guarded by m_)
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace deft::detail

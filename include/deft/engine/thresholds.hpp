@@ -21,9 +21,21 @@ inline constexpr std::int64_t parallel_grain_work = std::int64_t(1) << 17;
 // Pieces per worker so that uneven progress still balances.
 inline constexpr int chunks_per_worker = 4;
 
+// A worker that runs out of jobs polls this long before it sleeps, so that
+// the next loop of a burst (the layers of a batch-1 forward) reaches it in
+// well under a microsecond. One core burns at most this long per burst.
+inline constexpr std::int64_t worker_poll_ns = 50'000;
+// A loop from this much work (about 1.5 us of one core) up to
+// parallel_min_work is cut in two: a polling worker starts its half at once,
+// and a sleeping one is woken for the loops that follow (the caller runs
+// any half no worker has taken). Each thread then reads the same half of the
+// operands every call, so a batch-1 layer's weights stay in its L2.
+inline constexpr std::int64_t parallel_burst_min_work = std::int64_t(1) << 16;
+
 /// How many pieces a loop of `work` element-ops should be cut into.
 constexpr std::int64_t parallel_chunks(std::int64_t work, int workers) {
-  if (workers <= 1 || work < parallel_min_work) return 1;
+  if (workers <= 1 || work < parallel_burst_min_work) return 1;
+  if (work < parallel_min_work) return 2;
   const std::int64_t by_grain = work / parallel_grain_work;
   const std::int64_t by_workers = std::int64_t(workers) * chunks_per_worker;
   const std::int64_t n = by_grain < by_workers ? by_grain : by_workers;

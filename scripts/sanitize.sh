@@ -13,7 +13,7 @@ build="build-${sanitizers//,/-}"
 
 ./scripts/setup.sh --sanitizers
 cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" \
-  -DDEFT_SANITIZE="$sanitizers" -DDEFT_BUILD_EXAMPLES=OFF >/dev/null
+  -DDEFT_SANITIZE="$sanitizers" -DDEFT_BUILD_EXAMPLES=OFF -DDEFT_CUDA=OFF >/dev/null
 # TSan is for the concurrent code: the engine and its stress tests, the data
 # loader's prefetch thread, the parallel kernels and hybridized replays. The
 # single-threaded proofs (fuzzing, bad input, gradient checks) run under

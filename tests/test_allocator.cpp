@@ -52,18 +52,22 @@ constexpr std::size_t big = std::size_t(1) << 20;
 BOOST_FIXTURE_TEST_SUITE(host_memory, EngineFixture)
 
 BOOST_AUTO_TEST_CASE(size_classes) {
-  using C = engine::CachingHostAllocator;
+  const engine::CachingHostAllocator C;
   const std::size_t small = deft::thresholds::host_cache_min_bytes - align;
-  BOOST_TEST(C::size_class(small, align) == small);  // below the cache: exact
+  BOOST_TEST(C.size_class(small, align) == small);  // below the cache: exact
   for (std::size_t bytes : {deft::thresholds::host_cache_min_bytes, big - align, big, big + align, 3 * big + 4096,
                             std::size_t(100) << 20}) {
-    const std::size_t c = C::size_class(bytes, align);
+    const std::size_t c = C.size_class(bytes, align);
     BOOST_TEST(c >= bytes);
     BOOST_TEST(c % align == 0u);
     BOOST_TEST(double(c) <= double(bytes) * (1.0 + 1.0 / deft::thresholds::host_cache_classes_per_octave),
                bytes << " rounds up to " << c);
-    BOOST_TEST(C::size_class(c, align) == c, "a class size is its own class");
+    BOOST_TEST(C.size_class(c, align) == c, "a class size is its own class");
   }
+  // A cache of every size (a GPU's): small requests get classes too.
+  const engine::CachingHostAllocator all(std::make_shared<engine::DefaultHostAllocator>(), 1 << 20, align);
+  BOOST_TEST(all.size_class(small + 1, align) > small + 1);
+  BOOST_TEST(all.size_class(small + 1, align) % align == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(reuses_large_blocks_and_passes_small_ones_through) {

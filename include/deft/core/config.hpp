@@ -21,10 +21,3 @@
 #else
 #define DEFT_ALWAYS_INLINE
 #endif
-
-// SIMD evaluators are host-only: xsimd is never seen by device code.
-#if !defined(__CUDA_ARCH__)
-#define DEFT_HOST_SIMD 1
-#else
-#define DEFT_HOST_SIMD 0
-#endif

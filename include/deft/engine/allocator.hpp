@@ -41,9 +41,10 @@ class DefaultHostAllocator final : public HostAllocator {
   void deallocate(void* p, std::size_t, std::size_t) noexcept override { std::free(p); }
 };
 
-/// Keeps freed blocks of host_cache_min_bytes and more, by size class, and
-/// hands them out again instead of asking `upstream`; smaller blocks pass
-/// straight through. The cache holds at most limit() free bytes.
+/// Keeps freed blocks of `min_bytes` (host_cache_min_bytes) and more, by size
+/// class, and hands them out again instead of asking `upstream`; smaller
+/// blocks pass straight through. The cache holds at most limit() free bytes.
+/// The upstream may be any allocator: a GPU's caches device memory.
 class CachingHostAllocator final : public HostAllocator {
  public:
   /// What the cache did so far.
@@ -53,17 +54,18 @@ class CachingHostAllocator final : public HostAllocator {
     std::size_t cached_bytes = 0;  ///< free bytes held now
   };
 
-  /// Caches what `upstream` allocates, holding at most `limit` free bytes.
+  /// Caches what `upstream` allocates from `min_bytes` up, holding at most `limit` free bytes.
   explicit CachingHostAllocator(std::shared_ptr<HostAllocator> upstream = std::make_shared<DefaultHostAllocator>(),
-                                std::size_t limit = thresholds::host_cache_max_bytes)
-      : upstream_(std::move(upstream)), limit_(limit) {}
+                                std::size_t limit = thresholds::host_cache_max_bytes,
+                                std::size_t min_bytes = thresholds::host_cache_min_bytes)
+      : upstream_(std::move(upstream)), limit_(limit), min_bytes_(min_bytes) {}
   ~CachingHostAllocator() override { release(); }
 
   /// The size a request of `bytes` is rounded up to (a multiple of `alignment`).
-  static std::size_t size_class(std::size_t bytes, std::size_t alignment) {
+  std::size_t size_class(std::size_t bytes, std::size_t alignment) const {
     static_assert(std::has_single_bit(unsigned(thresholds::host_cache_classes_per_octave)));
     constexpr int class_bits = std::countr_zero(unsigned(thresholds::host_cache_classes_per_octave));
-    if (bytes < thresholds::host_cache_min_bytes) return bytes;
+    if (bytes < min_bytes_) return bytes;
     const int octave = int(std::bit_width(bytes)) - 1;
     const std::size_t step = std::max(alignment, std::size_t(1) << std::max(0, octave - class_bits));
     return (bytes + step - 1) / step * step;
@@ -71,7 +73,7 @@ class CachingHostAllocator final : public HostAllocator {
 
   void* allocate(std::size_t bytes, std::size_t alignment) override {
     const std::size_t size = size_class(bytes, alignment);
-    if (bytes >= thresholds::host_cache_min_bytes) {
+    if (bytes >= min_bytes_) {
       std::lock_guard lk(m_);
       auto& list = free_[{size, alignment}];
       if (!list.empty()) {
@@ -88,7 +90,7 @@ class CachingHostAllocator final : public HostAllocator {
 
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
     const std::size_t size = size_class(bytes, alignment);
-    if (bytes >= thresholds::host_cache_min_bytes) {
+    if (bytes >= min_bytes_) {
       std::lock_guard lk(m_);
       if (stats_.cached_bytes + size <= limit_) {
         try {
@@ -134,6 +136,7 @@ class CachingHostAllocator final : public HostAllocator {
   std::shared_ptr<HostAllocator> upstream_;
   mutable std::mutex m_;
   std::size_t limit_;
+  std::size_t min_bytes_;
   Stats stats_;
   std::map<std::pair<std::size_t, std::size_t>, std::vector<void*>> free_;  // (size, alignment) -> free blocks
 };

@@ -30,13 +30,11 @@ struct LeafView {
     row = data + off;
   }
   DEFT_HD T at(std::int64_t j) const { return row[j * inner]; }
-#if DEFT_HOST_SIMD
   template <class B>
   DEFT_ALWAYS_INLINE B batch(std::int64_t j) const { return inner ? B::load_unaligned(row + j) : B(*row); }
   // batch() when dense() holds: no per-load test of the stride.
   template <class B>
   DEFT_ALWAYS_INLINE B batch_dense(std::int64_t j) const { return B::load_unaligned(row + j); }
-#endif
   /// Whether every leaf is contiguous along the innermost dimension.
   DEFT_HD bool dense() const { return inner == 1; }
   template <class F>
@@ -50,12 +48,10 @@ struct ConstantView {
   T value;
   DEFT_HD void set_row(const std::int64_t*, int) {}
   DEFT_HD T at(std::int64_t) const { return value; }
-#if DEFT_HOST_SIMD
   template <class B>
   DEFT_ALWAYS_INLINE B batch(std::int64_t) const { return B(value); }
   template <class B>
   DEFT_ALWAYS_INLINE B batch_dense(std::int64_t) const { return B(value); }
-#endif
   DEFT_HD bool dense() const { return true; }
   template <class F>
   void for_each_leaf(F&&) {}
@@ -68,12 +64,10 @@ struct UnaryView {
   A a;
   DEFT_HD void set_row(const std::int64_t* idx, int outer) { a.set_row(idx, outer); }
   DEFT_HD value_type at(std::int64_t j) const { return Op{}(a.at(j)); }
-#if DEFT_HOST_SIMD
   template <class B>
   DEFT_ALWAYS_INLINE B batch(std::int64_t j) const { return Op{}(a.template batch<B>(j)); }
   template <class B>
   DEFT_ALWAYS_INLINE B batch_dense(std::int64_t j) const { return Op{}(a.template batch_dense<B>(j)); }
-#endif
   DEFT_HD bool dense() const { return a.dense(); }
   template <class F>
   void for_each_leaf(F&& f) { a.for_each_leaf(f); }
@@ -90,12 +84,10 @@ struct BinaryView {
     b.set_row(idx, outer);
   }
   DEFT_HD value_type at(std::int64_t j) const { return Op{}(a.at(j), b.at(j)); }
-#if DEFT_HOST_SIMD
   template <class B>
   DEFT_ALWAYS_INLINE B batch(std::int64_t j) const { return Op{}(a.template batch<B>(j), b.template batch<B>(j)); }
   template <class B>
   DEFT_ALWAYS_INLINE B batch_dense(std::int64_t j) const { return Op{}(a.template batch_dense<B>(j), b.template batch_dense<B>(j)); }
-#endif
   DEFT_HD bool dense() const { return a.dense() && b.dense(); }
   template <class F>
   void for_each_leaf(F&& f) {
@@ -117,7 +109,6 @@ struct SelectView {
     b.set_row(idx, outer);
   }
   DEFT_HD value_type at(std::int64_t j) const { return Where{}(c.at(j), a.at(j), b.at(j)); }
-#if DEFT_HOST_SIMD
   template <class B>
   DEFT_ALWAYS_INLINE B batch(std::int64_t j) const {
     return Where{}(c.template batch<B>(j), a.template batch<B>(j), b.template batch<B>(j));
@@ -126,7 +117,6 @@ struct SelectView {
   DEFT_ALWAYS_INLINE B batch_dense(std::int64_t j) const {
     return Where{}(c.template batch_dense<B>(j), a.template batch_dense<B>(j), b.template batch_dense<B>(j));
   }
-#endif
   DEFT_HD bool dense() const { return c.dense() && a.dense() && b.dense(); }
   template <class F>
   void for_each_leaf(F&& f) {
@@ -144,10 +134,8 @@ struct CastView {
   A a;
   DEFT_HD void set_row(const std::int64_t* idx, int outer) { a.set_row(idx, outer); }
   DEFT_HD U at(std::int64_t j) const { return convert<U>(a.at(j)); }
-#if DEFT_HOST_SIMD
   template <class B>
   B batch(std::int64_t) const = delete;
-#endif
   DEFT_HD bool dense() const { return false; }  // element by element anyway
   template <class F>
   void for_each_leaf(F&& f) { a.for_each_leaf(f); }
@@ -162,10 +150,8 @@ struct MapView {
   A a;
   DEFT_HD void set_row(const std::int64_t* idx, int outer) { a.set_row(idx, outer); }
   DEFT_HD value_type at(std::int64_t j) const { return f(a.at(j)); }
-#if DEFT_HOST_SIMD
   template <class B>
   B batch(std::int64_t) const = delete;
-#endif
   DEFT_HD bool dense() const { return false; }  // element by element anyway
   template <class G>
   void for_each_leaf(G&& g) { a.for_each_leaf(g); }

@@ -8,9 +8,7 @@
 
 #include "../core/config.hpp"
 
-#if DEFT_HOST_SIMD
 #include <xsimd/xsimd.hpp>
-#endif
 
 namespace deft::detail {
 
@@ -22,7 +20,6 @@ DEFT_HD V choose(bool c, const V& a, const V& b) { return c ? a : b; }
 template <class V>
 DEFT_HD bool is_nan(const V& a) { return a != a; }
 
-#if DEFT_HOST_SIMD
 template <class V, class T, class A>
 V from_bool(const xsimd::batch_bool<T, A>& c) { return xsimd::select(c, V(T(1)), V(T(0))); }
 template <class T, class A>
@@ -32,9 +29,7 @@ xsimd::batch<T, A> choose(const xsimd::batch_bool<T, A>& c, const xsimd::batch<T
 // Not `a != a`: xsimd 8's batch != is an ordered compare (false for NaN).
 template <class T, class A>
 xsimd::batch_bool<T, A> is_nan(const xsimd::batch<T, A>& a) { return xsimd::isnan(a); }
-#endif
 
-#if DEFT_HOST_SIMD
 // Recomputes the lanes of r selected by `fix` with the scalar f: for the IEEE
 // special cases that xsimd 8's kernels get wrong (rare lanes, so cheap).
 template <class T, class A, class F>
@@ -50,7 +45,6 @@ xsimd::batch<T, A> fix_lanes(const xsimd::batch_bool<T, A>& fix, const xsimd::ba
     if (fix.get(i)) ra[i] = f(aa[i], ba[i]);
   return xsimd::batch<T, A>::load_aligned(ra);
 }
-#endif
 
 // Signed integer arithmetic wraps (as numpy does) instead of being undefined.
 template <class V>
@@ -108,13 +102,11 @@ struct Exp {
     if constexpr (std::is_floating_point_v<V>) {
       return exp(a);
     } else {
-#if DEFT_HOST_SIMD
       using T = typename V::value_type;
       constexpr T hi = std::is_same_v<T, float> ? T(88) : T(709);    // log(max()) is 88.72 / 709.78
       constexpr T lo = std::is_same_v<T, float> ? T(-87) : T(-708);  // log(min()) is -87.34 / -708.40
       const auto edge = (a > V(hi)) | (a < V(lo));
       return fix_lanes(edge, V(exp(a)), [](T x, T) { return std::exp(x); }, a, a);
-#endif
     }
   }
 };
@@ -129,11 +121,9 @@ struct Log {
     if constexpr (std::is_floating_point_v<V>) {
       return log(a);
     } else {
-#if DEFT_HOST_SIMD
       using T = typename V::value_type;
       const auto denormal = (a > V(T(0))) & (a < V(std::numeric_limits<T>::min()));
       return fix_lanes(denormal, V(log(a)), [](T x, T) { return std::log(x); }, a, a);
-#endif
     }
   }
 };
@@ -215,7 +205,6 @@ struct Pow {
       using std::pow;
       return pow(a, b);
     } else {
-#if DEFT_HOST_SIMD
       // xsimd 8's pow misses IEEE special cases (pow(inf, 0) = 1, pow(-8, 1/3.) = NaN, ...):
       // lanes outside positive, normal, finite a != 1 and finite b != 0 use std::pow.
       using T = typename V::value_type;
@@ -225,7 +214,6 @@ struct Pow {
                            (b == V(T(0))) | (a == V(T(1))) | (!xsimd::isfinite(r)) |
                            (xsimd::abs(r) < V(std::numeric_limits<T>::min()));
       return fix_lanes(special, r, [](T x, T y) { return std::pow(x, y); }, a, b);
-#endif
     }
   }
 };

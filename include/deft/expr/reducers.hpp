@@ -11,44 +11,44 @@ namespace deft::detail {
 
 template <class T>
 struct SumReducer {
-  static T identity() { return T(0); }
+  DEFT_HD static T identity() { return T(0); }
   template <class V>
-  static V step(const V& acc, const V& x) { return Add{}(acc, x); }
-  static T merge(T a, T b) { return Add{}(a, b); }
-  static T finish(T acc, std::int64_t) { return acc; }
+  DEFT_HD static V step(const V& acc, const V& x) { return Add{}(acc, x); }
+  DEFT_HD static T merge(T a, T b) { return Add{}(a, b); }
+  DEFT_HD static T finish(T acc, std::int64_t) { return acc; }
 };
 template <class T>
 struct MeanReducer : SumReducer<T> {
-  static T finish(T acc, std::int64_t n) { return n ? acc / T(n) : std::numeric_limits<T>::quiet_NaN(); }
+  DEFT_HD static T finish(T acc, std::int64_t n) { return n ? acc / T(n) : std::numeric_limits<T>::quiet_NaN(); }
 };
 template <class T>
 struct NormReducer : SumReducer<T> {  // sum of squares, then the square root
   template <class V>
-  static V step(const V& acc, const V& x) { return acc + x * x; }
-  static T finish(T acc, std::int64_t) { return std::sqrt(acc); }
+  DEFT_HD static V step(const V& acc, const V& x) { return acc + x * x; }
+  DEFT_HD static T finish(T acc, std::int64_t) { return std::sqrt(acc); }
 };
 template <class T>
 struct MaxReducer {
   // -inf for floating point: lowest() would be the max of an all -inf input.
-  static T identity() {
+  DEFT_HD static T identity() {
     if constexpr (std::numeric_limits<T>::has_infinity) return -std::numeric_limits<T>::infinity();
     else return std::numeric_limits<T>::lowest();
   }
   template <class V>
-  static V step(const V& acc, const V& x) { return Maximum{}(x, acc); }  // x first: a NaN in x sticks
-  static T merge(T a, T b) { return Maximum{}(a, b); }
-  static T finish(T acc, std::int64_t) { return acc; }
+  DEFT_HD static V step(const V& acc, const V& x) { return Maximum{}(x, acc); }  // x first: a NaN in x sticks
+  DEFT_HD static T merge(T a, T b) { return Maximum{}(a, b); }
+  DEFT_HD static T finish(T acc, std::int64_t) { return acc; }
 };
 template <class T>
 struct MinReducer {
-  static T identity() {
+  DEFT_HD static T identity() {
     if constexpr (std::numeric_limits<T>::has_infinity) return std::numeric_limits<T>::infinity();
     else return std::numeric_limits<T>::max();
   }
   template <class V>
-  static V step(const V& acc, const V& x) { return Minimum{}(x, acc); }
-  static T merge(T a, T b) { return Minimum{}(a, b); }
-  static T finish(T acc, std::int64_t) { return acc; }
+  DEFT_HD static V step(const V& acc, const V& x) { return Minimum{}(x, acc); }
+  DEFT_HD static T merge(T a, T b) { return Minimum{}(a, b); }
+  DEFT_HD static T finish(T acc, std::int64_t) { return acc; }
 };
 
 }  // namespace deft::detail

@@ -103,7 +103,7 @@ struct GemmKernel {
     B acc[MR][NV];
     for (int r = 0; r < MR; ++r)
       for (int v = 0; v < NV; ++v) acc[r][v] = B(T(0));
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 #pragma GCC unroll 4
 #endif
     for (std::int64_t k = 0; k < kc; ++k) {
@@ -270,7 +270,7 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, con
     // Every element sums over p in order, whatever the strip or the thread.
     constexpr std::int64_t W = xsimd::batch<T>::size;
     constexpr int wide = simd_registers >= 32 ? 16 : 8;
-    parallel_range(n, m * k, wide * W, [&](std::int64_t j0, std::int64_t j1) {
+    parallel_range(n, m * k, n >= 4 * wide * W ? wide * W : 4 * W, [&](std::int64_t j0, std::int64_t j1) {
       for (std::int64_t i = 0; i < m; ++i) {
         const T* arow = a + i * k;
         T* crow = c + i * n;

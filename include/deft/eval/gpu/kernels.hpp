@@ -1,0 +1,307 @@
+// GPU evaluators ("how" on the device). Each is a Thrust algorithm whose
+// functor is built from an expression's kernel view, so one fused tree is one
+// kernel. They take a Thrust execution policy: the GPU executor passes a CUDA
+// stream's policy, and deft's CPU-only tests pass thrust::cpp::par, which
+// runs the same functors on the host (index arithmetic, broadcasting, the
+// reduction order) on machines without a GPU.
+//
+// Reductions write their result into device memory (no copy back, nothing
+// waits): a pass of one thread per output, or for a full reduction three
+// passes over interleaved partials, whose reads are coalesced and whose
+// order is fixed (the same bits on every run).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <type_traits>
+
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/transform.h>
+
+#include "../../core/config.hpp"
+#include "../../core/shape.hpp"
+#include "../../expr/kernel_views.hpp"
+#include "../../expr/ops.hpp"
+
+namespace deft::detail::gpu {
+
+/// Element i (row-major) of an expression whose view was collapsed to `s`.
+/// `view`'s leaves may be repointed (for_each_leaf) before use.
+template <class View>
+struct ElementAt {
+  using value_type = typename View::value_type;
+  View view;
+  std::int64_t ext[max_rank] = {};
+  int rank = 0;
+
+  ElementAt(const View& v, const Shape& s) : view(v), rank(s.rank()) {
+    for (int d = 0; d < rank; ++d) ext[d] = s[d];
+  }
+  DEFT_HD value_type operator()(std::int64_t i) const {
+    View w = view;
+    if (rank <= 1) {
+      w.set_row(nullptr, 0);
+      return w.at(i);
+    }
+    std::int64_t idx[max_rank] = {};
+    std::int64_t r = i / ext[rank - 1];
+    const std::int64_t j = i % ext[rank - 1];
+    for (int d = rank - 2; d >= 0; --d) {
+      idx[d] = r % ext[d];
+      r /= ext[d];
+    }
+    w.set_row(idx, rank - 1);
+    return w.at(j);
+  }
+};
+
+template <class Expr>
+ElementAt<decltype(std::declval<const Expr&>().view(Shape{}))> element_at(const Expr& e) {
+  auto v = e.view(e.shape());
+  const Shape s = collapse(v, e.shape());
+  return {v, s};
+}
+
+template <class Policy, class F, class Out>
+void for_each_output(const Policy& policy, std::int64_t n, const F& f, Out* out) {
+  if (n <= 0) return;
+  thrust::transform(policy, thrust::counting_iterator<std::int64_t>(0), thrust::counting_iterator<std::int64_t>(n),
+                    out, f);
+}
+
+/// out (contiguous, e's shape) = e: one kernel for the whole tree.
+template <class Policy, class Expr, class T>
+void evaluate(const Policy& policy, const Expr& e, T* out) {
+  for_each_output(policy, e.shape().size(), element_at(e), out);
+}
+
+// --- reductions ----------------------------------------------------------------
+
+/// Output s = (o, i) of a reduction along the middle axis of [outer, len, inner].
+template <class R, class Elem, class T>
+struct AxisReduce {
+  Elem elem;
+  std::int64_t len, inner;
+  DEFT_HD T operator()(std::int64_t s) const {
+    const std::int64_t base = (s / inner) * len * inner + s % inner;
+    T acc = R::identity();
+    for (std::int64_t j = 0; j < len; ++j) acc = R::step(acc, elem(base + j * inner));
+    return R::finish(acc, len);
+  }
+};
+
+/// Partial p of a full reduction: elements p, p + parts, p + 2 parts, ...
+/// (neighbouring threads read neighbouring elements).
+template <class R, class Elem, class T>
+struct StridedPartial {
+  Elem elem;
+  std::int64_t n, parts;
+  DEFT_HD T operator()(std::int64_t p) const {
+    T acc = R::identity();
+    for (std::int64_t i = p; i < n; i += parts) acc = R::step(acc, elem(i));
+    return acc;
+  }
+};
+
+/// Merges partials q, q + parts, ... of an earlier pass; the last pass
+/// (one output) also applies R::finish with the count of the whole input.
+template <class R, class T>
+struct MergePartials {
+  const T* in;
+  std::int64_t n, parts, total;
+  bool last;
+  DEFT_HD T operator()(std::int64_t q) const {
+    T acc = R::identity();
+    for (std::int64_t i = q; i < n; i += parts) acc = R::merge(acc, in[i]);
+    return last ? R::finish(acc, total) : acc;
+  }
+};
+
+/// How a full reduction of n elements is cut: partials of the first and
+/// second pass (the third merges the second's into one value).
+struct ReducePlan {
+  static constexpr std::int64_t first_parts = 65536, second_parts = 256;
+  std::int64_t n, first, second;
+  explicit ReducePlan(std::int64_t n_)
+      : n(n_), first(n_ < first_parts ? (n_ > 0 ? n_ : 1) : first_parts),
+        second(first < second_parts ? first : second_parts) {}
+  /// Scratch elements the partials need.
+  std::int64_t scratch() const { return first + second; }
+};
+
+/// out[0] = R over elem(0 .. n-1); `scratch` holds ReducePlan(n).scratch() values.
+template <class R, class Policy, class Elem, class T>
+void reduce_elements(const Policy& policy, const Elem& elem, std::int64_t n, T* out, T* scratch) {
+  const ReducePlan plan(n);
+  T* first = scratch;
+  T* second = scratch + plan.first;
+  for_each_output(policy, plan.first, StridedPartial<R, decltype(elem), T>{elem, plan.n, plan.first}, first);
+  for_each_output(policy, plan.second, MergePartials<R, T>{first, plan.first, plan.second, plan.n, false}, second);
+  for_each_output(policy, 1, MergePartials<R, T>{second, plan.second, 1, plan.n, true}, out);
+}
+
+/// out[0] = R over every element of e; `scratch` holds ReducePlan::scratch() values.
+template <class R, class Policy, class Expr, class T>
+void reduce_all(const Policy& policy, const Expr& e, T* out, T* scratch) {
+  reduce_elements<R>(policy, element_at(e), e.shape().size(), out, scratch);
+}
+
+/// The [outer, len, inner] split of a shape around `axis`.
+struct AxisSplit {
+  std::int64_t outer = 1, len = 1, inner = 1;
+  AxisSplit(const Shape& s, int axis) {
+    for (int d = 0; d < s.rank(); ++d) (d < axis ? outer : d == axis ? len : inner) *= s[d];
+  }
+};
+
+/// out[o * inner + i] = R over j of e[o, j, i] (axis `axis` is j).
+template <class R, class Policy, class Elem, class T>
+void reduce_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, T* out) {
+  for_each_output(policy, g.outer * g.inner, AxisReduce<R, Elem, T>{elem, g.len, g.inner}, out);
+}
+template <class R, class Policy, class Expr, class T>
+void reduce_axis(const Policy& policy, const Expr& e, int axis, T* out) {
+  reduce_axis_elements<R>(policy, element_at(e), AxisSplit(e.shape(), axis), out);
+}
+
+// --- argmax: index of the first largest value (the first NaN wins, as numpy) ---
+
+template <class T>
+struct ArgBest {
+  T value;
+  std::int64_t index;  // -1: nothing seen yet
+};
+
+/// Commutative and associative, so partials may merge in any grouping:
+/// NaN beats numbers, a larger value beats a smaller, and ties go to the
+/// lower index.
+template <class T>
+DEFT_HD ArgBest<T> better(const ArgBest<T>& a, const ArgBest<T>& b) {
+  if (a.index < 0) return b;
+  if (b.index < 0) return a;
+  const bool na = is_nan(a.value), nb = is_nan(b.value);
+  if (na != nb) return na ? a : b;
+  if (!na && a.value != b.value) return a.value > b.value ? a : b;
+  return a.index < b.index ? a : b;
+}
+
+template <class Elem, class T>
+struct AxisArgmax {
+  Elem elem;
+  std::int64_t len, inner;
+  DEFT_HD std::int64_t operator()(std::int64_t s) const {
+    const std::int64_t base = (s / inner) * len * inner + s % inner;
+    ArgBest<T> best{T(0), -1};
+    for (std::int64_t j = 0; j < len; ++j) best = better(best, ArgBest<T>{elem(base + j * inner), j});
+    return best.index;
+  }
+};
+
+template <class Elem, class T>
+struct StridedArgmax {
+  Elem elem;
+  std::int64_t n, parts;
+  DEFT_HD ArgBest<T> operator()(std::int64_t p) const {
+    ArgBest<T> best{T(0), -1};
+    for (std::int64_t i = p; i < n; i += parts) best = better(best, ArgBest<T>{elem(i), i});
+    return best;
+  }
+};
+
+template <class T>
+struct MergeArgmax {
+  const ArgBest<T>* in;
+  std::int64_t n, parts;
+  DEFT_HD ArgBest<T> operator()(std::int64_t q) const {
+    ArgBest<T> best{T(0), -1};
+    for (std::int64_t i = q; i < n; i += parts) best = better(best, in[i]);
+    return best;
+  }
+};
+
+struct IndexOf {
+  template <class T>
+  DEFT_HD std::int64_t operator()(const ArgBest<T>& b) const { return b.index; }
+};
+
+/// out[0] = index of the first largest of elem(0 .. n-1); `scratch` holds
+/// ReducePlan(n).scratch() + 1 values.
+template <class Policy, class Elem, class T = typename Elem::value_type>
+void argmax_elements(const Policy& policy, const Elem& elem, std::int64_t n, std::int64_t* out, ArgBest<T>* scratch) {
+  const ReducePlan plan(n);
+  ArgBest<T>* first = scratch;
+  ArgBest<T>* second = scratch + plan.first;
+  ArgBest<T>* last = second + plan.second;
+  for_each_output(policy, plan.first, StridedArgmax<decltype(elem), T>{elem, plan.n, plan.first}, first);
+  for_each_output(policy, plan.second, MergeArgmax<T>{first, plan.first, plan.second}, second);
+  for_each_output(policy, 1, MergeArgmax<T>{second, plan.second, 1}, last);
+  thrust::transform(policy, last, last + 1, out, IndexOf{});
+}
+template <class Policy, class Expr, class T = value_t<Expr>>
+void argmax_all(const Policy& policy, const Expr& e, std::int64_t* out, ArgBest<T>* scratch) {
+  argmax_elements(policy, element_at(e), e.shape().size(), out, scratch);
+}
+
+template <class Policy, class Elem>
+void argmax_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, std::int64_t* out) {
+  for_each_output(policy, g.outer * g.inner, AxisArgmax<Elem, typename Elem::value_type>{elem, g.len, g.inner}, out);
+}
+template <class Policy, class Expr>
+void argmax_axis(const Policy& policy, const Expr& e, int axis, std::int64_t* out) {
+  argmax_axis_elements(policy, element_at(e), AxisSplit(e.shape(), axis), out);
+}
+
+// --- data movement and integer products ------------------------------------------
+
+/// out[i] = in at the permuted position (out's dimension d is in's axes[d]).
+template <class T>
+struct PermuteAt {
+  const T* in;
+  int rank;
+  std::int64_t out_ext[max_rank];
+  std::int64_t src_stride[max_rank];
+  DEFT_HD T operator()(std::int64_t i) const {
+    std::int64_t src = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      src += (i % out_ext[d]) * src_stride[d];
+      i /= out_ext[d];
+    }
+    return in[src];
+  }
+};
+
+template <class Policy, class T>
+void permute(const Policy& policy, const T* in, const Shape& in_shape, const std::array<int, max_rank>& axes, T* out) {
+  PermuteAt<T> f{in, in_shape.rank(), {}, {}};
+  const auto st = contiguous_strides(in_shape);
+  std::int64_t total = 1;
+  for (int d = 0; d < f.rank; ++d) {
+    f.out_ext[d] = in_shape[axes[d]];
+    f.src_stride[d] = st[axes[d]];
+    total *= f.out_ext[d];
+  }
+  for_each_output(policy, total, f, out);
+}
+
+/// c[i, j] = sum over p of op(a)[i, p] * op(b)[p, j], one thread per element
+/// (integer products, which cuBLAS has no routine for; wrapping arithmetic).
+template <class T>
+struct NaiveProduct {
+  const T *a, *b;
+  std::int64_t n, k;
+  std::int64_t a_row, a_col, b_row, b_col;  // strides of op(a) and op(b)
+  DEFT_HD T operator()(std::int64_t e) const {
+    const std::int64_t i = e / n, j = e % n;
+    T sum = T(0);
+    for (std::int64_t p = 0; p < k; ++p) sum = Add{}(sum, Mul{}(a[i * a_row + p * a_col], b[p * b_row + j * b_col]));
+    return sum;
+  }
+};
+
+template <class Policy, class T>
+void naive_gemm(const Policy& policy, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c,
+                bool trans_a, bool trans_b) {
+  NaiveProduct<T> f{a, b, n, k, trans_a ? 1 : k, trans_a ? m : 1, trans_b ? 1 : n, trans_b ? k : 1};
+  for_each_output(policy, m * n, f, c);
+}
+
+}  // namespace deft::detail::gpu

@@ -1,0 +1,254 @@
+// The checks of deft's GPU evaluators (eval/gpu/kernels.hpp), written once
+// for any memory: `Mem` supplies the Thrust policy, copies of the operands
+// and room for results. The CPU-only runner (test_kernels_host.cpp) passes
+// thrust::cpp::par and host vectors, so CI checks the functors' index
+// arithmetic and reduction order without a GPU; the gpu-labelled runner
+// (test_kernels_device.cu) passes a CUDA stream and device memory. Every
+// result is compared with a naive double-precision loop on random inputs.
+#pragma once
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <deft/deft.hpp>
+#include <deft/eval/gpu/kernels.hpp>
+
+namespace gpu_checks {
+
+using deft::Shape;
+using deft::Tensor;
+using i64 = std::int64_t;
+namespace gk = deft::detail::gpu;
+
+template <class T>
+std::vector<T> values(const Tensor<T>& t) {
+  return t.to_vector();
+}
+
+/// The element functor of expression e with every leaf repointed into `mem`
+/// (each leaf must be one of the tensors mirrored with mem.mirror()).
+template <class Mem, class Expr>
+auto elements_in(Mem& mem, const Expr& e) {
+  auto el = gk::element_at(e);
+  el.view.for_each_leaf([&](auto& leaf) {
+    leaf.data = mem.translate(leaf.data);
+    leaf.row = leaf.data;
+  });
+  return el;
+}
+
+/// Result of evaluating e through the GPU evaluator, back on the host.
+template <class Mem, class Expr, class T = deft::detail::value_t<Expr>>
+std::vector<T> evaluated(Mem& mem, const Expr& e) {
+  const i64 n = e.shape().size();
+  T* out = mem.template make<T>(n);
+  gk::for_each_output(mem.policy(), n, elements_in(mem, e), out);
+  return mem.get(out, n);
+}
+
+inline double rel_err(double got, double want) {
+  if (std::isnan(want)) return std::isnan(got) ? 0 : 1;
+  return std::abs(got - want) / std::max(1.0, std::abs(want));
+}
+
+template <class T>
+void expect_close(const std::vector<T>& got, const std::vector<double>& want, double tol) {
+  BOOST_REQUIRE_EQUAL(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (rel_err(double(got[i]), want[i]) > tol)
+      BOOST_FAIL("element " << i << ": got " << got[i] << ", want " << want[i] << " (tolerance " << tol << ")");
+}
+
+/// Fused tree with broadcasting (a row vector and a column) on a 3-D shape.
+template <class Mem>
+void fused_broadcast(Mem& mem) {
+  deft::random::seed(7);
+  auto a = deft::random::uniform<float>(-2, 2, {3, 5, 7}), b = deft::random::uniform<float>(-2, 2, {7});
+  auto c = deft::random::uniform<float>(-2, 2, {3, 5, 1});
+  mem.mirror(a), mem.mirror(b), mem.mirror(c);
+  const auto got = evaluated(mem, a * b + c * 2.0f - deft::maximum(a, 0.0f));
+  const auto va = values(a), vb = values(b), vc = values(c);
+  std::vector<double> want(va.size());
+  for (i64 i = 0; i < 3; ++i)
+    for (i64 j = 0; j < 5; ++j)
+      for (i64 k = 0; k < 7; ++k) {
+        const i64 e = (i * 5 + j) * 7 + k;
+        want[e] = double(va[e]) * vb[k] + double(vc[i * 5 + j]) * 2 - std::max(double(va[e]), 0.0);
+      }
+  expect_close(got, want, 1e-6);
+}
+
+/// float64, a transcendental function and a column broadcast along rows.
+template <class Mem>
+void double_column_broadcast(Mem& mem) {
+  deft::random::seed(8);
+  auto a = deft::random::uniform<double>(-1, 1, {6, 9}), b = deft::random::uniform<double>(-1, 1, {6, 1});
+  mem.mirror(a), mem.mirror(b);
+  const auto got = evaluated(mem, deft::exp(a) * b);
+  const auto va = values(a), vb = values(b);
+  std::vector<double> want(va.size());
+  for (i64 i = 0; i < 6; ++i)
+    for (i64 j = 0; j < 9; ++j) want[i * 9 + j] = std::exp(va[i * 9 + j]) * vb[i];
+  expect_close(got, want, 1e-12);
+}
+
+/// Sum, mean, max, min and norm of every element: sizes that take one, two
+/// and all three passes of the partial reduction.
+template <class Mem>
+void reduce_all(Mem& mem) {
+  for (const i64 n : {i64(1), i64(1000), i64(65536 + 77), i64(300001)}) {
+    deft::random::seed(9 + n);
+    auto x = deft::random::uniform<float>(-1, 1, {n});
+    mem.mirror(x);
+    const auto vx = values(x);
+    double s = 0, sq = 0, mx = -INFINITY, mn = INFINITY;
+    for (float v : vx) s += v, sq += double(v) * v, mx = std::max(mx, double(v)), mn = std::min(mn, double(v));
+    const auto el = elements_in(mem, x * 1.0f);
+    float* out = mem.template make<float>(5);
+    float* scratch = mem.template make<float>(gk::ReducePlan(n).scratch());
+    gk::reduce_elements<deft::detail::SumReducer<float>>(mem.policy(), el, n, out + 0, scratch);
+    gk::reduce_elements<deft::detail::MeanReducer<float>>(mem.policy(), el, n, out + 1, scratch);
+    gk::reduce_elements<deft::detail::MaxReducer<float>>(mem.policy(), el, n, out + 2, scratch);
+    gk::reduce_elements<deft::detail::MinReducer<float>>(mem.policy(), el, n, out + 3, scratch);
+    gk::reduce_elements<deft::detail::NormReducer<float>>(mem.policy(), el, n, out + 4, scratch);
+    BOOST_TEST_CONTEXT("n = " << n) {
+      // float sums of n terms of magnitude <= 1: error grows like sqrt(n) eps
+      expect_close(mem.get(out, 5), {s, s / double(n), mx, mn, std::sqrt(sq)}, 1e-4);
+    }
+  }
+}
+
+/// Reductions along each axis of a 3-D expression.
+template <class Mem>
+void reduce_axes(Mem& mem) {
+  deft::random::seed(10);
+  const Shape shape{4, 33, 20};
+  auto x = deft::random::uniform<float>(-1, 1, shape);
+  mem.mirror(x);
+  const auto vx = values(x);
+  for (int axis = 0; axis < 3; ++axis) {
+    const gk::AxisSplit g(shape, axis);
+    std::vector<double> sum(g.outer * g.inner, 0), mx(g.outer * g.inner, -INFINITY);
+    for (i64 o = 0; o < g.outer; ++o)
+      for (i64 j = 0; j < g.len; ++j)
+        for (i64 i = 0; i < g.inner; ++i) {
+          const double v = double(vx[(o * g.len + j) * g.inner + i] * 3.0f);  // the float product, as evaluated
+          sum[o * g.inner + i] += v;
+          mx[o * g.inner + i] = std::max(mx[o * g.inner + i], v);
+        }
+    const auto el = elements_in(mem, x * 3.0f);
+    float* out_sum = mem.template make<float>(g.outer * g.inner);
+    float* out_max = mem.template make<float>(g.outer * g.inner);
+    gk::reduce_axis_elements<deft::detail::SumReducer<float>>(mem.policy(), el, g, out_sum);
+    gk::reduce_axis_elements<deft::detail::MaxReducer<float>>(mem.policy(), el, g, out_max);
+    BOOST_TEST_CONTEXT("axis " << axis) {
+      expect_close(mem.get(out_sum, g.outer * g.inner), sum, 1e-5);
+      expect_close(mem.get(out_max, g.outer * g.inner), mx, 0);
+    }
+  }
+}
+
+/// argmax: ties go to the first index, the first NaN wins, over all
+/// elements (across partials) and along an axis.
+template <class Mem>
+void argmax(Mem& mem) {
+  const i64 n = 200003;
+  std::vector<float> v(n);
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<int> pick(0, 50);
+  for (auto& x : v) x = float(pick(gen));  // many ties
+  const Tensor<float> t(v, {n});
+  mem.mirror(t);
+  auto* out = mem.template make<i64>(1);
+  auto* scratch = mem.template make<gk::ArgBest<float>>(gk::ReducePlan(n).scratch() + 1);
+  gk::argmax_elements(mem.policy(), elements_in(mem, t * 1.0f), n, out, scratch);
+  const i64 first_max = std::max_element(v.begin(), v.end()) - v.begin();  // the first of the largest
+  BOOST_TEST(mem.get(out, 1)[0] == first_max);
+
+  v[123456] = std::numeric_limits<float>::quiet_NaN();
+  v[190000] = std::numeric_limits<float>::quiet_NaN();
+  const Tensor<float> with_nan(v, {n});
+  mem.mirror(with_nan);
+  gk::argmax_elements(mem.policy(), elements_in(mem, with_nan * 1.0f), n, out, scratch);
+  BOOST_TEST(mem.get(out, 1)[0] == 123456);
+
+  deft::random::seed(12);
+  const Shape shape{5, 40, 3};
+  auto x = deft::random::uniform<float>(-1, 1, shape);
+  mem.mirror(x);
+  const auto vx = values(x);
+  const gk::AxisSplit g(shape, 1);
+  auto* idx = mem.template make<i64>(g.outer * g.inner);
+  gk::argmax_axis_elements(mem.policy(), elements_in(mem, x * 1.0f), g, idx);
+  const auto got = mem.get(idx, g.outer * g.inner);
+  for (i64 o = 0; o < g.outer; ++o)
+    for (i64 i = 0; i < g.inner; ++i) {
+      i64 best = 0;
+      for (i64 j = 1; j < g.len; ++j)
+        if (vx[(o * g.len + j) * g.inner + i] > vx[(o * g.len + best) * g.inner + i]) best = j;
+      BOOST_TEST(got[o * g.inner + i] == best);
+    }
+}
+
+/// Axis permutation of a 3-D tensor.
+template <class Mem>
+void permute(Mem& mem) {
+  deft::random::seed(13);
+  const Shape shape{3, 4, 5};
+  auto x = deft::random::uniform<float>(-1, 1, shape);
+  mem.mirror(x);
+  const auto vx = values(x);
+  const std::array<int, deft::max_rank> axes{2, 0, 1};
+  float* out = mem.template make<float>(60);
+  const float* in = mem.translate(gk::element_at(deft::as_expr(x)).view.data);
+  gk::permute(mem.policy(), in, shape, axes, out);
+  const auto got = mem.get(out, 60);
+  for (i64 k = 0; k < 5; ++k)
+    for (i64 i = 0; i < 3; ++i)
+      for (i64 j = 0; j < 4; ++j) BOOST_TEST(got[(k * 3 + i) * 4 + j] == vx[(i * 4 + j) * 5 + k]);
+}
+
+/// Integer products in all four transpositions.
+template <class Mem>
+void integer_products(Mem& mem) {
+  const i64 m = 7, n = 9, k = 11;
+  std::mt19937 gen(14);
+  std::uniform_int_distribution<int> pick(-20, 20);
+  std::vector<std::int32_t> a(m * k), b(k * n);
+  for (auto& x : a) x = pick(gen);
+  for (auto& x : b) x = pick(gen);
+  const Tensor<std::int32_t> ta(a, {i64(a.size())}), tb(b, {i64(b.size())});
+  mem.mirror(ta), mem.mirror(tb);
+  const auto* da = mem.translate(gk::element_at(deft::as_expr(ta)).view.data);
+  const auto* db = mem.translate(gk::element_at(deft::as_expr(tb)).view.data);
+  auto* c = mem.template make<std::int32_t>(m * n);
+  for (const bool trans_a : {false, true})
+    for (const bool trans_b : {false, true}) {
+      // Stored layouts: A is m x k (k x m when transposed), B is k x n (n x k).
+      gk::naive_gemm(mem.policy(), m, n, k, da, db, c, trans_a, trans_b);
+      const auto got = mem.get(c, m * n);
+      for (i64 i = 0; i < m; ++i)
+        for (i64 j = 0; j < n; ++j) {
+          std::int64_t want = 0;
+          for (i64 p = 0; p < k; ++p)
+            want += std::int64_t(trans_a ? a[p * m + i] : a[i * k + p]) * (trans_b ? b[j * k + p] : b[p * n + j]);
+          BOOST_TEST_CONTEXT("trans_a " << trans_a << ", trans_b " << trans_b) { BOOST_TEST(got[i * n + j] == want); }
+        }
+    }
+}
+
+}  // namespace gpu_checks
+
+/// Registers every check above as a test case run with memory `Mem`.
+#define DEFT_GPU_KERNEL_CASES(Mem)                                                                 \
+  BOOST_AUTO_TEST_CASE(fused_tree_with_broadcasting) { Mem m; gpu_checks::fused_broadcast(m); }  \
+  BOOST_AUTO_TEST_CASE(float64_column_broadcast) { Mem m; gpu_checks::double_column_broadcast(m); } \
+  BOOST_AUTO_TEST_CASE(full_reductions_in_three_passes) { Mem m; gpu_checks::reduce_all(m); }    \
+  BOOST_AUTO_TEST_CASE(reductions_along_each_axis) { Mem m; gpu_checks::reduce_axes(m); }        \
+  BOOST_AUTO_TEST_CASE(argmax_ties_and_nan) { Mem m; gpu_checks::argmax(m); }                    \
+  BOOST_AUTO_TEST_CASE(axis_permutation) { Mem m; gpu_checks::permute(m); }                      \
+  BOOST_AUTO_TEST_CASE(integer_products_all_transpositions) { Mem m; gpu_checks::integer_products(m); }

@@ -16,13 +16,14 @@ cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" -DCMAKE_BUILD_TYPE
   -DDEFT_SANITIZE="$sanitizers" -DDEFT_BUILD_EXAMPLES=OFF -DDEFT_CUDA=OFF >/dev/null
 # TSan is for the concurrent code: the engine and its stress tests, the data
 # loader's prefetch thread, the parallel kernels and hybridized replays. The
-# single-threaded proofs (fuzzing, bad input, gradient checks) run under
-# ASan+UBSan only, which keeps CI near 30 minutes.
+# single-threaded proofs (fuzzing, bad input, gradient checks, the GPU
+# evaluators on the host) run under ASan+UBSan only, which keeps CI near 30
+# minutes.
 targets=""
 exclude=""
 if [ "$sanitizers" = thread ]; then
   targets="deft_tests exit_pending deft_stress deft_data_tests deft_nn_tests deft_conv_tests deft_observe_tests"
-  exclude='^(fuzz_|bad_input_|autograd_)'
+  exclude='^(fuzz_|bad_input_|autograd_|gpu_)'
 fi
 # shellcheck disable=SC2086
 cmake --build "$build" -j2 ${targets:+--target $targets}

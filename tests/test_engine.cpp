@@ -850,6 +850,44 @@ BOOST_AUTO_TEST_CASE(threads_with_deferred_chains_and_bounds) {
   BOOST_TEST(failures.load() == 0);
 }
 
+// Loops between parallel_burst_min_work and parallel_min_work are cut in
+// two; a polling worker takes the second piece, or the caller runs it. Both
+// ways, and with polling off, the results equal a naive double loop.
+BOOST_AUTO_TEST_CASE(small_loops_split_with_and_without_polling_workers) {
+  namespace th = deft::thresholds;
+  BOOST_TEST(th::parallel_chunks(th::parallel_burst_min_work - 1, 2) == 1);
+  BOOST_TEST(th::parallel_chunks(th::parallel_burst_min_work, 2) == 2);
+  BOOST_TEST(th::parallel_chunks(th::parallel_min_work - 1, 8) == 2);
+  BOOST_TEST(th::parallel_chunks(th::parallel_burst_min_work, 1) == 1);
+
+  const auto default_poll = deft::engine::worker_poll();
+  BOOST_TEST(default_poll.count() == th::worker_poll_ns);
+  deft::engine::set_worker_poll(std::chrono::nanoseconds(-5));
+  BOOST_TEST(deft::engine::worker_poll().count() == 0);  // negative means off
+
+  std::mt19937 g(77);
+  const i64 k = 512, n = 256;  // a batch-1 layer: 131072 multiply-adds, a burst-sized loop
+  const auto xv = random_values<float>(g, k, -1, 1), wv = random_values<float>(g, k * n, -1, 1);
+  const auto ev = random_values<float>(g, 40000, -1, 1);  // 40000 x (cost + 1): burst-sized too
+  const Tensor<float> x = make(xv, Shape{1, k}), w = make(wv, Shape{k, n}), e = make(ev, Shape{40000});
+  std::vector<double> dot_ref(n, 0), ew_ref(ev.size());
+  for (i64 j = 0; j < n; ++j)
+    for (i64 p = 0; p < k; ++p) dot_ref[j] += double(xv[p]) * wv[p * n + j];
+  for (std::size_t i = 0; i < ev.size(); ++i) ew_ref[i] = double(ev[i]) * ev[i] + 1;
+  for (const auto poll : {std::chrono::nanoseconds(0), default_poll}) {
+    deft::engine::set_worker_poll(poll);
+    for (int round = 0; round < 50; ++round) {  // back to back: later rounds find a polling worker
+      Tensor<float> y = deft::dot(x, w);
+      Tensor<float> z = e * e + 1;
+      if (round % 10 == 0) {
+        check_tensor(y, {1, n}, dot_ref, 1e-5, 1e-5, "burst-sized product");
+        check_tensor(z, {40000}, ew_ref, arith_rtol<float>, 0, "burst-sized elementwise");
+      }
+    }
+  }
+  deft::engine::set_worker_poll(default_poll);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // =============================================================================

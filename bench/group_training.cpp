@@ -22,6 +22,8 @@
 
 #include "common.hpp"
 
+#include <chrono>
+
 namespace bench {
 namespace {
 
@@ -160,6 +162,12 @@ void forward_rows(const char* g) {
   const auto hybrid = (*net)(x).to_vector();
   add_time(g, name + " hybridized", "deft", w, size, "us", measure(loop), calls);
   check_same(g, name + " hybridized vs imperative", hybrid.data(), imperative.data(), hybrid.size(), 0);
+  {  // what idle workers' polling buys: the same loop with workers that sleep at once
+    const auto poll = engine::worker_poll();
+    engine::set_worker_poll(std::chrono::nanoseconds(0));
+    add_time(g, name + " hybridized, workers sleep at once", "deft", w, size, "us", measure(loop), calls);
+    engine::set_worker_poll(poll);
+  }
 #if DEFT_BENCH_HAVE_TORCH
   const auto xv = x.to_vector();
   std::vector<float> out(2);

@@ -131,7 +131,7 @@ void reduce_axes(Mem& mem) {
   mem.mirror(x);
   const auto vx = values(x);
   for (int axis = 0; axis < 3; ++axis) {
-    const gk::AxisSplit g(shape, axis);
+    const deft::detail::AxisSplit g(shape, axis);
     std::vector<double> sum(g.outer * g.inner, 0), mx(g.outer * g.inner, -INFINITY);
     for (i64 o = 0; o < g.outer; ++o)
       for (i64 j = 0; j < g.len; ++j)
@@ -181,7 +181,7 @@ void argmax(Mem& mem) {
   auto x = deft::random::uniform<float>(-1, 1, shape);
   mem.mirror(x);
   const auto vx = values(x);
-  const gk::AxisSplit g(shape, 1);
+  const deft::detail::AxisSplit g(shape, 1);
   auto* idx = mem.template make<i64>(g.outer * g.inner);
   gk::argmax_axis_elements(mem.policy(), elements_in(mem, x * 1.0f), g, idx);
   const auto got = mem.get(idx, g.outer * g.inner);

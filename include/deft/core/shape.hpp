@@ -129,6 +129,17 @@ inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* what =
   return Shape(std::span<const std::int64_t>(out.data(), r));
 }
 
+namespace detail {
+/// Geometry of a reduction along one axis: the shape seen as outer x len x
+/// inner, where len is the axis (every device's reductions use it).
+struct AxisSplit {
+  std::int64_t outer = 1, len = 1, inner = 1;
+  AxisSplit(const Shape& s, int axis) {
+    for (int d = 0; d < s.rank(); ++d) (d < axis ? outer : d == axis ? len : inner) *= s[d];
+  }
+};
+}  // namespace detail
+
 /// Normalises a possibly negative axis for a tensor of rank r.
 inline int normalize_axis(int axis, int rank, const char* op) {
   if (axis < -rank || axis >= rank)

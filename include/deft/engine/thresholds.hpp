@@ -12,9 +12,10 @@ namespace deft::thresholds {
 // the expression (1 for a load or add, more for transcendental functions).
 // One AVX-512 core streams about 40 element-ops per ns from cache, while
 // waking a worker and joining it costs roughly 5-20 us, i.e. some 200k-800k
-// element-ops; below parallel_min_work (about 12 us of one core's work) a
-// loop runs on one thread. (Measured with deft_bench --filter elementwise:
-// y = a*b + c*2 - max(d, 0) on 4096 floats is 41k element-ops, ~1 us.)
+// element-ops. So a loop below parallel_min_work (about 12 us of one core's
+// work) is cut at most in two, and only from parallel_burst_min_work, for
+// which idle workers poll (below). (Measured with deft_bench --filter
+// elementwise: y = a*b + c*2 - max(d, 0) on 4096 floats is 41k element-ops, ~1 us.)
 inline constexpr std::int64_t parallel_min_work = std::int64_t(1) << 19;
 // The smallest piece of a parallel loop handed to one thread (in element-ops).
 inline constexpr std::int64_t parallel_grain_work = std::int64_t(1) << 17;

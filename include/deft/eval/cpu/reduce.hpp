@@ -72,14 +72,6 @@ inline auto reduce_range(const View& v, const Shape& s, std::int64_t lo, std::in
   return acc;
 }
 
-/// Geometry of a reduction along one axis: outer x len x inner.
-struct AxisSplit {
-  std::int64_t outer = 1, len = 1, inner = 1;
-  AxisSplit(const Shape& s, int axis) {
-    for (int d = 0; d < s.rank(); ++d) (d < axis ? outer : d == axis ? len : inner) *= s[d];
-  }
-};
-
 /// out[0] = R over all elements of e.
 template <class R, class Expr, class T>
 inline void reduce_all(const Expr& e, T* out) {

@@ -145,14 +145,6 @@ void reduce_all(const Policy& policy, const Expr& e, T* out, T* scratch) {
   reduce_elements<R>(policy, element_at(e), e.shape().size(), out, scratch);
 }
 
-/// The [outer, len, inner] split of a shape around `axis`.
-struct AxisSplit {
-  std::int64_t outer = 1, len = 1, inner = 1;
-  AxisSplit(const Shape& s, int axis) {
-    for (int d = 0; d < s.rank(); ++d) (d < axis ? outer : d == axis ? len : inner) *= s[d];
-  }
-};
-
 /// out[o * inner + i] = R over j of e[o, j, i] (axis `axis` is j).
 template <class R, class Policy, class Elem, class T>
 void reduce_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, T* out) {

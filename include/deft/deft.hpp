@@ -5,7 +5,8 @@
 //   eval/    evaluators per device (how): eval/cpu/ runs on xsimd
 //   engine/  tasks, the scheduler and its thread pool (where and when),
 //            the profiler (Chrome traces) and the task-graph dump (DOT)
-//   ops/     the public vocabulary: creation, random, reductions, linalg
+//   ops/     the public vocabulary: creation, random, reductions, linalg,
+//            convolutions, several devices (split_and_load, allreduce)
 //   io/      printing
 //   autograd/ recording, derivatives of every operation, backward()
 //   data/    IDX files (gunzip included), Fashion-MNIST, the DataLoader
@@ -26,6 +27,7 @@
 #include "io/print.hpp"
 #include "ops/conv.hpp"
 #include "ops/creation.hpp"
+#include "ops/devices.hpp"
 #include "ops/linalg.hpp"
 #include "ops/random.hpp"
 #include "ops/reduction.hpp"

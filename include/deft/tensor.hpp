@@ -87,6 +87,17 @@ struct EvaluateInto {
   }
 };
 
+/// The kernel of Tensor::to: copies a leaf from its device to the output's.
+template <class T>
+struct CopyAcross {
+  Leaf<T> from;
+  void operator()(Buffer& out) const {
+    if (from.device().type == DeviceType::cpu && out.device.type == DeviceType::cpu)
+      return Executor<DeviceType::cpu>::evaluate(from, out.as<T>());
+    raise("to(): this build has no copy from ", from.device(), " to ", out.device);
+  }
+};
+
 /// Declares the reads of an EvaluateInto task: every leaf still owning its buffer.
 template <class E>
 void add_leaf_inputs(TaskImpl<EvaluateInto<E>>& t) {
@@ -258,6 +269,19 @@ class Tensor {
   }
   /// A deep copy (recorded like any other task).
   Tensor clone() const { return Tensor(leaf()); }
+  /// This value on `device` (MXNet's as_in_context): a copy recorded like
+  /// any task, which runs once the value is computed and only if the copy is
+  /// needed; this same tensor when it already lives there. Gradients flow
+  /// back to this device.
+  Tensor to(Device device) const {
+    var();  // an empty handle is the first thing wrong
+    if (device == this->device()) return *this;
+    const detail::Leaf<T> from = leaf();
+    Tensor out = detail::record_new<T>("to", shape_, device, detail::CopyAcross<T>{from},
+                                       [](auto& t) { t.add_input(t.kernel().from.buffer); });
+    if (from.grad) autograd::detail::track_copy(out, from);
+    return out;
+  }
   /// The same value without its autograd record: gradients stop here.
   Tensor detach() const {
     Tensor v = *this;

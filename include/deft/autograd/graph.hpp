@@ -243,6 +243,15 @@ struct ViewNode final : Node {
   }
 };
 
+/// A copy to another device: the gradient goes back to the source's device.
+template <class T>
+struct CopyNode final : Node {
+  Shape extent;
+  Device from;
+  CopyNode(const deft::detail::Leaf<T>& x) : Node("to"), extent(x.extent), from(x.device()) { inputs.push_back(x.grad); }
+  void backward(MetaBase& out) override { accumulate<T>(*inputs[0], gathered<T>(out).to(from)); }
+};
+
 // --- the hooks the operations call -----------------------------------------
 
 // Integer results carry no record: gradients stop at them, as at comparisons.
@@ -274,6 +283,12 @@ template <class T>
 void track_view(Tensor<T>& view, const Tensor<T>& source, std::int64_t row_begin, std::int64_t row_end) {
   view.set_grad_meta(new_meta<T>(view.shape(), std::make_shared<ViewNode<T>>(source.grad_meta(), source.shape(),
                                                                            row_begin, row_end)));
+}
+
+template <class T>
+void track_copy(Tensor<T>& out, const deft::detail::Leaf<T>& in) {
+  if constexpr (std::is_floating_point_v<T>)
+    out.set_grad_meta(new_meta<T>(out.shape(), std::make_shared<CopyNode<T>>(in)));
 }
 
 // --- Tensor's entry points ----------------------------------------------------

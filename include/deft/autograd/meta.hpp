@@ -79,6 +79,8 @@ template <class T>
 void track_transpose(Tensor<T>& out, const deft::detail::Leaf<T>& in, const std::vector<int>& perm);
 template <class T>
 void track_view(Tensor<T>& view, const Tensor<T>& source, std::int64_t row_begin, std::int64_t row_end);
+template <class T>
+void track_copy(Tensor<T>& out, const deft::detail::Leaf<T>& in);
 
 }  // namespace detail
 

@@ -3,6 +3,7 @@
 // child blocks. Parameters whose shape depends on the input (a Dense layer's
 // input size) are created at the first forward call: deferred initialization.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -19,6 +20,9 @@
 namespace deft::nn {
 
 /// A trainable tensor with a name, an initializer and an attached gradient.
+/// It holds one copy per device it was initialized on (data parallelism:
+/// each device runs the network on its part of the batch with its own copy;
+/// the Trainer keeps the copies equal).
 class Parameter {
  public:
   /// A parameter called `name` whose value `init` will draw once its shape is known.
@@ -27,50 +31,101 @@ class Parameter {
   /// The full name, e.g. "dense0.weight" (the key in parameter files).
   const std::string& name() const { return name_; }
   /// True once the value exists (after the first forward pass).
-  bool initialized() const { return static_cast<bool>(data_); }
-  /// The current value; throws until the block has seen its first input.
-  Tensor<float>& data() {
-    if (!data_)
+  bool initialized() const { return !values_.empty(); }
+  /// The value on the first device; throws until the block has seen its first input.
+  Tensor<float>& data() { return data(devices_.front()); }
+  /// The value (read-only); throws like data().
+  const Tensor<float>& data() const { return const_cast<Parameter*>(this)->data(); }
+  /// The copy on `device`; std::invalid_argument when the parameter has none there.
+  Tensor<float>& data(Device device) {
+    if (values_.empty())
       detail::raise<std::logic_error>("parameter '", name_,
                                       "' has no value yet: call initialize() on the network and run one forward pass "
                                       "(its shape is inferred from the first input)");
-    return data_;
+    return values_[index_of(device)];
   }
-  /// The current value (read-only); throws like data().
-  const Tensor<float>& data() const { return const_cast<Parameter*>(this)->data(); }
-  /// The gradient the last backward() wrote.
+  /// Every copy, in the order of devices().
+  std::vector<Tensor<float>> list_data() {
+    (void)data();  // the same error before the first forward pass
+    return values_;
+  }
+  /// The gradient the last backward() wrote (on the first device).
   Tensor<float> grad() const { return data().grad(); }
+  /// The gradient of the copy on `device`.
+  Tensor<float> grad(Device device) { return data(device).grad(); }
+  /// Every copy's gradient, in the order of devices().
+  std::vector<Tensor<float>> list_grad() {
+    std::vector<Tensor<float>> out;
+    for (auto& v : list_data()) out.push_back(v.grad());
+    return out;
+  }
   /// The value's shape; throws like data() before the first forward pass.
   Shape shape() const { return data().shape(); }
+  /// The devices holding a copy (cpu() unless set by Block::initialize).
+  const std::vector<Device>& devices() const { return devices_; }
+  /// Whether there is a copy on `device`.
+  bool holds(Device device) const { return std::ranges::find(devices_, device) != devices_.end(); }
+
+  /// Moves the parameter to `devices` (Gluon's reset_ctx): an existing value
+  /// is copied from the first device to each of them. std::invalid_argument
+  /// for an empty list or a device named twice.
+  void reset_devices(const std::vector<Device>& devices) {
+    if (devices.empty()) detail::raise("parameter '", name_, "': no devices given");
+    for (std::size_t i = 0; i < devices.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (devices[i] == devices[j]) detail::raise("parameter '", name_, "': device ", devices[i], " is listed twice");
+    for (const Device& d : devices) detail::require_backend(d, "Parameter::reset_devices");
+    const Tensor<float> current = values_.empty() ? Tensor<float>() : values_.front().detach();
+    devices_ = devices;
+    if (current) spread(current);
+  }
 
   /// Draws the value for `shape` (once; later calls must agree on the shape).
   void materialize(const Shape& shape) {
-    if (data_) {
-      if (!(data_.shape() == shape))
-        detail::raise("parameter '", name_, "' has shape ", data_.shape().to_string(), " but the input now needs ",
+    if (!values_.empty()) {
+      if (!(values_.front().shape() == shape))
+        detail::raise("parameter '", name_, "' has shape ", values_.front().shape().to_string(), " but the input now needs ",
                       shape.to_string());
       return;
     }
     if (!init_)
       detail::raise<std::logic_error>("parameter '", name_, "': the network was not initialized; call net.initialize() first");
-    data_ = init_(shape);
-    data_.attach_grad();
+    spread(init_(shape));
   }
-  /// Replaces the value (loading saved parameters); the shape must match once known.
+  /// Replaces the value on every device (loading saved parameters); the shape must match once known.
   void set_data(const Tensor<float>& value) {
-    if (data_ && !(data_.shape() == value.shape()))
-      detail::raise("parameter '", name_, "' has shape ", data_.shape().to_string(), " but the value given has shape ",
+    if (!values_.empty() && !(values_.front().shape() == value.shape()))
+      detail::raise("parameter '", name_, "' has shape ", values_.front().shape().to_string(), " but the value given has shape ",
                     value.shape().to_string());
-    data_ = value.clone();
-    data_.attach_grad();
+    spread(value);
   }
   /// How the value will be drawn (used before it exists).
   void set_initializer(Initializer init) { init_ = std::move(init); }
 
  private:
+  std::size_t index_of(Device device) const {
+    for (std::size_t i = 0; i < devices_.size(); ++i)
+      if (devices_[i] == device) return i;
+    std::string held;
+    for (const Device& d : devices_) held += (held.empty() ? "" : ", ") + d.to_string();
+    detail::raise("parameter '", name_, "' has no copy on ", device, "; it lives on ", held,
+                  " (initialize the network with that device, or move the input there)");
+  }
+  // One fresh copy of `value` per device, each a variable of its own.
+  void spread(const Tensor<float>& value) {
+    std::vector<Tensor<float>> copies;
+    for (const Device& d : devices_) {
+      Tensor<float> v = d == value.device() ? value.clone() : value.to(d);
+      v.attach_grad();
+      copies.push_back(std::move(v));
+    }
+    values_ = std::move(copies);
+  }
+
   std::string name_;
   Initializer init_;
-  Tensor<float> data_;
+  std::vector<Device> devices_{deft::cpu()};
+  std::vector<Tensor<float>> values_;  // one per device, once initialized
 };
 
 /// A network or a part of one (Gluon's Block): a forward function, its
@@ -102,7 +157,7 @@ class Block {
   /// be traced: the first call throws std::logic_error saying so.
   void hybridize(bool on = true) {
     hybridized_ = on;
-    cache_.reset();
+    caches_.clear();
   }
   /// Whether hybridize() is on.
   bool hybridized() const { return hybridized_; }
@@ -121,6 +176,13 @@ class Block {
   /// Sets how parameters start (default Xavier for weights; biases keep zeros);
   /// values are drawn when each parameter's shape is known.
   void initialize(const Initializer& weights = init::xavier()) { apply_initializer(weights); }
+  /// The same, with a copy of every parameter on each of `devices` (Gluon's
+  /// initialize(ctx=[...])): call the network on any of them, typically on
+  /// the parts split_and_load gives, and a Trainer keeps the copies equal.
+  void initialize(const Initializer& weights, const std::vector<Device>& devices) {
+    apply_initializer(weights);
+    for (auto* p : collect_params()) p->reset_devices(devices);
+  }
 
  protected:
   /// Appends this block's parameters, then its children's.
@@ -155,27 +217,34 @@ class Block {
     bool stale(const Shape& x) const {
       if (!(x == input.shape())) return true;
       for (const auto& [p, version] : params)
-        if (!p->initialized() || p->data().leaf().source != version) return true;
+        if (!p->initialized() || !p->holds(input.device()) || p->data(input.device()).leaf().source != version)
+          return true;
       return false;
     }
   };
 
+  // One traced graph per device the block is called on (data parallelism
+  // calls it on several in turn).
   Tensor<float> cached_call(const Tensor<float>& x) {
-    if (cache_ && !cache_->stale(x.shape())) {
+    std::unique_ptr<CachedGraph>* slot = nullptr;
+    for (auto& c : caches_)
+      if (c->input.device() == x.device()) slot = &c;
+    if (slot && !(*slot)->stale(x.shape())) {
+      CachedGraph* cache = slot->get();
       // Refill the input placeholder, after the previous replay's last reads.
-      const auto in = cache_->input.leaf();
+      const auto in = cache->input.leaf();
       auto fill = detail::make_task("hybridized input", in.buffer->bytes, detail::EvaluateInto<detail::Leaf<float>>(x.leaf()));
       detail::add_leaf_inputs(*fill);
-      for (const auto& t : cache_->trace.last_replay())
+      for (const auto& t : cache->trace.last_replay())
         if (!t->finished()) fill->deps.push_back(t);
       if (auto p = in.buffer->producer; p && !p->finished()) fill->deps.push_back(std::move(p));
       fill->output = in.buffer;
       in.buffer->producer = fill;
       detail::Engine::get().record(fill);
-      detail::replay(cache_->trace, fill);
+      detail::replay(cache->trace, fill);
       // The caller gets its own copy: the next replay overwrites the output buffer.
-      Tensor<float> out = cache_->output.clone();
-      cache_->trace.last_replay().push_back(out.leaf().buffer->producer);
+      Tensor<float> out = cache->output.clone();
+      cache->trace.last_replay().push_back(out.leaf().buffer->producer);
       return out;
     }
     // Deferred initialization runs untraced: replays must not draw the weights again.
@@ -187,11 +256,12 @@ class Block {
       detail::TraceScope scope(graph->trace);
       graph->output = forward(graph->input);
     }
-    for (auto* p : collect_params()) graph->params.emplace_back(p, p->data().leaf().source);
+    for (auto* p : collect_params()) graph->params.emplace_back(p, p->data(x.device()).leaf().source);
     ++traces_;
-    cache_ = std::move(graph);
-    Tensor<float> out = cache_->output.clone();
-    cache_->trace.last_replay().push_back(out.leaf().buffer->producer);
+    Tensor<float> out = graph->output.clone();
+    graph->trace.last_replay().push_back(out.leaf().buffer->producer);
+    if (slot) *slot = std::move(graph);
+    else caches_.push_back(std::move(graph));
     return out;
   }
 
@@ -199,7 +269,7 @@ class Block {
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::shared_ptr<Block>> children_;
   bool hybridized_ = false;
-  std::unique_ptr<CachedGraph> cache_;
+  std::vector<std::unique_ptr<CachedGraph>> caches_;
   std::int64_t traces_ = 0;
 };
 

@@ -24,7 +24,7 @@ class Conv2D : public Block {
     if (x.rank() != 4) detail::raise(name(), ": needs an input of shape (batch, channels, height, width), got ", x.shape().to_string());
     weight_.materialize(Shape{channels_, x.shape()[1], kernel_.h, kernel_.w});
     bias_.materialize(Shape{channels_});
-    return activate(act_, conv2d(x, weight_.data(), bias_.data(), stride_, padding_));
+    return activate(act_, conv2d(x, weight_.data(x.device()), bias_.data(x.device()), stride_, padding_));
   }
   /// W, of shape (channels, in_channels, kh, kw).
   Parameter& weight() { return weight_; }

@@ -44,10 +44,10 @@ class Dense : public Block {
       detail::raise(name(), ": was built for ", weight_.shape()[0], " input features but got an input of shape ",
                     x.shape().to_string());
     weight_.materialize(Shape{in, units_});
-    if (!use_bias_) return activate(act_, dot(x2, weight_.data()));
+    if (!use_bias_) return activate(act_, dot(x2, weight_.data(x.device())));
     bias_->materialize(Shape{units_});
-    const Tensor<float> xw = dot(x2, weight_.data());
-    return activate(act_, xw + bias_->data());
+    const Tensor<float> xw = dot(x2, weight_.data(x.device()));
+    return activate(act_, xw + bias_->data(x.device()));
   }
   /// The number of outputs.
   std::int64_t units() const { return units_; }

@@ -56,7 +56,7 @@ class SoftmaxCrossEntropyLoss {
     const Tensor<float> shifted = pred - m;
     const Tensor<float> lse = log(sum(exp(shifted), 1, true));
     const Tensor<float> onehot =
-        arange<float>(0.0f, float(classes)).reshape({1, classes}) == cast<float>(map(LabelCheck{classes}, label.reshape({n, 1})));
+        arange<float>(0.0f, float(classes), 1.0f, pred.device()).reshape({1, classes}) == cast<float>(map(LabelCheck{classes}, label.reshape({n, 1})));
     return sum((lse - shifted) * onehot, 1);
   }
 };

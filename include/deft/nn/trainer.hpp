@@ -9,6 +9,7 @@
 
 #include "../expr/operators.hpp"
 #include "../ops/creation.hpp"
+#include "../ops/devices.hpp"
 #include "block.hpp"
 
 namespace deft::nn {
@@ -38,6 +39,9 @@ class Trainer {
   }
 
   /// One update of every parameter from its current gradient / batch_size.
+  /// A parameter held on several devices first sums its copies' gradients
+  /// (allreduce: batch_size counts the rows of all of them), then updates
+  /// every copy the same way, so the copies stay equal.
   void step(std::int64_t batch_size) {
     if (batch_size < 1) detail::raise("Trainer::step: batch_size must be at least 1, got ", batch_size);
     const float rescale = 1.0f / float(batch_size);
@@ -48,9 +52,11 @@ class Trainer {
       if (!p.initialized())
         detail::raise<std::logic_error>("Trainer::step: parameter '", p.name(),
                                         "' has no value yet; run a forward and backward pass before step()");
-      Tensor<float>& w = p.data();
-      const Tensor<float> g = p.grad();
-      std::visit([&](const auto& o) { update(o, w, g, rescale, state_[i]); }, opt_);
+      std::vector<Tensor<float>> values = p.list_data(), grads = p.list_grad();
+      allreduce(grads);
+      if (state_[i].size() != values.size()) state_[i].assign(values.size(), State{});
+      for (std::size_t r = 0; r < values.size(); ++r)
+        std::visit([&](const auto& o) { update(o, values[r], grads[r], rescale, state_[i][r]); }, opt_);
     }
   }
 
@@ -95,7 +101,7 @@ class Trainer {
 
   std::vector<Parameter*> params_;
   std::variant<SGD, Adam> opt_;
-  std::vector<State> state_;
+  std::vector<std::vector<State>> state_;  // per parameter, per device
   std::int64_t steps_ = 0;
 };
 

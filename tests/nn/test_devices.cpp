@@ -1,0 +1,229 @@
+// Several devices, on the CPU's logical devices cpu(0), cpu(1), cpu(2): copies
+// between them, split_and_load, allreduce, and data-parallel training, which
+// must train as one device would on the whole batch.
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <deft/nn.hpp>
+
+using namespace deft;
+
+namespace {
+
+bool mentions(const std::exception& e, const std::string& what) {
+  return std::string(e.what()).find(what) != std::string::npos;
+}
+
+const std::vector<Device> two = {cpu(0), cpu(1)};
+
+std::shared_ptr<nn::Sequential> small_net() {
+  auto net = std::make_shared<nn::Sequential>();
+  net->add(std::make_shared<nn::Dense>(16, nn::Act::relu), std::make_shared<nn::Dense>(3));
+  return net;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(devices)
+
+BOOST_AUTO_TEST_CASE(to_copies_after_the_producer_and_the_copy_is_independent) {
+  random::seed(11);
+  Tensor<float> a = random::normal<float>(0, 1, {4, 5});
+  const auto av = a.to_vector();
+  const Tensor<float> b = Tensor<float>(a * 2.0f + 1.0f).to(cpu(1));
+  const Tensor<float> rows = a.rows(1, 3).to(cpu(2));  // a view copies just its rows
+  a += 5.0f;                                           // after the copies were recorded
+  BOOST_TEST(b.device() == cpu(1));
+  BOOST_TEST(rows.device() == cpu(2));
+  const auto bv = b.to_vector(), rv = rows.to_vector(), a2 = a.to_vector();
+  for (std::size_t i = 0; i < av.size(); ++i) {
+    BOOST_TEST(std::abs(bv[i] - (2.0 * av[i] + 1.0)) <= 1e-6);
+    BOOST_TEST(std::abs(a2[i] - (av[i] + 5.0)) <= 1e-6);
+  }
+  BOOST_TEST_REQUIRE(rv.size() == 10u);
+  for (std::size_t i = 0; i < rv.size(); ++i) BOOST_TEST(rv[i] == av[5 + i]);
+  // Already there: the same storage, no copy.
+  Tensor<float> same = a.to(cpu(0));
+  same.assign(Tensor<float>(zeros<float>({4, 5})));
+  BOOST_TEST(a.to_vector() == std::vector<float>(20, 0.0f), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(mixing_devices_is_refused_naming_both) {
+  const Tensor<float> a = ones<float>({2, 3}), b = ones<float>({2, 3}, cpu(1));
+  BOOST_CHECK_EXCEPTION((void)Tensor<float>(a + b), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "cpu(0)") && mentions(e, "cpu(1)"); });
+  BOOST_CHECK_EXCEPTION((void)dot(a, ones<float>({3, 2}, cpu(1))), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "cpu(0)") && mentions(e, "cpu(1)"); });
+  Tensor<float> c = ones<float>({2, 3});
+  BOOST_CHECK_EXCEPTION(c.assign(b), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "cpu(1)") && mentions(e, "cpu(0)"); });
+  // A GPU needs the CUDA backend in the engine, which no build has yet.
+  BOOST_CHECK_EXCEPTION((void)a.to(gpu(0)), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "gpu(0)") && mentions(e, "CUDA"); });
+  BOOST_TEST(a.to_vector() == std::vector<float>(6, 1.0f), boost::test_tools::per_element());  // nothing was lost
+}
+
+BOOST_AUTO_TEST_CASE(gradients_flow_back_across_a_copy) {
+  random::seed(12);
+  Tensor<float> x = random::normal<float>(0, 1, {3, 4});
+  x.attach_grad();
+  {
+    autograd::record rec;
+    const Tensor<float> y = x.to(cpu(1));
+    const Tensor<float> loss = sum(y * y * 3.0f);
+    BOOST_TEST(loss.device() == cpu(1));
+    loss.backward();
+  }
+  BOOST_TEST(x.grad().device() == cpu(0));
+  const auto xv = x.to_vector(), g = x.grad().to_vector();
+  for (std::size_t i = 0; i < xv.size(); ++i) BOOST_TEST(std::abs(g[i] - 6.0 * xv[i]) <= 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(split_and_load_gives_one_balanced_part_per_device) {
+  random::seed(13);
+  const Tensor<float> batch = random::normal<float>(0, 1, {7, 3});
+  const auto v = batch.to_vector();
+  const std::vector<Device> three = {cpu(0), cpu(1), cpu(2)};
+  const auto parts = split_and_load(batch, three);
+  BOOST_TEST_REQUIRE(parts.size() == 3u);
+  const std::int64_t sizes[] = {3, 2, 2};
+  std::size_t at = 0;
+  for (std::size_t p = 0; p < 3; ++p) {
+    BOOST_TEST(parts[p].device() == three[p]);
+    BOOST_TEST(parts[p].shape() == (Shape{sizes[p], 3}));
+    for (float x : parts[p].to_vector()) BOOST_TEST(x == v[at++]);
+  }
+  BOOST_TEST(at == v.size());
+  BOOST_CHECK_EXCEPTION(split_and_load(batch, three, true), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "7 rows") && mentions(e, "even_split"); });
+  BOOST_CHECK_EXCEPTION(split_and_load(batch.rows(0, 2), three), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "2 rows") && mentions(e, "cpu(2)"); });
+  BOOST_CHECK_EXCEPTION(split_and_load(batch, {}), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "no devices"); });
+  BOOST_CHECK_EXCEPTION(split_and_load(sum(batch), three), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "scalar"); });
+}
+
+BOOST_AUTO_TEST_CASE(allreduce_writes_the_same_sum_to_every_device) {
+  random::seed(14);
+  std::vector<Tensor<float>> parts;
+  std::vector<std::vector<float>> before;
+  for (int d = 0; d < 3; ++d) {
+    parts.push_back(random::normal<float>(0, 1, {4, 33}).to(cpu(d)));
+    before.push_back(parts.back().to_vector());
+  }
+  allreduce(parts);
+  const auto first = parts[0].to_vector();
+  for (int d = 0; d < 3; ++d) {
+    BOOST_TEST(parts[d].device() == cpu(d));
+    const auto got = parts[d].to_vector();
+    BOOST_TEST(got == first, boost::test_tools::per_element());  // the same bits everywhere
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double ref = double(before[0][i]) + before[1][i] + before[2][i];
+      BOOST_TEST(std::abs(got[i] - ref) <= 1e-5);
+    }
+  }
+  std::vector<Tensor<float>> bad = {zeros<float>({2, 2}), zeros<float>({2, 3}, cpu(1))};
+  BOOST_CHECK_EXCEPTION(allreduce(bad), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "part 1") && mentions(e, "(2, 3)"); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(data_parallel)
+
+// The seeds' multi-device training: each device runs its part of the batch
+// with its own copy of the parameters; step() sums the gradients. That must
+// equal one device training on the whole batch, up to the order of float sums.
+BOOST_AUTO_TEST_CASE(two_devices_train_like_one_device_on_the_whole_batch) {
+  random::seed(21);
+  const Tensor<float> x = random::normal<float>(0, 1, {10, 6});
+  const Tensor<std::int64_t> y(std::vector<std::int64_t>{0, 1, 2, 0, 1, 2, 2, 1, 0, 1}, {10});
+  const nn::SoftmaxCrossEntropyLoss loss;
+
+  auto one = small_net(), many = small_net();
+  random::seed(22);
+  one->initialize(nn::init::xavier());
+  (void)(*one)(x);  // draws the weights
+  random::seed(22);
+  many->initialize(nn::init::xavier(), two);
+  (void)(*many)(split_and_load(x, two)[1]);  // the first call may be on any device
+  for (auto* p : many->collect_params()) {
+    BOOST_TEST(p->devices() == two);
+    BOOST_TEST(p->data(cpu(1)).device() == cpu(1));
+  }
+
+  nn::Trainer t_one(one->collect_params(), nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
+  nn::Trainer t_many(many->collect_params(), nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
+  const auto xs = split_and_load(x, two);
+  const auto ys = split_and_load(y, two);
+  for (int step = 0; step < 5; ++step) {
+    {
+      autograd::record rec;
+      loss((*one)(x), y).backward();
+    }
+    t_one.step(10);
+    {
+      autograd::record rec;
+      for (std::size_t d = 0; d < 2; ++d) loss((*many)(xs[d]), ys[d]).backward();
+    }
+    t_many.step(10);
+  }
+  const auto p_one = one->collect_params(), p_many = many->collect_params();
+  BOOST_TEST_REQUIRE(p_one.size() == p_many.size());
+  for (std::size_t i = 0; i < p_one.size(); ++i) {
+    const auto ref = p_one[i]->data().to_vector();
+    const auto on0 = p_many[i]->data(cpu(0)).to_vector(), on1 = p_many[i]->data(cpu(1)).to_vector();
+    BOOST_TEST(on0 == on1, boost::test_tools::per_element());  // the copies stay equal, bit for bit
+    for (std::size_t k = 0; k < ref.size(); ++k) BOOST_TEST(std::abs(on0[k] - ref[k]) <= 1e-5);
+    BOOST_TEST(p_many[i]->grad(cpu(1)).to_vector() == p_many[i]->grad(cpu(0)).to_vector(),
+               boost::test_tools::per_element());  // allreduced
+  }
+  // Accuracy over the devices equals the whole batch's.
+  Tensor<float> correct = zeros<float>({});
+  for (std::size_t d = 0; d < 2; ++d)
+    correct = correct + sum(cast<float>(argmax((*many)(xs[d]), 1) == ys[d])).to(cpu(0));
+  BOOST_TEST(correct.item() == sum(cast<float>(argmax((*one)(x), 1) == y)).item());
+}
+
+BOOST_AUTO_TEST_CASE(a_hybridized_network_keeps_one_graph_per_device) {
+  random::seed(23);
+  const Tensor<float> x = random::normal<float>(0, 1, {6, 5});
+  auto net = small_net();
+  net->initialize(nn::init::xavier(), two);
+  const auto xs = split_and_load(x, two);
+  std::vector<std::vector<float>> imperative;
+  for (const auto& part : xs) imperative.push_back((*net)(part).to_vector());
+  net->hybridize();
+  for (int call = 0; call < 3; ++call)
+    for (std::size_t d = 0; d < 2; ++d) {
+      const Tensor<float> out = (*net)(xs[d]);
+      BOOST_TEST(out.device() == two[d]);
+      BOOST_TEST(out.to_vector() == imperative[d], boost::test_tools::per_element());
+    }
+  BOOST_TEST(net->traces() == 2);  // one per device, not one per switch
+}
+
+BOOST_AUTO_TEST_CASE(an_input_on_a_device_without_parameters_is_refused) {
+  auto net = small_net();
+  net->initialize(nn::init::xavier(), {cpu(0)});
+  (void)(*net)(ones<float>({2, 4}));
+  BOOST_CHECK_EXCEPTION((*net)(ones<float>({2, 4}, cpu(1))), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "no copy on cpu(1)") && mentions(e, "cpu(0)"); });
+  auto* p = net->collect_params().front();
+  BOOST_CHECK_EXCEPTION(p->reset_devices({cpu(0), cpu(0)}), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "listed twice"); });
+  BOOST_CHECK_EXCEPTION(p->reset_devices({}), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "no devices"); });
+  // Moving keeps the value.
+  const auto before = p->data().to_vector();
+  p->reset_devices({cpu(2)});
+  BOOST_TEST(p->data().device() == cpu(2));
+  BOOST_TEST(p->data(cpu(2)).to_vector() == before, boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_SUITE_END()

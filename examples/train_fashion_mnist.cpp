@@ -1,10 +1,19 @@
 // The main job: train a classifier on Fashion-MNIST with deft, Gluon style.
 //
 //   train_fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size N]
-//                       [--lr X] [--optimizer sgd|adam] [--device cpu]
+//                       [--lr X] [--optimizer sgd|adam] [--device LIST]
 //                       (defaults: SGD lr 0.1 momentum 0.9 for the MLP,
 //                        Adam lr 0.001 for LeNet)
 //                       [--data DIR] [--csv FILE] [--seed N]
+//
+// --device takes one device or a comma-separated list (cpu, cpu1, gpu0,
+// cpu,gpu0). With several, training is data-parallel as in Gluon: each
+// batch is split over the devices, each runs the network on its part with
+// its own copy of the parameters, and the trainer sums the gradients.
+// cpuN are logical devices sharing the CPU's workers: they run the
+// data-parallel path without a GPU (their halves of a batch are independent
+// task chains). GPUs need deft's CUDA backend in the engine, which is not
+// built yet (docs/gpu.md).
 //
 // Each epoch prints a progress bar, then the mean loss, train and test
 // accuracy and samples per second; --csv writes those rows (plot them with
@@ -13,6 +22,7 @@
 // predictions are summed as deferred tensors and read every few batches.
 #include <deft/nn.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +32,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <unistd.h>
 
@@ -45,7 +57,8 @@ struct Options {
   std::fprintf(stderr,
                "train_fashion_mnist: %s\n"
                "usage: train_fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size N] [--lr X]\n"
-               "                           [--optimizer sgd|adam] [--device cpu] [--data DIR] [--csv FILE] [--seed N]\n",
+               "                           [--optimizer sgd|adam] [--device cpu|cpu1|gpu0|cpu,gpu0|...]\n"
+               "                           [--data DIR] [--csv FILE] [--seed N]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -85,9 +98,31 @@ Options parse(int argc, char** argv) {
   if (o.optimizer != "sgd" && o.optimizer != "adam") usage("--optimizer must be sgd or adam, got '" + o.optimizer + "'");
   if (o.epochs < 1) usage("--epochs must be at least 1");
   if (o.batch_size < 1) usage("--batch-size must be at least 1");
-  if (o.device != "cpu")
-    usage("--device " + o.device + ": this build of deft has the CPU backend only (the CUDA backend is issue 6)");
   return o;
+}
+
+/// "cpu,gpu0" -> {cpu(0), gpu(0)}; "cpu" and "gpu" mean index 0.
+std::vector<Device> parse_devices(const std::string& list) {
+  std::vector<Device> out;
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t end = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, end - at);
+    const bool is_cpu = item.starts_with("cpu"), is_gpu = item.starts_with("gpu");
+    const std::string index = item.substr(3);
+    if ((!is_cpu && !is_gpu) || index.find_first_not_of("0123456789") != std::string::npos || index.size() > 3)
+      usage("--device: '" + item + "' is not a device (cpu, cpuN, gpu or gpuN)");
+    out.push_back(is_cpu ? cpu(index.empty() ? 0 : std::stoi(index)) : gpu(index.empty() ? 0 : std::stoi(index)));
+    at = end + 1;
+  }
+  return out;
+}
+
+/// A comma-separated list of the devices, as printed.
+std::string names(const std::vector<Device>& devices) {
+  std::string s;
+  for (const Device& d : devices) s += (s.empty() ? "" : ",") + d.to_string();
+  return s;
 }
 
 std::shared_ptr<nn::Sequential> build(const std::string& model) {
@@ -118,18 +153,19 @@ void progress(int epoch, std::int64_t done, std::int64_t total, double loss) {
 
 int main(int argc, char** argv) try {
   const Options opt = parse(argc, argv);
+  const std::vector<Device> devices = parse_devices(opt.device);
   const auto dir = data::find_fashion_mnist_dir(opt.data);
   const auto layout = opt.model == "mlp" ? data::Layout::flat : data::Layout::grid;
   const auto train = data::load_fashion_mnist(dir, data::Split::train, layout);
   const auto test = data::load_fashion_mnist(dir, data::Split::test, layout);
-  std::printf("Fashion-MNIST from %s: %lld train, %lld test images; model %s, %d epochs, batch %lld, %s, %d workers\n",
+  std::printf("Fashion-MNIST from %s: %lld train, %lld test images; model %s, %d epochs, batch %lld, %s, %s, %d workers\n",
               dir.string().c_str(), static_cast<long long>(train.size()), static_cast<long long>(test.size()),
               opt.model.c_str(), opt.epochs, static_cast<long long>(opt.batch_size), opt.optimizer.c_str(),
-              engine::num_workers());
+              names(devices).c_str(), engine::num_workers());
 
   random::seed(opt.seed);
   auto net = build(opt.model);
-  net->initialize(nn::init::xavier());
+  net->initialize(nn::init::xavier(), devices);  // refuses a device this build cannot run
   const float lr = opt.lr.value_or(opt.optimizer == "sgd" ? 0.1f : 0.001f);
   nn::Trainer trainer(net->collect_params(),
                       opt.optimizer == "sgd" ? std::variant<nn::SGD, nn::Adam>(nn::SGD{.learning_rate = lr, .momentum = 0.9f})
@@ -139,6 +175,14 @@ int main(int argc, char** argv) try {
   const bool images = opt.model == "lenet";
   auto as_input = [images](const Tensor<float>& x) {
     return images ? x.reshape({x.shape()[0], 1, x.shape()[1], x.shape()[2]}) : x;
+  };
+
+  // A part of the batch per device (the batch itself for one device); a last
+  // batch with fewer rows than devices goes to fewer devices.
+  auto split = [&devices](const Tensor<float>& x, const Tensor<std::int64_t>& y) {
+    const auto n = std::min(devices.size(), std::size_t(x.shape()[0]));
+    const std::vector<Device> use(devices.begin(), devices.begin() + std::ptrdiff_t(n));
+    return std::pair{split_and_load(x, use), split_and_load(y, use)};
   };
 
   data::DataLoader train_loader(train.images, train.labels, opt.batch_size, {.shuffle = true, .seed = opt.seed});
@@ -158,16 +202,20 @@ int main(int argc, char** argv) try {
     Tensor<float> loss_sum = zeros<float>({}), correct = zeros<float>({});
     std::int64_t seen = 0, done = 0;
     for (auto& batch : train_loader) {
-      Tensor<float> scores;
+      const auto [xs, ys] = split(as_input(batch.x), batch.y);
+      std::vector<Tensor<float>> scores(xs.size());
       {
         autograd::record rec;
-        scores = (*net)(as_input(batch.x));
-        Tensor<float> loss = loss_fn(scores, batch.y);
-        loss.backward();
-        loss_sum = loss_sum + sum(loss.detach());
+        for (std::size_t d = 0; d < xs.size(); ++d) {
+          scores[d] = (*net)(xs[d]);
+          Tensor<float> loss = loss_fn(scores[d], ys[d]);
+          loss.backward();
+          loss_sum = loss_sum + sum(loss.detach()).to(cpu());
+        }
       }
-      trainer.step(batch.x.shape()[0]);
-      correct = correct + sum(cast<float>(argmax(scores.detach(), 1) == batch.y));
+      trainer.step(batch.x.shape()[0]);  // sums the devices' gradients first
+      for (std::size_t d = 0; d < xs.size(); ++d)
+        correct = correct + sum(cast<float>(argmax(scores[d].detach(), 1) == ys[d])).to(cpu());
       seen += batch.x.shape()[0];
       if (++done % 20 == 0 || done == batches) progress(epoch, done, batches, loss_sum.item() / double(seen));
     }
@@ -177,7 +225,9 @@ int main(int argc, char** argv) try {
     Tensor<float> test_correct = zeros<float>({});
     std::int64_t test_seen = 0;
     for (auto& batch : test_loader) {
-      test_correct = test_correct + sum(cast<float>(argmax((*net)(as_input(batch.x)), 1) == batch.y));
+      const auto [xs, ys] = split(as_input(batch.x), batch.y);
+      for (std::size_t d = 0; d < xs.size(); ++d)
+        test_correct = test_correct + sum(cast<float>(argmax((*net)(xs[d]), 1) == ys[d])).to(cpu());
       test_seen += batch.x.shape()[0];
     }
     test_acc = test_correct.item() / double(test_seen);

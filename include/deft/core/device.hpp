@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 namespace deft {
 
@@ -27,5 +28,14 @@ struct Device {
 inline constexpr Device cpu(int index = 0) { return {DeviceType::cpu, index}; }
 /// GPU number `index`; recording work on it throws until the CUDA backend exists.
 inline constexpr Device gpu(int index = 0) { return {DeviceType::gpu, index}; }
+
+namespace detail {
+/// "cpu(0), cpu(1)": a list of devices as error messages write it.
+inline std::string device_list(const std::vector<Device>& devices) {
+  std::string s;
+  for (const Device& d : devices) s += (s.empty() ? "" : ", ") + d.to_string();
+  return s;
+}
+}  // namespace detail
 
 }  // namespace deft

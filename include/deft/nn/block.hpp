@@ -106,9 +106,7 @@ class Parameter {
   std::size_t index_of(Device device) const {
     for (std::size_t i = 0; i < devices_.size(); ++i)
       if (devices_[i] == device) return i;
-    std::string held;
-    for (const Device& d : devices_) held += (held.empty() ? "" : ", ") + d.to_string();
-    detail::raise("parameter '", name_, "' has no copy on ", device, "; it lives on ", held,
+    detail::raise("parameter '", name_, "' has no copy on ", device, "; it lives on ", detail::device_list(devices_),
                   " (initialize the network with that device, or move the input there)");
   }
   // One fresh copy of `value` per device, each a variable of its own.

@@ -4,7 +4,6 @@
 // record copies and sums, and return at once.
 #pragma once
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "../autograd/meta.hpp"
@@ -14,14 +13,6 @@
 #include "../tensor.hpp"
 
 namespace deft {
-
-namespace detail {
-inline std::string device_list(const std::vector<Device>& devices) {
-  std::string s;
-  for (const Device& d : devices) s += (s.empty() ? "" : ", ") + d.to_string();
-  return s;
-}
-}  // namespace detail
 
 /// Splits `batch` along its first axis into one part per device, in order,
 /// and copies each part to its device (a part already there is a view).

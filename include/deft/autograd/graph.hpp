@@ -246,9 +246,8 @@ struct ViewNode final : Node {
 /// A copy to another device: the gradient goes back to the source's device.
 template <class T>
 struct CopyNode final : Node {
-  Shape extent;
   Device from;
-  CopyNode(const deft::detail::Leaf<T>& x) : Node("to"), extent(x.extent), from(x.device()) { inputs.push_back(x.grad); }
+  explicit CopyNode(const deft::detail::Leaf<T>& x) : Node("to"), from(x.device()) { inputs.push_back(x.grad); }
   void backward(MetaBase& out) override { accumulate<T>(*inputs[0], gathered<T>(out).to(from)); }
 };
 

@@ -104,8 +104,8 @@ class Parameter {
 
  private:
   std::size_t index_of(Device device) const {
-    for (std::size_t i = 0; i < devices_.size(); ++i)
-      if (devices_[i] == device) return i;
+    const auto it = std::ranges::find(devices_, device);
+    if (it != devices_.end()) return std::size_t(it - devices_.begin());
     detail::raise("parameter '", name_, "' has no copy on ", device, "; it lives on ", detail::device_list(devices_),
                   " (initialize the network with that device, or move the input there)");
   }

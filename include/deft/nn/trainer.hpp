@@ -52,7 +52,8 @@ class Trainer {
       if (!p.initialized())
         detail::raise<std::logic_error>("Trainer::step: parameter '", p.name(),
                                         "' has no value yet; run a forward and backward pass before step()");
-      std::vector<Tensor<float>> values = p.list_data(), grads = p.list_grad();
+      std::vector<Tensor<float>> values = p.list_data(), grads;
+      for (const auto& v : values) grads.push_back(v.grad());
       allreduce(grads);
       if (state_[i].size() != values.size()) state_[i].assign(values.size(), State{});
       for (std::size_t r = 0; r < values.size(); ++r)

@@ -40,18 +40,20 @@ inline void store_batch(const B& x, T* p) {
   x.store_aligned(p);
 }
 
-/// out[j - c0] = v(j) for j in [c0, c1) of the current row. With Stream the
+/// out[j - c0] = v(j) for j in [c0, c1) of the current row. With `stream` the
 /// aligned middle of a dense row is written with non-temporal stores: for an
 /// output far larger than the caches this saves reading every destination
 /// line before writing it (a sixth of the traffic of a 4-input expression).
-template <bool Stream = false, class View, class T>
-inline void eval_row(const View& v, std::int64_t c0, std::int64_t c1, T* out) {
+/// `stream` is a run-time flag, not a template parameter, so that each
+/// expression instantiates one row kernel rather than two.
+template <class View, class T>
+inline void eval_row(const View& v, std::int64_t c0, std::int64_t c1, T* out, bool stream) {
   std::int64_t j = c0;
   if constexpr (View::simd && std::is_same_v<typename View::value_type, T>) {
     using B = xsimd::batch<T>;
     constexpr std::int64_t W = B::size;
     if (v.dense()) {  // every leaf contiguous along the row: plain loads, no stride tests
-      if constexpr (Stream) {
+      if (stream) {
         for (; j < c1 && reinterpret_cast<std::uintptr_t>(out + (j - c0)) % sizeof(B) != 0; ++j) out[j - c0] = v.at(j);
         for (; j + 2 * W <= c1; j += 2 * W) {
           store_batch<true>(v.template batch_dense<B>(j), out + (j - c0));
@@ -104,13 +106,13 @@ inline void for_each_row(View& v, const Shape& s, std::int64_t lo, std::int64_t 
 }
 
 /// Writes elements [lo, hi) of the collapsed view into out[0, hi - lo).
-template <bool Stream = false, class View, class T>
-inline void eval_range(View v, const Shape& s, std::int64_t lo, std::int64_t hi, T* out) {
+template <class View, class T>
+inline void eval_range(View v, const Shape& s, std::int64_t lo, std::int64_t hi, T* out, bool stream = false) {
   for_each_row(v, s, lo, hi, [&](const View& row, std::int64_t c0, std::int64_t c1, std::int64_t start) {
-    eval_row<Stream>(row, c0, c1, out + (start - lo));
+    eval_row(row, c0, c1, out + (start - lo), stream);
   });
 #if defined(__SSE2__)
-  if constexpr (Stream) _mm_sfence();  // non-temporal stores are visible before the task reports completion
+  if (stream) _mm_sfence();  // non-temporal stores are visible before the task reports completion
 #endif
 }
 
@@ -139,12 +141,9 @@ inline void evaluate(const Expr& e, T* out) {
   static_assert(std::is_trivially_copy_constructible_v<decltype(v)> && std::is_trivially_destructible_v<decltype(v)>, "kernel views must be trivially copyable (device-ready)");
   const Shape s = collapse(v, e.shape());
   const std::int64_t total = s.size();
-  if (total * std::int64_t(sizeof(T)) >= thresholds::stream_store_min_bytes) {
-    parallel_range(total, Expr::cost + 1, 64,
-                   [&](std::int64_t lo, std::int64_t hi) { eval_range<true>(v, s, lo, hi, out + lo); });
-    return;
-  }
-  parallel_range(total, Expr::cost + 1, 64, [&](std::int64_t lo, std::int64_t hi) { eval_range(v, s, lo, hi, out + lo); });
+  const bool stream = total * std::int64_t(sizeof(T)) >= thresholds::stream_store_min_bytes;
+  parallel_range(total, Expr::cost + 1, 64,
+                 [&](std::int64_t lo, std::int64_t hi) { eval_range(v, s, lo, hi, out + lo, stream); });
 }
 
 }  // namespace deft::detail::cpu

@@ -399,11 +399,14 @@ class Tensor {
         // is a relaxed read and does not order the write of cur->producer
         // below after the reads of it by the tasks that held `cur` until now
         // (TSan saw that race); those reads preceded their Engine::record,
-        // so taking the engine's lock once orders them.
-        detail::Engine::get().sync_with_recorders();
+        // so taking the engine's lock once (supersede does) orders them.
         t = detail::make_task(op, std::size_t(size()) * sizeof(T), Kernel{std::move(e), offset_});
-        if (!reads_cur && whole) detail::Engine::get().supersede(cur->producer, *t);
-        else t->add_input(cur);
+        if (!reads_cur && whole) {
+          detail::Engine::get().supersede(cur->producer, *t);
+        } else {
+          detail::Engine::get().sync_with_recorders();
+          t->add_input(cur);
+        }
         t->output = cur;
         cur->producer = t;
       } else {

@@ -86,11 +86,11 @@ class Engine {
       submit_all_locked(ready);
     }
     dispatch_locked(lk, ready);
-    if (over_inflight_bound()) {
+    if (over_inflight_bound()) {  // wait for half the bound, not one task: one wake-up per many tasks
       c.backpressure_waits.fetch_add(1, std::memory_order_relaxed);
-      ++waiters_;
-      done_cv_.wait(lk, [&] { return !over_inflight_bound(); });
-      --waiters_;
+      ++throttled_;
+      done_cv_.wait(lk, [&] { return below_resume_mark(); });
+      --throttled_;
     }
   }
 
@@ -117,9 +117,8 @@ class Engine {
     }
     dispatch_locked(lk, ready);
     if (t->finished()) return;
-    ++waiters_;
+    t->awaited = true;
     done_cv_.wait(lk, [&] { return t->finished(); });
-    --waiters_;
   }
 
   /// Runs every live recorded task; rethrows (and clears) the first failure since the last call.
@@ -135,13 +134,20 @@ class Engine {
   /// that buffer (prev, and the earlier in-place writers it waits for) are
   /// dead work and are cancelled; `next` waits for the submitted ones, which
   /// would otherwise finish after it and leave a stale value.
+  /// Takes the engine's lock even when there is nothing to cancel: the
+  /// caller's next write of the buffer's producer is then ordered after the
+  /// reads of it by every task recorded so far (see sync_with_recorders).
   void supersede(const std::shared_ptr<Task>& prev, Task& next) {
-    if (!prev || prev->finished()) return;
+    if (!prev || prev->finished()) {
+      sync_with_recorders();
+      return;
+    }
     const auto out = prev->output.lock();
-    std::vector<std::shared_ptr<Task>> cancelled;
+    TaskList<4> cancelled;  // lists in place: a tiny op's supersede allocates nothing
     {
       std::lock_guard lk(m_);
-      std::vector<std::shared_ptr<Task>> writers{prev};
+      TaskList<4> writers;
+      writers.push_back(prev);
       while (!writers.empty()) {
         auto w = std::move(writers.back());
         writers.pop_back();
@@ -243,11 +249,9 @@ class Engine {
   // Finishes submitted work and joins the workers; later work runs inline.
   void shutdown() {
     std::unique_lock lk(m_);
-    while (inflight_tasks_ > 0) {
-      ++waiters_;
-      done_cv_.wait(lk);
-      --waiters_;
-    }
+    ++draining_;
+    done_cv_.wait(lk, [&] { return inflight_tasks_ == 0; });
+    --draining_;
     shut_down_ = true;
     auto old = std::move(pool_);
     lk.unlock();
@@ -263,13 +267,17 @@ class Engine {
     Ready ready;
     submit_all_locked(ready);
     dispatch_locked(lk, ready);
-    ++waiters_;
+    ++draining_;
     done_cv_.wait(lk, [&] { return inflight_tasks_ == 0; });
-    --waiters_;
+    --draining_;
   }
 
   bool over_inflight_bound() const {
     return inflight_tasks_ > limits_.max_inflight_tasks || inflight_bytes_ > limits_.max_inflight_bytes;
+  }
+  // Where a recording thread held back by over_inflight_bound() goes on.
+  bool below_resume_mark() const {
+    return inflight_tasks_ <= limits_.max_inflight_tasks / 2 && inflight_bytes_ <= limits_.max_inflight_bytes / 2;
   }
 
   void compact_recorded() {
@@ -380,12 +388,16 @@ class Engine {
     for (auto& s : t->successors)
       if (--s->pending == 0) ready.push_back(std::move(s));
     t->successors.clear();
-    if (waiters_ > 0) done_cv_.notify_all();
+    // Wake sleepers only when one of their conditions may now hold: a
+    // notification per finished task costs a futex call and a wake-up each.
+    if (t->awaited || (draining_ > 0 && inflight_tasks_ == 0) || (throttled_ > 0 && below_resume_mark()))
+      done_cv_.notify_all();
   }
 
   std::mutex m_;
-  std::condition_variable done_cv_;
-  int waiters_ = 0;
+  std::condition_variable done_cv_;  // a task finished that someone waits for (see execute)
+  int draining_ = 0;                 // threads waiting for every submitted task
+  int throttled_ = 0;                // recording threads held back by the in-flight bound
   std::vector<std::weak_ptr<Task>> recorded_;
   Ready submit_stack_;  // submit_locked's work list
   std::size_t inflight_tasks_ = 0, inflight_bytes_ = 0;

@@ -13,6 +13,7 @@
 
 #include "buffer.hpp"
 #include "stats.hpp"
+#include "task_list.hpp"
 
 namespace deft::detail {
 
@@ -60,14 +61,15 @@ class Task {
   const char* name;
   std::size_t bytes;
   std::weak_ptr<Buffer> output;
-  std::vector<std::shared_ptr<Task>> deps;
+  TaskList<3> deps;
   std::exception_ptr inherited_error;  // an input had already failed when this was recorded
   std::exception_ptr error;            // own failure, or the one propagated from an input
   std::atomic<State> state{State::recorded};
 
   // Scheduler bookkeeping, guarded by the engine's mutex.
   int pending = 0;
-  std::vector<std::shared_ptr<Task>> successors;
+  bool awaited = false;  // a thread sleeps until this task finishes: wake it then
+  TaskList<2> successors;
 
  private:
   void forget_unsubmitted() {

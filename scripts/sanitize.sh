@@ -21,13 +21,14 @@ cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" -DCMAKE_BUILD_TYPE
 # loader's prefetch thread, the parallel kernels, hybridized replays and the
 # profiler. The single-threaded proofs (fuzzing, bad input, gradient checks,
 # convolutions, the GPU evaluators on the host) run under ASan+UBSan only.
-# numerics_synchronous repeats the numeric suites on one thread (3 minutes at
-# -O0); the Release run covers that mode.
+# numerics_synchronous and all_suites_one_worker repeat the suites on one
+# thread (4 minutes at -O0 ASan); the Release run covers those modes, and
+# all_suites_five_workers repeats them under more interleavings.
 targets=""
-exclude='^numerics_synchronous$'
+exclude='^(numerics_synchronous|all_suites_one_worker)$'
 if [ "$sanitizers" = thread ]; then
   targets="deft_tests exit_pending deft_stress deft_data_tests deft_nn_tests deft_observe_tests"
-  exclude='^(numerics_synchronous|fuzz_|bad_input_|autograd_|conv_|gpu_)'
+  exclude='^(numerics_synchronous|all_suites_one_worker|fuzz_|bad_input_|autograd_|conv_|gpu_)'
 fi
 # shellcheck disable=SC2086
 cmake --build "$build" -j2 ${targets:+--target $targets}

@@ -72,4 +72,4 @@ class DeftConan(ConanFile):
             cuda.requires = ["core"]
             cuda.bindirs = []
             cuda.libdirs = []
-            cuda.system_libs = ["cudart"]
+            cuda.system_libs = ["cudart", "cublas"]

@@ -6,12 +6,15 @@
 #define BOOST_TEST_NO_MAIN
 #include <boost/test/unit_test.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <map>
+#include <random>
 #include <vector>
 
 #include <thrust/execution_policy.h>
 
+#include <deft/eval/gpu/blas.hpp>
 #include <deft/eval/gpu/runtime.hpp>
 
 #include "kernel_checks.hpp"
@@ -88,6 +91,53 @@ BOOST_AUTO_TEST_CASE(errors_carry_cuda_text_and_the_device_stays_usable) {
   });
   DeviceMemory m;
   gpu_checks::fused_broadcast(m);  // still works after the failures
+}
+
+// cuBLAS products against a double loop, on random inputs, for every
+// transposition and for shapes that are not multiples of any tile (and k = 0).
+// Bound per element: tol * sum_p |a_ip * b_pj|, tol 1e-5 (float) or 1e-13 (double).
+template <class T>
+void check_blas_products(double tol) {
+  DeviceMemory mem;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> dist(-1, 1);
+  const std::int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 33, 100}, {257, 129, 65}, {3, 4, 0}, {1, 300, 512}};
+  for (const auto& shape : shapes) {
+    const std::int64_t m = shape[0], n = shape[1], k = shape[2];
+    for (int trans = 0; trans < 4; ++trans) {
+      const bool ta = trans & 1, tb = trans & 2;
+      std::vector<T> a(std::size_t(m * k)), b(std::size_t(k * n));
+      for (auto& v : a) v = T(dist(rng));
+      for (auto& v : b) v = T(dist(rng));
+      T* da = mem.template make<T>(std::max<std::int64_t>(1, m * k));
+      T* db = mem.template make<T>(std::max<std::int64_t>(1, k * n));
+      T* dc = mem.template make<T>(m * n);
+      gk::check(cudaMemcpy(da, a.data(), a.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy", 0);
+      gk::check(cudaMemcpy(db, b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy", 0);
+      gk::gemm(mem.ctx, m, n, k, da, db, dc, ta, tb);
+      const std::vector<T> c = mem.get(dc, m * n);
+      double worst = 0;
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t j = 0; j < n; ++j) {
+          double ref = 0, scale = 0;
+          for (std::int64_t p = 0; p < k; ++p) {
+            const double x = ta ? a[std::size_t(p * m + i)] : a[std::size_t(i * k + p)];
+            const double y = tb ? b[std::size_t(j * k + p)] : b[std::size_t(p * n + j)];
+            ref += x * y;
+            scale += std::abs(x * y);
+          }
+          const double err = std::abs(double(c[std::size_t(i * n + j)]) - ref);
+          worst = std::max(worst, scale > 0 ? err / scale : err);
+        }
+      BOOST_TEST(worst <= tol, "gemm " << m << "x" << n << "x" << k << " trans_a " << ta << " trans_b " << tb
+                                         << ": relative error " << worst);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(cublas_products_match_a_double_reference) {
+  check_blas_products<float>(1e-5);
+  check_blas_products<double>(1e-13);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -25,6 +25,7 @@ namespace gk = deft::detail::gpu;
 
 /// Device copies of the operands, results in device memory, one stream.
 struct DeviceMemory {
+  static constexpr bool exact = false;  // the device's libm and FMAs may differ in the last bit
   gk::DeviceContext& ctx = gk::context(0);
   std::map<const void*, void*> mirrors;  // host storage -> its device copy
   std::vector<void*> blocks;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/transform.h>
 
@@ -21,6 +22,7 @@
 #include "../../core/shape.hpp"
 #include "../../expr/kernel_views.hpp"
 #include "../../expr/ops.hpp"
+#include "../random_draw.hpp"
 
 namespace deft::detail::gpu {
 
@@ -294,6 +296,28 @@ void naive_gemm(const Policy& policy, std::int64_t m, std::int64_t n, std::int64
                 bool trans_a, bool trans_b) {
   NaiveProduct<T> f{a, b, n, k, trans_a ? 1 : k, trans_a ? m : 1, trans_b ? 1 : n, trans_b ? k : 1};
   for_each_output(policy, m * n, f, c);
+}
+
+// --- random numbers --------------------------------------------------------------
+
+/// Writes the element pair q of one deft::random call (see store_pair).
+template <class T, Distribution D>
+struct RandomPairs {
+  T* out;
+  std::int64_t n;
+  std::uint64_t key, stream;
+  double a, b;
+  DEFT_HD void operator()(std::int64_t q) const { store_pair<T, D>(out, n, q, key, stream, a, b); }
+};
+
+/// out[0, n) = the numbers of the deft::random call (key, stream), the same
+/// the CPU draws (the CPU's fill is detail::fill_random in ops/random.hpp).
+template <class T, Distribution D, class Policy>
+void fill_random(const Policy& policy, T* out, std::int64_t n, std::uint64_t key, std::uint64_t stream, double a,
+                 double b) {
+  if (n <= 0) return;
+  thrust::for_each(policy, thrust::counting_iterator<std::int64_t>(0),
+                   thrust::counting_iterator<std::int64_t>((n + 1) / 2), RandomPairs<T, D>{out, n, key, stream, a, b});
 }
 
 }  // namespace deft::detail::gpu

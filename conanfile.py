@@ -73,3 +73,4 @@ class DeftConan(ConanFile):
             cuda.bindirs = []
             cuda.libdirs = []
             cuda.system_libs = ["cudart", "cublas"]
+            cuda.defines = ["DEFT_CUDA_BACKEND"]

@@ -82,19 +82,19 @@ struct EvaluateInto {
   explicit EvaluateInto(E expr, std::int64_t off = 0, std::shared_ptr<Buffer> keep = nullptr, bool copy = false)
       : e(std::move(expr)), offset(off), base(std::move(keep)), copy_base(copy) {}
   void operator()(Buffer& out) const {
-    if (copy_base) std::memcpy(out.data, base->data, base->bytes);
+    if (copy_base) copy_bytes(out.data, out.device, base->data, base->device, base->bytes);
     on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<value_t<E>>() + offset); });
   }
 };
 
-/// The kernel of Tensor::to: copies a leaf from its device to the output's.
+/// The kernel of Tensor::to: copies a leaf (a contiguous range of its
+/// storage) from its device to the output's.
 template <class T>
 struct CopyAcross {
   Leaf<T> from;
   void operator()(Buffer& out) const {
-    if (from.device().type == DeviceType::cpu && out.device.type == DeviceType::cpu)
-      return Executor<DeviceType::cpu>::evaluate(from, out.as<T>());
-    raise("to(): this build has no copy from ", from.device(), " to ", out.device);
+    copy_bytes(out.data, out.device, from.source->template as<const T>() + from.offset, from.device(),
+               std::size_t(from.shape().size()) * sizeof(T));
   }
 };
 
@@ -149,7 +149,7 @@ class Tensor {
                     shape.size(), " elements)");
     auto buf = std::make_shared<detail::Buffer>(values.size() * sizeof(T), device);
     buf->allocate();
-    if (!values.empty()) std::memcpy(buf->data, values.data(), buf->bytes);
+    detail::copy_bytes(buf->data, device, values.data(), cpu(), buf->bytes);
     var_ = std::make_shared<detail::Var>(std::move(buf));
   }
   Tensor(std::initializer_list<T> values, Shape shape, Device device = cpu())
@@ -290,14 +290,20 @@ class Tensor {
   }
 
   // --- sync points ----------------------------------------------------------
-  /// Blocks until the value is computed; rethrows a failure of the work behind it.
-  void wait_to_read() const { wait(buffer()); }
+  /// Blocks until the value is computed (on a GPU: until the device has run
+  /// the work queued so far); rethrows a failure of the work behind it.
+  void wait_to_read() const {
+    auto b = buffer();
+    wait(b);
+    detail::synchronize_device(b->device);
+  }
   /// Copies the values out (MXNet's asnumpy).
   std::vector<T> to_vector() const {
     auto b = buffer();
     wait(b);
-    const T* p = b->template as<const T>() + offset_;
-    return std::vector<T>(p, p + size());
+    std::vector<T> values(static_cast<std::size_t>(size()));
+    detail::copy_bytes(values.data(), cpu(), b->template as<const T>() + offset_, b->device, values.size() * sizeof(T));
+    return values;
   }
   /// The single value of a one-element tensor (MXNet's asscalar).
   T item() const {
@@ -305,7 +311,9 @@ class Tensor {
     if (size() != 1) detail::raise("item(): needs a tensor with one element, got shape ", shape_.to_string());
     auto b = buffer();
     wait(b);
-    return b->template as<const T>()[offset_];
+    T value{};
+    detail::copy_bytes(&value, cpu(), b->template as<const T>() + offset_, b->device, sizeof(T));
+    return value;
   }
 
   // --- autograd (see autograd/graph.hpp) -------------------------------------

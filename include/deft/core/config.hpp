@@ -13,6 +13,16 @@
 #define DEFT_HD
 #endif
 
+// The CPU's xsimd loops are compiled in every host pass, but not in nvcc's
+// device pass: there their batches would reach the DEFT_HD operators, and
+// nvcc rejects vector types in __device__ code, even code never called
+// from a kernel. The device pass discards host functions' bodies anyway.
+#if defined(__CUDA_ARCH__)
+#define DEFT_CPU_SIMD 0
+#else
+#define DEFT_CPU_SIMD 1
+#endif
+
 // The SIMD reads of kernel views: one call per batch of every node of an
 // expression tree, which GCC's inliner gives up on for deep trees (measured:
 // a 7-node tree spent a third of its time in out-of-line batch calls).

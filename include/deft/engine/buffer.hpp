@@ -1,5 +1,6 @@
 // Buffer: one version of a tensor's storage. Its memory is allocated by the
-// task that first writes it, so discarded work never allocates.
+// task that first writes it, so discarded work never allocates; a GPU's
+// buffers come from that device's pool (see device_backend.hpp).
 #pragma once
 #include <cstddef>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 
 #include "../core/device.hpp"
 #include "allocator.hpp"
+#include "device_backend.hpp"
 #include "stats.hpp"
 #include "thresholds.hpp"
 
@@ -33,7 +35,7 @@ struct Buffer {
     if (data || bytes == 0) return;
     // Rounding up must not wrap around for sizes near SIZE_MAX.
     if (bytes > std::numeric_limits<std::size_t>::max() - thresholds::alignment) throw std::bad_alloc();
-    auto alloc = AllocatorSlot::get().current();
+    auto alloc = device.type == DeviceType::cpu ? AllocatorSlot::get().current() : backend_of(device).memory(device.index);
     data = static_cast<std::byte*>(alloc->allocate(rounded_bytes(), thresholds::alignment));
     if (!data) throw std::bad_alloc();
     allocator = std::move(alloc);

@@ -17,6 +17,7 @@
 
 #include "../core/error.hpp"
 #include "allocator.hpp"
+#include "device_backend.hpp"
 #include "profiler.hpp"
 #include "stats.hpp"
 #include "task.hpp"
@@ -450,7 +451,14 @@ inline void replay(Trace& trace, const std::shared_ptr<Task>& first) {
 /// failure since the previous wait_all() (MXNet's waitall).
 inline void wait_all() {
   detail::refuse_sync_in_trace("wait_all()");
-  detail::Engine::get().wait_all();
+  std::exception_ptr failure;
+  try {
+    detail::Engine::get().wait_all();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (auto* gpus = detail::gpu_backend()) gpus->synchronize_all();  // GPU work runs after its task was queued
+  if (failure) std::rethrow_exception(failure);
 }
 
 namespace engine {

@@ -1,6 +1,11 @@
 // Executors ("where"): one per device type, each offering the same kernels.
 // Tasks call on_device(dev, f), which hands f the executor of dev; a new
 // backend adds an Executor specialisation and a case here, nothing else.
+//
+// The GPU's executor exists only where its kernels can be compiled: in
+// translation units nvcc compiles with DEFT_CUDA_BACKEND (deft::cuda sets
+// it), or with DEFT_GPU_EMULATION (tests). Elsewhere on_device raises for a
+// GPU, so work recorded there fails at its sync point; it never computes.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -8,10 +13,19 @@
 
 #include "../core/device.hpp"
 #include "../core/error.hpp"
+#include "../engine/device_backend.hpp"
 #include "cpu/elementwise.hpp"
 #include "cpu/gemm.hpp"
 #include "cpu/permute.hpp"
 #include "cpu/reduce.hpp"
+#include "random_draw.hpp"
+
+#if defined(DEFT_GPU_EMULATION) || (defined(DEFT_CUDA_BACKEND) && defined(__CUDACC__))
+#include "gpu/executor.hpp"
+#define DEFT_HAS_GPU_EXECUTOR 1
+#elif defined(DEFT_CUDA_BACKEND)
+#include "gpu/backend.hpp"  // GPU tensors can be made and copied here; GPU expressions cannot
+#endif
 
 namespace deft::detail {
 
@@ -43,16 +57,45 @@ struct Executor<DeviceType::cpu> {
   static void parallel_range(std::int64_t total, std::int64_t cost, std::int64_t align, Body&& body) {
     cpu::parallel_range(total, cost, align, std::forward<Body>(body));
   }
+  /// The numbers of one deft::random call (the GPU's draws the same ones).
+  template <class T, Distribution D>
+  static void fill_random(T* out, std::int64_t n, std::uint64_t key, std::uint64_t stream, double a, double b) {
+    cpu::parallel_range((n + 1) / 2, 40, 32, [&](std::int64_t q0, std::int64_t q1) {
+      for (std::int64_t q = q0; q < q1; ++q) store_pair<T, D>(out, n, q, key, stream, a, b);
+    });
+  }
+  /// out[i] = f(i) for i in [0, n).
+  template <class T, class F>
+  static void generate(std::int64_t n, const F& f, T* out) {
+    cpu::parallel_range(n, 1, 64, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) out[i] = f(i);
+    });
+  }
 };
 
-/// Whether deft was built with a backend for devices of this type.
-inline bool has_backend(DeviceType t) { return t == DeviceType::cpu; }
+/// Whether this program has a backend for devices of this type.
+inline bool has_backend(DeviceType t) { return t == DeviceType::cpu || gpu_backend() != nullptr; }
 
 /// Raises std::invalid_argument, at the call that creates the work, for a
-/// device this build cannot run.
+/// device this program cannot run or that does not exist.
 inline void require_backend(Device d, const char* op) {
-  if (!has_backend(d.type))
-    raise(op, ": tensors on ", d, " need deft's CUDA backend, which this build does not include");
+  if (d.type == DeviceType::cpu) return;
+  DeviceBackend* b = gpu_backend();
+  if (!b) raise(op, ": tensors on ", d, " need deft's CUDA backend, which this build does not include");
+  const int n = b->device_count();
+  if (d.index < 0 || d.index >= n) raise(op, ": no device ", d, ": this machine has ", n, " ", b->name(), " GPU(s)");
+}
+
+/// Raises std::invalid_argument for an operation only the CPU has kernels for.
+inline void require_cpu(Device d, const char* op) {
+  if (d.type != DeviceType::cpu) raise(op, ": not available for tensors on ", d, " yet (CPU only); copy them with .to(deft::cpu())");
+}
+
+/// Calls f(the CPU's executor) for work only the CPU has kernels for.
+template <class F>
+decltype(auto) on_cpu(Device d, const char* op, F&& f) {
+  require_cpu(d, op);
+  return std::forward<F>(f)(Executor<DeviceType::cpu>{});
 }
 
 /// Calls f(executor) with the executor of device d.
@@ -60,9 +103,13 @@ template <class F>
 decltype(auto) on_device(Device d, F&& f) {
   switch (d.type) {
     case DeviceType::cpu: return std::forward<F>(f)(Executor<DeviceType::cpu>{});
+#ifdef DEFT_HAS_GPU_EXECUTOR
+    case DeviceType::gpu: return std::forward<F>(f)(Executor<DeviceType::gpu>{d.index});
+#endif
     default: break;
   }
-  raise("no backend for device ", d);
+  raise<std::logic_error>("no kernels for ", d, " here: work on a GPU must be recorded from code that nvcc compiles "
+                          "with deft::cuda (DEFT_CUDA_BACKEND)");
 }
 
 }  // namespace deft::detail

@@ -2,9 +2,11 @@
 // that loss.backward() sums them and Trainer::step(batch) averages.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
+#include "../core/config.hpp"
 #include "../expr/operators.hpp"
 #include "../ops/creation.hpp"
 #include "../ops/reduction.hpp"
@@ -29,21 +31,37 @@ class L2Loss {
   }
 };
 
+}  // namespace deft::nn
+
+namespace deft::detail {
+// A label as a float; one outside [0, classes) fails the task on the CPU.
+// (At namespace scope: nvcc cannot launch kernels on private member types.)
+// A GPU kernel cannot throw: there it becomes NaN, and so does that
+// sample's loss (never a finite, wrong value).
+struct LabelCheck {
+  std::int64_t classes;
+  DEFT_HD float operator()(std::int64_t y) const {
+    if (y < 0 || y >= classes) {
+#if defined(__CUDA_ARCH__)
+      return std::numeric_limits<float>::quiet_NaN();
+#else
+      throw std::out_of_range("deft: SoftmaxCrossEntropyLoss: label " + std::to_string(y) + " is outside [0, " +
+                              std::to_string(classes) + ")");
+#endif
+    }
+    return float(y);
+  }
+};
+}  // namespace deft::detail
+
+namespace deft::nn {
+
 /// -log softmax(pred)[label] per sample, computed stably: with m the row
 /// maximum, log-sum-exp(pred - m) - (pred - m)[label]. pred is (batch,
 /// classes) of scores; label is (batch,) class indices. An index outside
-/// [0, classes) fails the task, so the sync point that reads the loss throws.
+/// [0, classes) fails the task, so the sync point that reads the loss throws
+/// (on a GPU, where a kernel cannot throw, that sample's loss is NaN).
 class SoftmaxCrossEntropyLoss {
-  struct LabelCheck {  // fails the task reading an out-of-range label
-    std::int64_t classes;
-    std::int64_t operator()(std::int64_t y) const {
-      if (y < 0 || y >= classes)
-        throw std::out_of_range("deft: SoftmaxCrossEntropyLoss: label " + std::to_string(y) + " is outside [0, " +
-                                std::to_string(classes) + ")");
-      return y;
-    }
-  };
-
  public:
   /// The loss per sample, shape (batch,), for logits (batch, classes) and class indices (batch,).
   Tensor<float> operator()(const Tensor<float>& pred, const Tensor<std::int64_t>& label) const {
@@ -55,9 +73,9 @@ class SoftmaxCrossEntropyLoss {
     const Tensor<float> m = max(pred.detach(), 1, true);
     const Tensor<float> shifted = pred - m;
     const Tensor<float> lse = log(sum(exp(shifted), 1, true));
-    const Tensor<float> onehot =
-        arange<float>(0.0f, float(classes), 1.0f, pred.device()).reshape({1, classes}) == cast<float>(map(LabelCheck{classes}, label.reshape({n, 1})));
-    return sum((lse - shifted) * onehot, 1);
+    const Tensor<float> y = map(detail::LabelCheck{classes}, label.reshape({n, 1}));
+    const Tensor<float> onehot = arange<float>(0.0f, float(classes), 1.0f, pred.device()).reshape({1, classes}) == y;
+    return sum((lse - shifted) * onehot, 1) + y.reshape({n}) * 0.0f;  // + NaN for a bad label on a GPU
   }
 };
 

@@ -478,10 +478,11 @@ void pool2d_backward(Ex ex, const PoolGeom& g, const T* dy, const T* x, T* dx) {
 template <class T>
 Tensor<T> record_conv2d(const Leaf<T>& x, const Leaf<T>& w, const Leaf<T>* b, const ConvGeom& g) {
   const bool has_bias = b != nullptr;
+  require_cpu(x.device(), "conv2d");
   return record_new<T>(
       "conv2d", g.output(), x.device(),
       [x = plain_leaf(x), w = plain_leaf(w), b = has_bias ? plain_leaf(*b) : Leaf<T>(), has_bias, g](Buffer& out) {
-        on_device(out.device, [&](auto ex) {
+        on_cpu(out.device, "convolution and pooling", [&](auto ex) {
           cpu_conv::conv2d_forward(ex, g, data_of(x), data_of(w), has_bias ? data_of(b) : nullptr, out.as<T>());
         });
       },
@@ -495,10 +496,11 @@ Tensor<T> record_conv2d(const Leaf<T>& x, const Leaf<T>& w, const Leaf<T>* b, co
 /// A gradient task reading two leaves: kernel(ex, a's data, b's data, out).
 template <class T, class Kernel>
 Tensor<T> record_grad(const char* name, const Shape& shape, const Leaf<T>& a, const Leaf<T>& b, Kernel kernel) {
+  require_cpu(a.device(), name);
   return record_new<T>(
       name, shape, a.device(),
       [a = plain_leaf(a), b = plain_leaf(b), kernel](Buffer& out) {
-        on_device(out.device, [&](auto ex) { kernel(ex, data_of(a), data_of(b), out.as<T>()); });
+        on_cpu(out.device, "convolution and pooling", [&](auto ex) { kernel(ex, data_of(a), data_of(b), out.as<T>()); });
       },
       [&](Task& t) {
         t.add_input(a.buffer);
@@ -522,20 +524,22 @@ Tensor<T> conv2d_grad_weight(const Leaf<T>& dy, const Leaf<T>& x, const ConvGeom
 
 template <class T>
 Tensor<T> conv2d_grad_bias(const Leaf<T>& dy, const ConvGeom& g) {
+  require_cpu(dy.device(), "conv2d_grad_bias");
   return record_new<T>(
       "conv2d_grad_bias", Shape{g.o}, dy.device(),
       [dy = plain_leaf(dy), g](Buffer& out) {
-        on_device(out.device, [&](auto ex) { cpu_conv::conv2d_backward_bias(ex, g, data_of(dy), out.as<T>()); });
+        on_cpu(out.device, "convolution and pooling", [&](auto ex) { cpu_conv::conv2d_backward_bias(ex, g, data_of(dy), out.as<T>()); });
       },
       [&](Task& t) { t.add_input(dy.buffer); });
 }
 
 template <cpu_conv::PoolKind Kind, class T>
 Tensor<T> record_pool2d(const char* name, const Leaf<T>& x, const PoolGeom& g) {
+  require_cpu(x.device(), name);
   return record_new<T>(
       name, g.output(), x.device(),
       [x = plain_leaf(x), g](Buffer& out) {
-        on_device(out.device, [&](auto ex) { cpu_conv::pool2d_forward<Kind>(ex, g, data_of(x), out.as<T>()); });
+        on_cpu(out.device, "convolution and pooling", [&](auto ex) { cpu_conv::pool2d_forward<Kind>(ex, g, data_of(x), out.as<T>()); });
       },
       [&](Task& t) { t.add_input(x.buffer); });
 }
@@ -543,10 +547,11 @@ Tensor<T> record_pool2d(const char* name, const Leaf<T>& x, const PoolGeom& g) {
 template <cpu_conv::PoolKind Kind, class T>
 Tensor<T> pool2d_grad(const Leaf<T>& dy, const Leaf<T>& x, const PoolGeom& g) {
   constexpr bool reads_x = Kind == cpu_conv::PoolKind::max;  // avg needs only the window geometry
+  require_cpu(dy.device(), "pool2d_grad");
   return record_new<T>(
       Kind == cpu_conv::PoolKind::max ? "max_pool2d_grad" : "avg_pool2d_grad", g.input(), dy.device(),
       [dy = plain_leaf(dy), x = reads_x ? plain_leaf(x) : Leaf<T>(), g](Buffer& out) {
-        on_device(out.device, [&](auto ex) {
+        on_cpu(out.device, "convolution and pooling", [&](auto ex) {
           cpu_conv::pool2d_backward<Kind>(ex, g, data_of(dy), reads_x ? data_of(x) : nullptr, out.as<T>());
         });
       },

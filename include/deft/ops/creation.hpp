@@ -4,11 +4,22 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../core/config.hpp"
+
 #include "../eval/executor.hpp"
 #include "../expr/nodes.hpp"
 #include "../tensor.hpp"
 
 namespace deft {
+
+namespace detail {
+/// Element i of arange (on either device).
+template <class T>
+struct ArangeAt {
+  T start, step;
+  DEFT_HD T operator()(std::int64_t i) const { return static_cast<T>(start + static_cast<T>(i) * step); }
+};
+}  // namespace detail
 
 /// A tensor of `shape` with every element `value`.
 template <Element T = float>
@@ -37,13 +48,8 @@ Tensor<T> arange(T start, T stop, T step = T(1), Device device = cpu()) {
   const std::int64_t n = span > 0 ? std::int64_t(std::ceil(span)) : 0;
   return detail::record_new<T>(
       "arange", Shape{n}, device,
-      [start, step, n](detail::Buffer& out) {
-        T* p = out.as<T>();
-        detail::on_device(out.device, [&](auto ex) {
-          ex.parallel_range(n, 1, 64, [&](std::int64_t lo, std::int64_t hi) {
-            for (std::int64_t i = lo; i < hi; ++i) p[i] = static_cast<T>(start + static_cast<T>(i) * step);
-          });
-        });
+      [f = detail::ArangeAt<T>{start, step}, n](detail::Buffer& out) {
+        detail::on_device(out.device, [&](auto ex) { ex.generate(n, f, out.as<T>()); });
       },
       [](detail::Task&) {});
 }

@@ -29,15 +29,6 @@ struct RandomState {
   }
 };
 
-// The CPU's fill; the GPU's is gpu::fill_random (eval/gpu/kernels.hpp). Both
-// write element pairs with store_pair (eval/random_draw.hpp).
-template <class T, Distribution D, class Executor>
-inline void fill_random(Executor ex, T* out, std::int64_t n, std::uint64_t key, std::uint64_t stream, double a, double b) {
-  ex.parallel_range((n + 1) / 2, 40, 32, [&](std::int64_t q0, std::int64_t q1) {
-    for (std::int64_t q = q0; q < q1; ++q) store_pair<T, D>(out, n, q, key, stream, a, b);
-  });
-}
-
 template <Element T, Distribution D>
 Tensor<T> random_tensor(const char* name, double a, double b, const Shape& shape, Device device) {
   // Checks that record_new makes, before taking a call number: a call that
@@ -48,7 +39,7 @@ Tensor<T> random_tensor(const char* name, double a, double b, const Shape& shape
   return record_new<T>(
       name, shape, device,
       [a, b, key = call.first, stream = call.second, n = shape.size()](Buffer& out) {
-        on_device(out.device, [&](auto ex) { fill_random<T, D>(ex, out.as<T>(), n, key, stream, a, b); });
+        on_device(out.device, [&](auto ex) { ex.template fill_random<T, D>(out.as<T>(), n, key, stream, a, b); });
       },
       [](Task&) {});
 }

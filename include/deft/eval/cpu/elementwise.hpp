@@ -49,6 +49,7 @@ inline void store_batch(const B& x, T* p) {
 template <class View, class T>
 inline void eval_row(const View& v, std::int64_t c0, std::int64_t c1, T* out, bool stream) {
   std::int64_t j = c0;
+#if DEFT_CPU_SIMD
   if constexpr (View::simd && std::is_same_v<typename View::value_type, T>) {
     using B = xsimd::batch<T>;
     constexpr std::int64_t W = B::size;
@@ -75,6 +76,7 @@ inline void eval_row(const View& v, std::int64_t c0, std::int64_t c1, T* out, bo
     }
     for (; j + W <= c1; j += W) v.template batch<B>(j).store_unaligned(out + (j - c0));
   }
+#endif
   for (; j < c1; ++j) out[j - c0] = v.at(j);
 }
 

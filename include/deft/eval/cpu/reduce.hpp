@@ -19,6 +19,7 @@ template <class R, class T>
 inline T reduce_contiguous(const T* p, std::int64_t n) {
   std::int64_t i = 0;
   T acc = R::identity();
+#if DEFT_CPU_SIMD
   if constexpr (std::is_floating_point_v<T>) {
     using B = xsimd::batch<T>;
     constexpr std::int64_t W = B::size;
@@ -39,6 +40,7 @@ inline T reduce_contiguous(const T* p, std::int64_t n) {
         acc = R::merge(acc, R::merge(R::merge(lanes[0][l], lanes[1][l]), R::merge(lanes[2][l], lanes[3][l])));
     }
   }
+#endif
   T tail = R::identity();
   for (; i < n; ++i) tail = R::step(tail, p[i]);
   return R::merge(acc, tail);
@@ -121,11 +123,13 @@ inline void reduce_axis(const Expr& e, int axis, T* out) {
                        visit_values(v, s, base, base + w, [&](const T* p, std::int64_t n, std::int64_t start) {
                          T* a = acc + (start - base);
                          std::int64_t i = 0;
+#if DEFT_CPU_SIMD
                          if constexpr (std::is_floating_point_v<T>) {
                            using B = xsimd::batch<T>;
                            for (; i + std::int64_t(B::size) <= n; i += std::int64_t(B::size))
                              R::step(B::load_unaligned(a + i), B::load_unaligned(p + i)).store_unaligned(a + i);
                          }
+#endif
                          for (; i < n; ++i) a[i] = R::step(a[i], p[i]);
                        });
                      }

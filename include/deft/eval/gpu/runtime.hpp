@@ -87,16 +87,18 @@ inline constexpr std::size_t device_cache_max_bytes = std::size_t(4) << 30;
 /// safe to reuse for the next kernel without a device-wide sync).
 struct DeviceContext {
   int device;
-  engine::CachingHostAllocator memory;
+  std::shared_ptr<engine::CachingHostAllocator> memory;  // shared: buffers keep it alive
   cudaStream_t stream = nullptr;
 
   explicit DeviceContext(int d)
-      : device(d), memory(std::make_shared<DeviceMemory>(d), device_cache_max_bytes, device_cache_min_bytes) {
+      : device(d),
+        memory(std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceMemory>(d), device_cache_max_bytes,
+                                                              device_cache_min_bytes)) {
     DeviceGuard on(d);
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
   }
   ~DeviceContext() {
-    memory.release();
+    memory->release();
     if (stream) cudaStreamDestroy(stream);
   }
   DeviceContext(const DeviceContext&) = delete;
@@ -106,17 +108,36 @@ struct DeviceContext {
   void synchronize() { check(cudaStreamSynchronize(stream), "a kernel", device); }
 };
 
+/// Every GPU's context, made on first use.
+struct Contexts {
+  std::mutex m;
+  std::vector<std::unique_ptr<DeviceContext>> list;
+  static Contexts& get() {
+    static Contexts contexts;
+    return contexts;
+  }
+};
+
 /// The context of GPU `index`; raises std::invalid_argument for a GPU that
 /// does not exist (naming how many there are).
 inline DeviceContext& context(int index) {
-  static std::mutex m;
-  static std::vector<std::unique_ptr<DeviceContext>> contexts;
-  std::lock_guard lk(m);
+  auto& c = Contexts::get();
+  std::lock_guard lk(c.m);
   const int n = device_count();
   if (index < 0 || index >= n) raise("no device ", deft::gpu(index), ": this machine has ", n, " CUDA GPU(s)");
-  if (contexts.size() < std::size_t(n)) contexts.resize(n);
-  if (!contexts[index]) contexts[index] = std::make_unique<DeviceContext>(index);
-  return *contexts[index];
+  if (c.list.size() < std::size_t(n)) c.list.resize(n);
+  if (!c.list[index]) c.list[index] = std::make_unique<DeviceContext>(index);
+  return *c.list[index];
+}
+
+/// The contexts made so far (those of GPUs this process used).
+inline std::vector<DeviceContext*> live_contexts() {
+  auto& c = Contexts::get();
+  std::lock_guard lk(c.m);
+  std::vector<DeviceContext*> live;
+  for (auto& ctx : c.list)
+    if (ctx) live.push_back(ctx.get());
+  return live;
 }
 
 }  // namespace deft::detail::gpu

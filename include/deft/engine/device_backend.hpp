@@ -1,0 +1,73 @@
+// Devices other than the host: what buffers and tensors need from them. A
+// backend registers itself when its header is included (eval/gpu/backend.hpp
+// for CUDA; eval/gpu/emulation.hpp, host memory posing as two GPUs, for the
+// tests CI can run). Without one, work on a GPU is refused where it is made.
+// Plain C++: the engine itself knows nothing of CUDA.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+
+#include "../core/device.hpp"
+#include "../core/error.hpp"
+#include "allocator.hpp"
+
+namespace deft::detail {
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  /// "CUDA", or what stands in for it (messages name it).
+  virtual const char* name() const = 0;
+  /// How many devices of this type the machine has.
+  virtual int device_count() = 0;
+  /// The pool that buffers on device `index` are allocated from.
+  virtual std::shared_ptr<engine::HostAllocator> memory(int index) = 0;
+  /// Copies `bytes` between two places, either of which may be the host,
+  /// after the work already queued on the devices involved. A host
+  /// destination holds the bytes on return; a failure of earlier queued work
+  /// on the source device is raised here, with the device's error text.
+  virtual void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) = 0;
+  /// Blocks until the work queued on device `index` finished; raises its failure.
+  virtual void synchronize(int index) = 0;
+  /// synchronize() for every device that was used.
+  virtual void synchronize_all() = 0;
+};
+
+inline std::atomic<DeviceBackend*>& gpu_backend_slot() {
+  static std::atomic<DeviceBackend*> slot{nullptr};
+  return slot;
+}
+/// The GPU backend of this program, or null when none was included.
+inline DeviceBackend* gpu_backend() { return gpu_backend_slot().load(std::memory_order_acquire); }
+/// Installs `b` (called by a backend header's registration); returns true.
+inline bool register_gpu_backend(DeviceBackend* b) {
+  gpu_backend_slot().store(b, std::memory_order_release);
+  return true;
+}
+
+/// The backend of device d (not the host); raises when this program has none.
+inline DeviceBackend& backend_of(Device d) {
+  DeviceBackend* b = gpu_backend();
+  if (!b) raise<std::logic_error>("tensors on ", d, " need deft's CUDA backend, which this program does not include");
+  return *b;
+}
+
+/// Copies bytes from one place to another, either of which may be on a GPU
+/// (see DeviceBackend::copy); host to host is a plain memcpy.
+inline void copy_bytes(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) {
+  if (to_device.type == DeviceType::cpu && from_device.type == DeviceType::cpu) {
+    if (bytes) std::memcpy(to, from, bytes);
+    return;
+  }
+  backend_of(to_device.type == DeviceType::cpu ? from_device : to_device).copy(to, to_device, from, from_device, bytes);
+}
+
+/// Blocks until the work queued on device d finished (nothing to do for the
+/// host, whose tasks are done when the engine says so); raises its failure.
+inline void synchronize_device(Device d) {
+  if (d.type != DeviceType::cpu) backend_of(d).synchronize(d.index);
+}
+
+}  // namespace deft::detail

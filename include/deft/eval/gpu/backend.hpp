@@ -1,0 +1,92 @@
+// The CUDA backend of deft's engine: GPU buffers from each device's caching
+// pool, copies between the host and GPUs ordered on the devices' streams,
+// and waits that raise the CUDA error text. Plain C++ over the CUDA runtime
+// (g++ and nvcc both compile it); including it registers the backend.
+#pragma once
+#include <cstddef>
+#include <cstring>
+#include <memory>
+
+#include <cuda_runtime_api.h>
+
+#include "../../engine/device_backend.hpp"
+#include "runtime.hpp"
+
+namespace deft::detail::gpu {
+
+/// A CUDA event made for one ordering and destroyed once it was used (the
+/// runtime frees it when the work it marks is done).
+class OneShotEvent {
+ public:
+  OneShotEvent(cudaStream_t after, int device) {
+    check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate", device);
+    check(cudaEventRecord(event_, after), "cudaEventRecord", device);
+  }
+  ~OneShotEvent() { cudaEventDestroy(event_); }
+  OneShotEvent(const OneShotEvent&) = delete;
+  OneShotEvent& operator=(const OneShotEvent&) = delete;
+  /// Work queued on `stream` from now on waits for the marked work.
+  void order_before(cudaStream_t stream, int device) const {
+    check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent", device);
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  const char* name() const override { return "CUDA"; }
+  int device_count() override { return gpu::device_count(); }
+  std::shared_ptr<engine::HostAllocator> memory(int index) override { return context(index).memory; }
+  void synchronize(int index) override { context(index).synchronize(); }
+  void synchronize_all() override {
+    for (DeviceContext* ctx : live_contexts()) ctx->synchronize();
+  }
+
+  void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) override {
+    if (bytes == 0) return;
+    const bool to_host = to_device.type == DeviceType::cpu, from_host = from_device.type == DeviceType::cpu;
+    if (to_host && from_host) {
+      std::memcpy(to, from, bytes);
+      return;
+    }
+    if (from_host) {  // on the destination's stream, after the kernels that last used this block
+      DeviceContext& dst = context(to_device.index);
+      DeviceGuard on(dst.device);
+      // From pageable host memory the call returns once the source was staged,
+      // so the host buffer may be reused at once.
+      check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, dst.stream), "a copy to the device", dst.device);
+      return;
+    }
+    DeviceContext& src = context(from_device.index);
+    DeviceGuard on(src.device);
+    if (to_host) {  // after the kernels that write the source; done on return
+      check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, src.stream), "a copy to the host", src.device);
+      src.synchronize();
+      return;
+    }
+    if (to_device.index == from_device.index) {
+      check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, src.stream), "a copy on the device",
+            src.device);
+      return;
+    }
+    // Between GPUs: the copy runs on the source's stream, after the work on
+    // the destination that last used the block, and before later work there.
+    DeviceContext& dst = context(to_device.index);
+    OneShotEvent(dst.stream, dst.device).order_before(src.stream, src.device);
+    check(cudaMemcpyPeerAsync(to, dst.device, from, src.device, bytes, src.stream), "a copy between GPUs", src.device);
+    OneShotEvent(src.stream, src.device).order_before(dst.stream, dst.device);
+  }
+
+};
+
+inline CudaBackend& cuda_backend() {
+  static auto* backend = new CudaBackend();  // leaked: buffers may be freed during static destruction
+  return *backend;
+}
+
+/// Registers the CUDA backend in every program that includes this header.
+inline const bool cuda_backend_registered = register_gpu_backend(&cuda_backend());
+
+}  // namespace deft::detail::gpu

@@ -1,0 +1,66 @@
+// A stand-in for the CUDA backend, for tests on machines without a GPU (CI):
+// two "GPUs" whose memory is host memory from pools of their own and whose
+// kernels run through Thrust's C++ backend, on the calling thread. Tensors on
+// gpu(0) and gpu(1) then take every path a CUDA build takes: the engine,
+// on_device's GPU executor, the device pools, copies through the backend.
+// Defined by the test targets with DEFT_GPU_EMULATION and
+// THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP; never in a user's build.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include <thrust/system/cpp/execution_policy.h>
+
+#include "../../core/error.hpp"
+#include "../../engine/allocator.hpp"
+#include "../../engine/device_backend.hpp"
+#include "kernels.hpp"
+
+namespace deft::detail::gpu {
+
+class EmulatedBackend final : public DeviceBackend {
+ public:
+  static constexpr int devices = 2;
+
+  const char* name() const override { return "emulated"; }
+  int device_count() override { return devices; }
+  std::shared_ptr<engine::HostAllocator> memory(int index) override { return pools_.at(std::size_t(index)); }
+  void copy(void* to, Device, const void* from, Device, std::size_t bytes) override {
+    if (bytes) std::memcpy(to, from, bytes);
+  }
+  void synchronize(int) override {}
+  void synchronize_all() override {}
+
+  /// The pool of emulated device `index`, for tests of its caching.
+  engine::CachingHostAllocator& pool(int index) { return *pools_.at(std::size_t(index)); }
+
+ private:
+  std::array<std::shared_ptr<engine::CachingHostAllocator>, devices> pools_{
+      std::make_shared<engine::CachingHostAllocator>(), std::make_shared<engine::CachingHostAllocator>()};
+};
+
+inline EmulatedBackend& emulated_backend() {
+  static auto* backend = new EmulatedBackend();  // leaked: buffers may be freed during static destruction
+  return *backend;
+}
+
+inline const bool emulated_backend_registered = register_gpu_backend(&emulated_backend());
+
+/// Executor<gpu>'s launch context: Thrust's sequential host policy.
+class Launch {
+ public:
+  explicit Launch(int device) {
+    if (device < 0 || device >= EmulatedBackend::devices) raise("no device ", deft::gpu(device), " in the emulation");
+  }
+  static auto policy() { return thrust::cpp::par; }
+  template <class T>
+  void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c, bool trans_a,
+            bool trans_b) const {
+    naive_gemm(policy(), m, n, k, a, b, c, trans_a, trans_b);
+  }
+};
+
+}  // namespace deft::detail::gpu

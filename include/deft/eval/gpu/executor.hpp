@@ -1,0 +1,113 @@
+// Executor<gpu>: the GPU's kernels behind the interface the CPU's executor
+// offers, so tasks reach both through on_device (eval/executor.hpp). Each
+// call queues work on the device's stream and returns: stream order keeps a
+// buffer's writer before its readers on that device, and the engine counts
+// the task finished once it is queued. Host sync points wait on the device
+// (see Tensor::wait_to_read, to_vector), where kernel failures surface.
+//
+// `Launch` (launch.hpp with CUDA, emulation.hpp for the host-run tests)
+// supplies the Thrust policy, device memory for scratch, and products.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+
+#include "../../core/device.hpp"
+#include "../../core/shape.hpp"
+#include "../../engine/device_backend.hpp"
+#include "../../engine/thresholds.hpp"
+#include "../random_draw.hpp"
+#include "kernels.hpp"
+
+#if defined(DEFT_GPU_EMULATION)
+#include "emulation.hpp"
+#else
+#include "launch.hpp"
+#endif
+
+namespace deft::detail {
+
+namespace gpu {
+
+/// n elements of device memory from the device's pool, returned when this
+/// goes: later work on the same stream may reuse them, as it runs after the
+/// kernels queued now.
+template <class T>
+class Scratch {
+ public:
+  Scratch(int device, std::int64_t n)
+      : pool_(backend_of(deft::gpu(device)).memory(device)), bytes_(std::size_t(n > 0 ? n : 1) * sizeof(T)),
+        data_(static_cast<T*>(pool_->allocate(bytes_, thresholds::alignment))) {}
+  ~Scratch() { pool_->deallocate(data_, bytes_, thresholds::alignment); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* get() const { return data_; }
+
+ private:
+  std::shared_ptr<engine::HostAllocator> pool_;
+  std::size_t bytes_;
+  T* data_;
+};
+
+}  // namespace gpu
+
+template <DeviceType D>
+struct Executor;
+
+template <>
+struct Executor<DeviceType::gpu> {
+  int device;
+
+  template <class E, class T>
+  void evaluate(const E& e, T* out) const {
+    gpu::Launch on(device);
+    gpu::evaluate(on.policy(), e, out);
+  }
+  template <class R, class E, class T>
+  void reduce_all(const E& e, T* out) const {
+    gpu::Launch on(device);
+    gpu::Scratch<T> scratch(device, gpu::ReducePlan(e.shape().size()).scratch());
+    gpu::reduce_all<R>(on.policy(), e, out, scratch.get());
+  }
+  template <class R, class E, class T>
+  void reduce_axis(const E& e, int axis, T* out) const {
+    gpu::Launch on(device);
+    gpu::reduce_axis<R>(on.policy(), e, axis, out);
+  }
+  template <class E>
+  void argmax_all(const E& e, std::int64_t* out) const {
+    gpu::Launch on(device);
+    gpu::Scratch<gpu::ArgBest<value_t<E>>> scratch(device, gpu::ReducePlan(e.shape().size()).scratch());
+    gpu::argmax_all(on.policy(), e, out, scratch.get());
+  }
+  template <class E>
+  void argmax_axis(const E& e, int axis, std::int64_t* out) const {
+    gpu::Launch on(device);
+    gpu::argmax_axis(on.policy(), e, axis, out);
+  }
+  template <class T>
+  void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c, bool trans_a = false,
+            bool trans_b = false) const {
+    gpu::Launch on(device);
+    on.gemm(m, n, k, a, b, c, trans_a, trans_b);
+  }
+  template <class T>
+  void permute(const T* in, const Shape& in_shape, const std::array<int, max_rank>& axes, T* out) const {
+    gpu::Launch on(device);
+    gpu::permute(on.policy(), in, in_shape, axes, out);
+  }
+  template <class T, Distribution D>
+  void fill_random(T* out, std::int64_t n, std::uint64_t key, std::uint64_t stream, double a, double b) const {
+    gpu::Launch on(device);
+    gpu::fill_random<T, D>(on.policy(), out, n, key, stream, a, b);
+  }
+  /// out[i] = f(i) for i in [0, n); f must be callable on the device (DEFT_HD).
+  template <class T, class F>
+  void generate(std::int64_t n, const F& f, T* out) const {
+    gpu::Launch on(device);
+    gpu::for_each_output(on.policy(), n, f, out);
+  }
+};
+
+}  // namespace deft::detail

@@ -18,6 +18,7 @@
 #include <deft/eval/gpu/runtime.hpp>
 
 #include "kernel_checks.hpp"
+#include "tensor_checks.hpp"
 
 namespace {
 
@@ -70,9 +71,10 @@ struct DeviceMemory {
 BOOST_AUTO_TEST_SUITE(gpu_kernels)
 
 DEFT_GPU_KERNEL_CASES(DeviceMemory)
+DEFT_GPU_TENSOR_CASES(false)
 
 BOOST_AUTO_TEST_CASE(caching_pool_reuses_device_blocks) {
-  auto& pool = gk::context(0).memory;
+  auto& pool = *gk::context(0).memory;
   void* a = pool.allocate(1 << 20, 256);
   pool.deallocate(a, 1 << 20, 256);
   const auto hits = pool.stats().hits;
@@ -83,7 +85,7 @@ BOOST_AUTO_TEST_CASE(caching_pool_reuses_device_blocks) {
 }
 
 BOOST_AUTO_TEST_CASE(errors_carry_cuda_text_and_the_device_stays_usable) {
-  BOOST_CHECK_EXCEPTION(gk::context(0).memory.allocate(std::size_t(1) << 50, 256), std::runtime_error,
+  BOOST_CHECK_EXCEPTION(gk::context(0).memory->allocate(std::size_t(1) << 50, 256), std::runtime_error,
                         [](const std::runtime_error& e) {
                           return std::string(e.what()).find("out of memory on gpu(0)") != std::string::npos;
                         });

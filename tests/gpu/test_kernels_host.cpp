@@ -1,6 +1,7 @@
 // The GPU evaluators run on the host through Thrust's C++ backend
 // (thrust::cpp::par): a CPU-only machine checks the functors a CUDA build
 // launches. Memory is plain host vectors; `translate` is the identity.
+// Built with DEFT_GPU_EMULATION, it also runs tensors on emulated GPUs.
 #define BOOST_TEST_MODULE deft_gpu_kernels_host
 #include <boost/test/unit_test.hpp>
 
@@ -10,6 +11,7 @@
 #include <thrust/system/cpp/execution_policy.h>
 
 #include "kernel_checks.hpp"
+#include "tensor_checks.hpp"
 
 namespace {
 
@@ -39,5 +41,27 @@ struct HostMemory {
 BOOST_AUTO_TEST_SUITE(gpu_kernels_host)
 
 DEFT_GPU_KERNEL_CASES(HostMemory)
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// Tensors on the emulated gpu(0) and gpu(1) (DEFT_GPU_EMULATION): the
+// engine, executor and backend paths of a CUDA build, run on the host.
+BOOST_AUTO_TEST_SUITE(gpu_tensors_emulated)
+
+DEFT_GPU_TENSOR_CASES(true)
+
+BOOST_AUTO_TEST_CASE(device_pool_is_reused_in_a_steady_loop) {
+  auto& pool = deft::detail::gpu::emulated_backend().pool(0);
+  deft::Tensor<float> x = deft::ones<float>({256, 256}, deft::gpu(0));
+  for (int i = 0; i < 3; ++i) x = x * 2.0f + 1.0f;
+  x.wait_to_read();
+  const auto misses = pool.stats().misses;
+  for (int i = 0; i < 20; ++i) {
+    x = x * 0.5f + 1.0f;
+    x.wait_to_read();
+  }
+  BOOST_TEST(pool.stats().misses == misses);  // every buffer came from the cache
+  BOOST_TEST(pool.stats().hits > 0u);
+}
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,244 @@
+// Tensors on gpu(i) through the whole library: the engine records their
+// work, on_device hands it to Executor<gpu>, buffers come from the device's
+// pool, and copies, sync points and errors go through the GPU backend. Two
+// runners: test_kernels_host.cpp with the emulated backend (host memory as
+// two GPUs, Thrust's C++ backend; CI runs it) and test_kernels_device.cu on
+// a real GPU. Results are compared with naive double-precision loops on
+// random inputs, or with the CPU's result where the CPU computes the same
+// operations (autograd, an SGD step).
+#pragma once
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <deft/deft.hpp>
+#include <deft/nn.hpp>
+
+namespace gpu_tensors {
+
+using deft::Shape;
+using deft::Tensor;
+using i64 = std::int64_t;
+
+template <class T = float>
+std::vector<T> random_values(i64 n, unsigned seed, double lo = -2, double hi = 2) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> pick(lo, hi);
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = T(pick(gen));
+  return v;
+}
+
+template <class T>
+void expect_near(const std::vector<T>& got, const std::vector<double>& want, double tol, const char* what) {
+  BOOST_REQUIRE_EQUAL(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(double(got[i]) - want[i]) <= tol * std::max(1.0, std::abs(want[i]))))
+      BOOST_FAIL(what << ": element " << i << " is " << got[i] << ", want " << want[i] << " (tolerance " << tol << ")");
+}
+
+/// A fused tree with row and column broadcasting, on data copied to the GPU
+/// and back: one expression on gpu(0) against a double loop.
+inline void fused_expression() {
+  const i64 r = 37, c = 53;
+  const auto va = random_values(r * c, 1), vb = random_values(c, 2), vc = random_values(r, 3);
+  const auto dev = deft::gpu(0);
+  const Tensor<float> a = Tensor<float>(va, {r, c}).to(dev), b = Tensor<float>(vb, {c}).to(dev);
+  const Tensor<float> col = Tensor<float>(vc, {r, 1}, dev);  // made on the device directly
+  BOOST_TEST(a.device() == dev);
+  Tensor<float> y = a * b + col * 2.0f - deft::maximum(a, 0.0f);
+  BOOST_TEST(y.device() == dev);
+  std::vector<double> want(std::size_t(r * c));
+  for (i64 i = 0; i < r; ++i)
+    for (i64 j = 0; j < c; ++j) {
+      const double x = va[i * c + j];
+      want[i * c + j] = x * vb[j] + double(vc[i]) * 2 - std::max(x, 0.0);
+    }
+  expect_near(y.to_vector(), want, 1e-6, "a*b + col*2 - max(a, 0)");
+  expect_near(y.to(deft::cpu()).to_vector(), want, 1e-6, "the same, copied to the host by to()");
+}
+
+/// In-place updates and a write through a row view while a pending reader
+/// holds the old version (the copy-on-write copies the rest on the device).
+inline void updates_and_views() {
+  const i64 r = 8, c = 33;
+  const auto v = random_values(r * c, 4);
+  Tensor<float> y = Tensor<float>(v, {r, c}).to(deft::gpu(0));
+  Tensor<float> before = y * 1.0f;  // reads the current version
+  y += 1.0f;
+  auto mid = y.rows(2, 5);
+  mid *= 3.0f;
+  std::vector<double> want_y(v.size()), want_before(v.begin(), v.end());
+  for (i64 i = 0; i < r; ++i)
+    for (i64 j = 0; j < c; ++j) want_y[i * c + j] = (double(v[i * c + j]) + 1) * (i >= 2 && i < 5 ? 3 : 1);
+  expect_near(y.to_vector(), want_y, 1e-6, "y after += and a view's *=");
+  expect_near(before.to_vector(), want_before, 0, "a reader of the old version");
+  expect_near(mid.to_vector(), std::vector<double>(want_y.begin() + 2 * c, want_y.begin() + 5 * c), 1e-6, "the view");
+  BOOST_TEST(y.reshape({r * c}).rows(3 * c + 1, 3 * c + 2).item() == float(want_y[3 * c + 1]));  // at an offset
+}
+
+/// Sums, means and maxima of all elements and along each axis, and argmax.
+inline void reductions() {
+  const i64 r = 129, c = 301;
+  const auto v = random_values<double>(r * c, 5);
+  const Tensor<double> x = Tensor<double>(v, {r, c}).to(deft::gpu(0));
+  double total = 0, best = -1e300;
+  i64 best_at = 0;
+  std::vector<double> rows(std::size_t(r), 0), cols(std::size_t(c), 0);
+  for (i64 i = 0; i < r; ++i)
+    for (i64 j = 0; j < c; ++j) {
+      const double e = v[i * c + j];
+      total += e, rows[i] += e, cols[j] += e;
+      if (e > best) best = e, best_at = i * c + j;
+    }
+  BOOST_TEST(deft::sum(x).item() == total, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(deft::mean(x).item() == total / double(r * c), boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(deft::max(x).item() == best);
+  BOOST_TEST(deft::argmax(x).item() == best_at);
+  expect_near(deft::sum(x, 1).to_vector(), rows, 1e-12, "sum along axis 1");
+  expect_near(deft::sum(x, 0).to_vector(), cols, 1e-12, "sum along axis 0");
+}
+
+/// Matrix products (cuBLAS on a GPU), the transposed-operand form autograd
+/// uses, and a batched product, against a double loop.
+inline void products() {
+  const i64 m = 45, k = 70, n = 31;
+  const auto va = random_values(m * k, 6), vb = random_values(k * n, 7);
+  const auto dev = deft::gpu(0);
+  const Tensor<float> a = Tensor<float>(va, {m, k}).to(dev), b = Tensor<float>(vb, {k, n}).to(dev);
+  std::vector<double> want(std::size_t(m * n), 0);
+  double scale = 0;
+  for (i64 i = 0; i < m; ++i)
+    for (i64 j = 0; j < n; ++j)
+      for (i64 p = 0; p < k; ++p) {
+        want[i * n + j] += double(va[i * k + p]) * vb[p * n + j];
+        scale = std::max(scale, std::abs(double(va[i * k + p]) * vb[p * n + j]));
+      }
+  expect_near(deft::dot(a, b).to_vector(), want, 1e-5 * k * scale, "dot(a, b)");
+  // Axis permutations on the device: (aᵀ)ᵀ · b.
+  const Tensor<float> at = deft::transpose(a, {1, 0});
+  expect_near(deft::dot(deft::transpose(at, {1, 0}), b).to_vector(), want, 1e-5 * k * scale, "dot((aᵀ)ᵀ, b)");
+  const std::vector<std::int32_t> ia{1, -2, 3, 4, 5, -6}, ib{7, 8, -9, 10, 11, 12};
+  const Tensor<std::int32_t> ta(ia, {2, 3}, dev), tb(ib, {3, 2}, dev);
+  const auto ic = deft::dot(ta, tb).to_vector();
+  for (i64 i = 0; i < 2; ++i)
+    for (i64 j = 0; j < 2; ++j) {
+      std::int32_t w = 0;
+      for (i64 p = 0; p < 3; ++p) w += ia[i * 3 + p] * ib[p * 2 + j];
+      BOOST_TEST(ic[i * 2 + j] == w);
+    }
+}
+
+/// Creation and random numbers on the device: the same seed draws the same
+/// numbers as on the CPU (bit for bit in the emulation, which runs the host's
+/// code; within a few units in the last place on a GPU).
+inline void creation_and_random(bool exact) {
+  const auto dev = deft::gpu(0);
+  const auto r = deft::arange<float>(-3, 5, 0.5f, dev).to_vector();
+  BOOST_REQUIRE_EQUAL(r.size(), 16u);
+  for (std::size_t i = 0; i < r.size(); ++i) BOOST_TEST(r[i] == -3.0f + 0.5f * float(i));
+  for (float x : deft::full<float>({3, 4}, 2.5f, dev).to_vector()) BOOST_TEST(x == 2.5f);
+  deft::random::seed(99);
+  const auto on_gpu = deft::random::normal<float>(1, 3, {1001}, dev).to_vector();
+  deft::random::seed(99);
+  const auto on_cpu = deft::random::normal<float>(1, 3, {1001}).to_vector();
+  for (std::size_t i = 0; i < on_cpu.size(); ++i) {
+    if (exact) BOOST_TEST(on_gpu[i] == on_cpu[i]);
+    else BOOST_TEST(on_gpu[i] == on_cpu[i], boost::test_tools::tolerance(1e-5f));
+  }
+}
+
+/// Copies between the host and two devices keep the values and are
+/// independent of later writes to their source; wait_all covers GPU work.
+inline void copies_between_devices() {
+  const auto v = random_values(1000, 8);
+  Tensor<float> host(v, {10, 100});
+  Tensor<float> g0 = host.to(deft::gpu(0));
+  Tensor<float> g1 = g0.rows(3, 7).to(deft::gpu(1));
+  BOOST_TEST(g1.device() == deft::gpu(1));
+  g0 += 1.0f;  // after the copy was recorded: g1 keeps the old rows
+  deft::wait_all();
+  BOOST_TEST(g1.is_ready());
+  expect_near(g1.to_vector(), std::vector<double>(v.begin() + 300, v.begin() + 700), 0, "rows 3..7 copied to gpu(1)");
+  std::vector<double> plus(v.begin(), v.end());
+  for (auto& x : plus) x += 1;
+  expect_near(g0.to(deft::cpu()).to_vector(), plus, 1e-6, "gpu(0) after +=");
+  std::vector<double> twice(v.begin() + 300, v.begin() + 700);
+  for (auto& x : twice) x *= 2;
+  expect_near(Tensor<float>(g1.to(deft::gpu(0)) * 2.0f).to_vector(), twice, 1e-6, "back on gpu(0), doubled");
+}
+
+/// Bad input raises at the call that makes the work, naming what was wrong.
+inline void errors() {
+  const Tensor<float> host = deft::ones<float>({2, 3});
+  const Tensor<float> dev = deft::ones<float>({2, 3}, deft::gpu(0));
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no std::invalid_argument");
+  };
+  const std::string mixed = message([&] { Tensor<float> z = host + dev; });
+  BOOST_TEST(mixed.find("cpu(0)") != std::string::npos);
+  BOOST_TEST(mixed.find("gpu(0)") != std::string::npos);
+  const std::string missing = message([] { (void)deft::zeros<float>({4}, deft::gpu(7)); });
+  BOOST_TEST(missing.find("no device gpu(7)") != std::string::npos, missing);
+  const std::string conv = message([&] {
+    (void)deft::conv2d(deft::ones<float>({1, 1, 4, 4}, deft::gpu(0)), deft::ones<float>({1, 1, 3, 3}, deft::gpu(0)));
+  });
+  BOOST_TEST(conv.find("gpu(0)") != std::string::npos, conv);
+}
+
+/// Gradients of a small network computed on the GPU equal the CPU's, and
+/// one SGD step on each device gives the same weights.
+inline void autograd_and_sgd() {
+  auto step_on = [](deft::Device dev) {
+    deft::random::seed(3);
+    deft::nn::Sequential net;
+    net.add(std::make_shared<deft::nn::Dense>(16, deft::nn::Act::relu), std::make_shared<deft::nn::Dense>(3));
+    net.initialize(deft::nn::init::xavier(), {dev});
+    const auto vx = random_values(8 * 5, 9);
+    std::vector<std::int64_t> labels{0, 1, 2, 1, 0, 2, 2, 1};
+    const Tensor<float> x = Tensor<float>(vx, {8, 5}).to(dev);
+    const Tensor<std::int64_t> y = Tensor<std::int64_t>(labels, {8}).to(dev);
+    deft::nn::SoftmaxCrossEntropyLoss loss_fn;
+    deft::nn::Trainer trainer(net.collect_params(), deft::nn::SGD{0.1f});
+    Tensor<float> loss;
+    {
+      deft::autograd::record recording;
+      loss = loss_fn(net(x), y);
+    }
+    loss.backward();
+    trainer.step(8);
+    std::vector<float> weights;
+    for (auto* p : net.collect_params()) {
+      const auto w = p->data(dev).to_vector();
+      weights.insert(weights.end(), w.begin(), w.end());
+    }
+    weights.push_back(deft::sum(loss).item());
+    return weights;
+  };
+  const auto on_cpu = step_on(deft::cpu());
+  const auto on_gpu = step_on(deft::gpu(0));
+  expect_near(on_gpu, std::vector<double>(on_cpu.begin(), on_cpu.end()), 1e-5, "weights after one SGD step, and the loss");
+}
+
+}  // namespace gpu_tensors
+
+/// Registers the checks above; `exact`: the backend runs the host's code.
+#define DEFT_GPU_TENSOR_CASES(exact)                                                             \
+  BOOST_AUTO_TEST_CASE(fused_expression_on_gpu) { gpu_tensors::fused_expression(); }            \
+  BOOST_AUTO_TEST_CASE(updates_and_views_on_gpu) { gpu_tensors::updates_and_views(); }          \
+  BOOST_AUTO_TEST_CASE(reductions_on_gpu) { gpu_tensors::reductions(); }                        \
+  BOOST_AUTO_TEST_CASE(products_on_gpu) { gpu_tensors::products(); }                            \
+  BOOST_AUTO_TEST_CASE(creation_and_random_on_gpu) { gpu_tensors::creation_and_random(exact); } \
+  BOOST_AUTO_TEST_CASE(copies_between_devices) { gpu_tensors::copies_between_devices(); }       \
+  BOOST_AUTO_TEST_CASE(errors_name_the_devices) { gpu_tensors::errors(); }                      \
+  BOOST_AUTO_TEST_CASE(autograd_and_sgd_on_gpu) { gpu_tensors::autograd_and_sgd(); }

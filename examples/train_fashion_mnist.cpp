@@ -11,8 +11,9 @@
 // batch is split over the devices, each runs the network on its part with
 // its own copy of the parameters, and the trainer sums the gradients.
 // cpuN are logical devices sharing the CPU's workers: they run the
-// data-parallel path without a GPU, at the speed of one device. GPUs need
-// deft's CUDA backend in the engine, which is not built yet (docs/gpu.md).
+// data-parallel path without a GPU, at the speed of one device. gpuN needs
+// this file compiled by nvcc against deft::cuda (train_fashion_mnist_gpu,
+// built with DEFT_CUDA); the MLP only, as conv2d has no GPU kernels yet.
 //
 // Each epoch prints a progress bar, then the mean loss, train and test
 // accuracy and samples per second; --csv writes those rows (plot them with

@@ -61,7 +61,7 @@ BOOST_AUTO_TEST_CASE(mixing_devices_is_refused_naming_both) {
   Tensor<float> c = ones<float>({2, 3});
   BOOST_CHECK_EXCEPTION(c.assign(b), std::invalid_argument,
                         [](const std::invalid_argument& e) { return mentions(e, "cpu(1)") && mentions(e, "cpu(0)"); });
-  // A GPU needs the CUDA backend in the engine, which no build has yet.
+  // A GPU needs the CUDA backend (deft::cuda), which this test does not link.
   BOOST_CHECK_EXCEPTION((void)a.to(gpu(0)), std::invalid_argument,
                         [](const std::invalid_argument& e) { return mentions(e, "gpu(0)") && mentions(e, "CUDA"); });
   BOOST_TEST(a.to_vector() == std::vector<float>(6, 1.0f), boost::test_tools::per_element());  // nothing was lost

@@ -4,7 +4,6 @@
 // (g++ and nvcc both compile it); including it registers the backend.
 #pragma once
 #include <cstddef>
-#include <cstring>
 #include <memory>
 
 #include <cuda_runtime_api.h>
@@ -46,11 +45,8 @@ class CudaBackend final : public DeviceBackend {
 
   void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) override {
     if (bytes == 0) return;
+    // copy_bytes handles host to host; here at least one side is a GPU.
     const bool to_host = to_device.type == DeviceType::cpu, from_host = from_device.type == DeviceType::cpu;
-    if (to_host && from_host) {
-      std::memcpy(to, from, bytes);
-      return;
-    }
     if (from_host) {  // on the destination's stream, after the kernels that last used this block
       DeviceContext& dst = context(to_device.index);
       DeviceGuard on(dst.device);

@@ -63,8 +63,14 @@ ElementAt<decltype(std::declval<const Expr&>().view(Shape{}))> element_at(const 
   return {v, s};
 }
 
+/// A functor that crosses to the device carries everything by value: a
+/// reference member would point into the recording thread's stack.
+template <class F>
+inline constexpr bool device_safe_functor = std::is_trivially_copyable_v<F> && std::is_copy_assignable_v<F>;
+
 template <class Policy, class F, class Out>
 void for_each_output(const Policy& policy, std::int64_t n, const F& f, Out* out) {
+  static_assert(device_safe_functor<F>, "deft: a GPU functor must hold its views by value");
   if (n <= 0) return;
   thrust::transform(policy, thrust::counting_iterator<std::int64_t>(0), thrust::counting_iterator<std::int64_t>(n),
                     out, f);
@@ -136,7 +142,7 @@ void reduce_elements(const Policy& policy, const Elem& elem, std::int64_t n, T* 
   const ReducePlan plan(n);
   T* first = scratch;
   T* second = scratch + plan.first;
-  for_each_output(policy, plan.first, StridedPartial<R, decltype(elem), T>{elem, plan.n, plan.first}, first);
+  for_each_output(policy, plan.first, StridedPartial<R, Elem, T>{elem, plan.n, plan.first}, first);
   for_each_output(policy, plan.second, MergePartials<R, T>{first, plan.first, plan.second, plan.n, false}, second);
   for_each_output(policy, 1, MergePartials<R, T>{second, plan.second, 1, plan.n, true}, out);
 }
@@ -225,7 +231,7 @@ void argmax_elements(const Policy& policy, const Elem& elem, std::int64_t n, std
   ArgBest<T>* first = scratch;
   ArgBest<T>* second = scratch + plan.first;
   ArgBest<T>* last = second + plan.second;
-  for_each_output(policy, plan.first, StridedArgmax<decltype(elem), T>{elem, plan.n, plan.first}, first);
+  for_each_output(policy, plan.first, StridedArgmax<Elem, T>{elem, plan.n, plan.first}, first);
   for_each_output(policy, plan.second, MergeArgmax<T>{first, plan.first, plan.second}, second);
   for_each_output(policy, 1, MergeArgmax<T>{second, plan.second, 1}, last);
   thrust::transform(policy, last, last + 1, out, IndexOf{});

@@ -50,6 +50,8 @@ BOOST_AUTO_TEST_SUITE(gpu_tensors_emulated)
 
 DEFT_GPU_TENSOR_CASES(true)
 
+BOOST_AUTO_TEST_CASE(num_gpus_counts_the_backends_devices) { BOOST_TEST(deft::num_gpus() == 2); }
+
 BOOST_AUTO_TEST_CASE(device_pool_is_reused_in_a_steady_loop) {
   auto& pool = deft::detail::gpu::emulated_backend().pool(0);
   deft::Tensor<float> x = deft::ones<float>({256, 256}, deft::gpu(0));

@@ -71,3 +71,14 @@ inline void synchronize_device(Device d) {
 }
 
 }  // namespace deft::detail
+
+namespace deft {
+
+/// How many GPUs this program can put tensors on: 0 without a GPU backend
+/// (deft::cuda) or without a CUDA device. Devices are gpu(0) .. gpu(n - 1).
+inline int num_gpus() {
+  detail::DeviceBackend* b = detail::gpu_backend();
+  return b ? b->device_count() : 0;
+}
+
+}  // namespace deft

@@ -28,7 +28,13 @@ namespace deft::detail::gpu {
 
 /// Element i (row-major) of an expression whose view was collapsed to `s`.
 /// `view`'s leaves may be repointed (for_each_leaf) before use.
-template <class View>
+///
+/// Rank is the collapsed rank when it is 1 or 2 (nearly every tree once
+/// collapsed), 0 for any rank. The fixed ranks index with compile-time
+/// loops, so the view stays in registers; the run-time loop puts a copy of
+/// the whole view on every thread's stack (864 bytes for a*b + c*2 - a,
+/// which then ran at 4% of an H100's bandwidth).
+template <class View, int Rank = 0>
 struct ElementAt {
   using value_type = typename View::value_type;
   View view;
@@ -37,30 +43,54 @@ struct ElementAt {
 
   ElementAt(const View& v, const Shape& s) : view(v), rank(s.rank()) {
     for (int d = 0; d < rank; ++d) ext[d] = s[d];
+    if constexpr (Rank == 1) view.set_row(nullptr, 0);  // one row: positioned once, here
   }
   DEFT_HD value_type operator()(std::int64_t i) const {
-    View w = view;
-    if (rank <= 1) {
-      w.set_row(nullptr, 0);
-      return w.at(i);
+    if constexpr (Rank == 1) {
+      return view.at(i);
+    } else if constexpr (Rank == 2) {
+      View w = view;
+      const std::int64_t r = i / ext[1];
+      w.set_row(&r, 1);
+      return w.at(i - r * ext[1]);
+    } else {
+      View w = view;
+      if (rank <= 1) {
+        w.set_row(nullptr, 0);
+        return w.at(i);
+      }
+      std::int64_t idx[max_rank] = {};
+      std::int64_t r = i / ext[rank - 1];
+      const std::int64_t j = i % ext[rank - 1];
+      for (int d = rank - 2; d >= 0; --d) {
+        idx[d] = r % ext[d];
+        r /= ext[d];
+      }
+      w.set_row(idx, rank - 1);
+      return w.at(j);
     }
-    std::int64_t idx[max_rank] = {};
-    std::int64_t r = i / ext[rank - 1];
-    const std::int64_t j = i % ext[rank - 1];
-    for (int d = rank - 2; d >= 0; --d) {
-      idx[d] = r % ext[d];
-      r /= ext[d];
-    }
-    w.set_row(idx, rank - 1);
-    return w.at(j);
   }
 };
 
 template <class Expr>
-ElementAt<decltype(std::declval<const Expr&>().view(Shape{}))> element_at(const Expr& e) {
+using ViewOf = decltype(std::declval<const Expr&>().view(Shape{}));
+
+/// The element functor of e for any rank (the tests repoint its leaves).
+template <class Expr>
+ElementAt<ViewOf<Expr>> element_at(const Expr& e) {
   auto v = e.view(e.shape());
   const Shape s = collapse(v, e.shape());
   return {v, s};
+}
+
+/// f(element functor of e), with the functor specialised for e's collapsed rank.
+template <class Expr, class F>
+void with_element_at(const Expr& e, F&& f) {
+  auto v = e.view(e.shape());
+  const Shape s = collapse(v, e.shape());
+  if (s.rank() <= 1) f(ElementAt<ViewOf<Expr>, 1>(v, s));
+  else if (s.rank() == 2) f(ElementAt<ViewOf<Expr>, 2>(v, s));
+  else f(ElementAt<ViewOf<Expr>>(v, s));
 }
 
 /// A functor that crosses to the device carries everything by value: a
@@ -79,7 +109,7 @@ void for_each_output(const Policy& policy, std::int64_t n, const F& f, Out* out)
 /// out (contiguous, e's shape) = e: one kernel for the whole tree.
 template <class Policy, class Expr, class T>
 void evaluate(const Policy& policy, const Expr& e, T* out) {
-  for_each_output(policy, e.shape().size(), element_at(e), out);
+  with_element_at(e, [&](const auto& el) { for_each_output(policy, e.shape().size(), el, out); });
 }
 
 // --- reductions ----------------------------------------------------------------
@@ -150,7 +180,7 @@ void reduce_elements(const Policy& policy, const Elem& elem, std::int64_t n, T* 
 /// out[0] = R over every element of e; `scratch` holds ReducePlan::scratch() values.
 template <class R, class Policy, class Expr, class T>
 void reduce_all(const Policy& policy, const Expr& e, T* out, T* scratch) {
-  reduce_elements<R>(policy, element_at(e), e.shape().size(), out, scratch);
+  with_element_at(e, [&](const auto& el) { reduce_elements<R>(policy, el, e.shape().size(), out, scratch); });
 }
 
 /// out[o * inner + i] = R over j of e[o, j, i] (axis `axis` is j).
@@ -160,7 +190,7 @@ void reduce_axis_elements(const Policy& policy, const Elem& elem, const AxisSpli
 }
 template <class R, class Policy, class Expr, class T>
 void reduce_axis(const Policy& policy, const Expr& e, int axis, T* out) {
-  reduce_axis_elements<R>(policy, element_at(e), AxisSplit(e.shape(), axis), out);
+  with_element_at(e, [&](const auto& el) { reduce_axis_elements<R>(policy, el, AxisSplit(e.shape(), axis), out); });
 }
 
 // --- argmax: index of the first largest value (the first NaN wins, as numpy) ---
@@ -238,7 +268,7 @@ void argmax_elements(const Policy& policy, const Elem& elem, std::int64_t n, std
 }
 template <class Policy, class Expr, class T = value_t<Expr>>
 void argmax_all(const Policy& policy, const Expr& e, std::int64_t* out, ArgBest<T>* scratch) {
-  argmax_elements(policy, element_at(e), e.shape().size(), out, scratch);
+  with_element_at(e, [&](const auto& el) { argmax_elements(policy, el, e.shape().size(), out, scratch); });
 }
 
 template <class Policy, class Elem>
@@ -247,7 +277,7 @@ void argmax_axis_elements(const Policy& policy, const Elem& elem, const AxisSpli
 }
 template <class Policy, class Expr>
 void argmax_axis(const Policy& policy, const Expr& e, int axis, std::int64_t* out) {
-  argmax_axis_elements(policy, element_at(e), AxisSplit(e.shape(), axis), out);
+  with_element_at(e, [&](const auto& el) { argmax_axis_elements(policy, el, AxisSplit(e.shape(), axis), out); });
 }
 
 // --- data movement and integer products ------------------------------------------

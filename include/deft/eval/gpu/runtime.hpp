@@ -33,22 +33,30 @@ class DeviceGuard {
   explicit DeviceGuard(int device) {
     check(cudaGetDevice(&previous_), "cudaGetDevice", device);
     if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice", device);
+    changed_ = previous_ != device;
   }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
+  ~DeviceGuard() {
+    if (changed_) cudaSetDevice(previous_);
+  }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
   int previous_ = 0;
+  bool changed_ = false;
 };
 
 /// How many GPUs the CUDA runtime sees (0 without a driver or a device).
+/// (Asked once: the count cannot change while a process runs.)
 inline int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
+  static const int n = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return count;
+  }();
   return n;
 }
 

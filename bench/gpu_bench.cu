@@ -1,0 +1,343 @@
+// deft_bench_gpu: deft on one CUDA GPU against what the same GPU does with no
+// library in between, in one process on the same data.
+//   - bandwidth: a device-to-device copy (the ceiling), a hand-written fused
+//     kernel, deft's fused tree and the same tree as single-op passes, at
+//     2^26 floats: GB/s counting bytes read and written;
+//   - products: deft's matmul against cublasSgemm called directly;
+//   - launch cost per deferred op: a chain of `y += 1` on a small tensor,
+//     against the same number of bare Thrust launches;
+//   - the seeds' MLP step and the batch-1 forward (imperative, hybridized) on
+//     gpu(0), with PyTorch's step on the same GPU when `python3 -c "import
+//     torch"` works (bench/gpu_torch_step.py, a child process).
+// Each row is the median of repeats; every timed call ends with the device
+// idle (a sync point), so host clocks measure device work. Ratios are
+// printed last.
+#include <deft/deft.hpp>
+#include <deft/nn.hpp>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <thrust/execution_policy.h>
+#include <thrust/transform.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+
+namespace {
+
+using namespace deft;
+using bench::add;
+using bench::add_time;
+using bench::measure;
+using bench::Summary;
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+/// A raw device array of floats (the hand-written rows' operands).
+struct DeviceFloats {
+  float* p = nullptr;
+  std::size_t n = 0;
+  explicit DeviceFloats(std::size_t count) : n(count) { cuda_check(cudaMalloc(&p, n * sizeof(float)), "cudaMalloc"); }
+  ~DeviceFloats() { cudaFree(p); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  void upload(const std::vector<float>& v) {
+    cuda_check(cudaMemcpy(p, v.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  std::vector<float> download() const {
+    std::vector<float> v(n);
+    cuda_check(cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return v;
+  }
+};
+
+// z = a * b + c * 2 - a: three reads and one write per element.
+__global__ void fused_kernel(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ c,
+                             float* __restrict__ z, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x)
+    z[i] = a[i] * b[i] + c[i] * 2.0f - a[i];
+}
+
+struct AddOne {
+  __host__ __device__ float operator()(float x) const { return x + 1.0f; }
+};
+
+double worst_rel(const std::vector<float>& x, const std::vector<float>& y) {
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    worst = std::max(worst, std::abs(double(x[i]) - y[i]) / std::max(1.0, std::abs(double(y[i]))));
+  return worst;
+}
+
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
+  random::seed(seed);
+  return random::uniform<float>(-1, 1, {std::int64_t(n)}).to_vector();
+}
+
+// --- bandwidth -------------------------------------------------------------------
+
+void bandwidth_rows() {
+  const char* g = "gpu_fused";
+  constexpr std::int64_t n = std::int64_t(1) << 26;
+  constexpr int calls = 10;  // per timed repeat, one sync at the end
+  const std::string size = "2^26";
+  const double fused_bytes = 16.0 * n, copy_bytes = 8.0 * n;
+
+  const auto va = random_floats(n, 1), vb = random_floats(n, 2), vc = random_floats(n, 3);
+  DeviceFloats a(n), b(n), c(n), z(n);
+  a.upload(va), b.upload(vb), c.upload(vc);
+  cudaStream_t s;
+  cuda_check(cudaStreamCreate(&s), "cudaStreamCreate");
+
+  const Summary copy = measure([&] {
+    for (int i = 0; i < calls; ++i) cudaMemcpyAsync(z.p, a.p, n * sizeof(float), cudaMemcpyDeviceToDevice, s);
+    cuda_check(cudaStreamSynchronize(s), "copy");
+  });
+  const Summary hand = measure([&] {
+    for (int i = 0; i < calls; ++i) fused_kernel<<<132 * 16, 256, 0, s>>>(a.p, b.p, c.p, z.p, n);
+    cuda_check(cudaStreamSynchronize(s), "fused_kernel");
+  });
+  const auto hand_out = z.download();
+
+  const Device dev = gpu(0);
+  const Tensor<float> ta = Tensor<float>(va, {n}, dev), tb = Tensor<float>(vb, {n}, dev), tc = Tensor<float>(vc, {n}, dev);
+  std::vector<Tensor<float>> outs(calls);  // all kept: none of the work is dead
+  const Summary fused = measure([&] {
+    for (auto& o : outs) o = ta * tb + tc * 2.0f - ta;
+    wait_all();
+  });
+  std::printf("%-12s deft fused vs hand-written kernel: max rel diff %.2e\n", g,
+              worst_rel(outs.back().to_vector(), hand_out));
+  const Summary unfused = measure([&] {
+    for (auto& o : outs) {
+      Tensor<float> ab = ta * tb;
+      Tensor<float> c2 = tc * 2.0f;
+      Tensor<float> sum = ab + c2;
+      o = sum - ta;
+    }
+    wait_all();
+  });
+
+  auto gbs = [&](const Summary& t, double bytes) { return bytes * calls / t.median / 1e9; };
+  auto gbs_best = [&](const Summary& t, double bytes) { return bytes * calls / t.min / 1e9; };
+  add(g, "device-to-device copy", "cuda", 1, size, "GB/s", gbs(copy, copy_bytes), gbs_best(copy, copy_bytes));
+  add(g, "a*b + c*2 - a", "hand kernel", 1, size, "GB/s", gbs(hand, fused_bytes), gbs_best(hand, fused_bytes));
+  add(g, "a*b + c*2 - a", "deft", 1, size, "GB/s", gbs(fused, fused_bytes), gbs_best(fused, fused_bytes));
+  // Unfused: 4 passes moving 12 + 8 + 12 + 12 bytes per element.
+  add(g, "a*b + c*2 - a, one pass per op", "deft", 1, size, "GB/s", gbs(unfused, 44.0 * n),
+      gbs_best(unfused, 44.0 * n));
+  std::printf("%-12s deft fused: %.0f%% of the copy's bandwidth, %.0f%% of the hand kernel's; "
+              "%.2fx faster than one pass per op\n",
+              g, 100 * gbs(fused, fused_bytes) / gbs(copy, copy_bytes),
+              100 * gbs(fused, fused_bytes) / gbs(hand, fused_bytes), unfused.median / fused.median);
+  cudaStreamDestroy(s);
+}
+
+// --- matrix products -------------------------------------------------------------
+
+void gemm_rows() {
+  const char* g = "gpu_gemm";
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+  cudaStream_t s;
+  cuda_check(cudaStreamCreate(&s), "cudaStreamCreate");
+  cublasSetStream(h, s);
+  for (const std::int64_t m : {256, 1024, 4096}) {
+    const int calls = m >= 4096 ? 10 : 50;
+    const std::string size = std::to_string(m) + "^3";
+    const auto va = random_floats(m * m, 4), vb = random_floats(m * m, 5);
+    DeviceFloats a(m * m), b(m * m), c(m * m);
+    a.upload(va), b.upload(vb);
+    const float one = 1, zero = 0;
+    // Row-major C = A B is column-major C^T = B^T A^T.
+    const Summary direct = measure([&] {
+      for (int i = 0; i < calls; ++i)
+        cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, int(m), int(m), int(m), &one, b.p, int(m), a.p, int(m), &zero, c.p,
+                    int(m));
+      cuda_check(cudaStreamSynchronize(s), "cublasSgemm");
+    });
+    const Tensor<float> ta = Tensor<float>(va, {m, m}, gpu(0)), tb = Tensor<float>(vb, {m, m}, gpu(0));
+    std::vector<Tensor<float>> outs(static_cast<std::size_t>(calls));
+    const Summary d = measure([&] {
+      for (auto& o : outs) o = matmul(ta, tb);
+      wait_all();
+    });
+    // The host's share: recording and queueing the products, the device's
+    // wait left out (when this is near the row above, the host is the limit).
+    const Summary host = bench::measure_split(
+        [&] {
+          for (auto& o : outs) o = matmul(ta, tb);
+          detail::Engine::get().wait_all();  // every task queued, the device not waited for
+        },
+        [] { wait_all(); });
+    add_time(g, "sgemm, queueing only", "deft", 1, size, "us", host, calls);
+    std::printf("%-12s %s: deft vs cublasSgemm max rel diff %.2e\n", g, size.c_str(),
+                worst_rel(outs.back().to_vector(), c.download()));
+    const double flops = 2.0 * double(m) * m * m;
+    add_time(g, "sgemm", "cublas", 1, size, "us", direct, calls);
+    add_time(g, "sgemm", "deft", 1, size, "us", d, calls);
+    std::printf("%-12s %s: cublas %.1f TFLOP/s, deft %.1f TFLOP/s, deft/cublas time %.3f\n", g, size.c_str(),
+                flops * calls / direct.median / 1e12, flops * calls / d.median / 1e12, d.median / direct.median);
+  }
+  cublasDestroy(h);
+  cudaStreamDestroy(s);
+}
+
+// --- launch cost ---------------------------------------------------------------------
+
+void launch_rows() {
+  const char* g = "gpu_launch";
+  constexpr int ops = 2000;
+  const std::int64_t n = 1024;
+  const std::string size = "1024, " + std::to_string(ops) + " ops";
+  DeviceFloats x(n);
+  x.upload(random_floats(n, 6));
+  cudaStream_t s;
+  cuda_check(cudaStreamCreate(&s), "cudaStreamCreate");
+  const Summary bare = measure([&] {
+    for (int i = 0; i < ops; ++i) thrust::transform(thrust::cuda::par_nosync.on(s), x.p, x.p + n, x.p, AddOne{});
+    cuda_check(cudaStreamSynchronize(s), "thrust");
+  });
+  Tensor<float> y = Tensor<float>(random_floats(n, 6), {n}, gpu(0));
+  const Summary d = measure([&] {
+    for (int i = 0; i < ops; ++i) y += 1.0f;
+    y.wait_to_read();
+  });
+  add_time(g, "y += 1 chain", "thrust", 1, size, "ns/op", bare, ops);
+  add_time(g, "y += 1 chain", "deft", 1, size, "ns/op", d, ops);
+  std::printf("%-12s per op: bare Thrust launch %.2f us, deft deferred op %.2f us (%.2fx)\n", g,
+              bare.median / ops * 1e6, d.median / ops * 1e6, d.median / bare.median);
+  cudaStreamDestroy(s);
+}
+
+// --- the seeds' nets on the GPU -----------------------------------------------------
+
+std::shared_ptr<nn::Sequential> dense_net(std::initializer_list<std::pair<std::int64_t, nn::Act>> layers) {
+  auto net = std::make_shared<nn::Sequential>();
+  for (const auto& [units, act] : layers) net->add(std::make_shared<nn::Dense>(units, act));
+  return net;
+}
+
+/// Milliseconds per step that bench/gpu_torch_step.py prints, -1 when it cannot run.
+double torch_step_ms(const std::string& script) {
+  FILE* p = popen(("python3 " + script + " 2>/dev/null").c_str(), "r");
+  if (!p) return -1;
+  char line[256];
+  double ms = -1;
+  while (std::fgets(line, sizeof line, p))
+    if (std::strncmp(line, "step_ms ", 8) == 0) ms = std::atof(line + 8);
+  return pclose(p) == 0 ? ms : -1;
+}
+
+void training_rows(const std::string& torch_script) {
+  const char* g = "gpu_training";
+  const Device dev = gpu(0);
+  {
+    constexpr std::int64_t batch = 1024;
+    const std::string size = "1024x512";
+    random::seed(7);
+    const Tensor<float> x = random::normal<float>(0, 1, {batch, 512}, dev);
+    const Tensor<float> y = ones<float>({batch}).to(dev);
+    auto net = dense_net({{2048, nn::Act::relu}, {512, nn::Act::relu}, {1, nn::Act::none}});
+    net->initialize(nn::init::normal(0.01), {dev});
+    (void)(*net)(x).to_vector();
+    nn::Trainer trainer(net->collect_params(), nn::SGD{.learning_rate = 0.005f});
+    const nn::L2Loss loss;
+    constexpr int steps = 20;
+    const Summary d = measure([&] {
+      for (int i = 0; i < steps; ++i) {
+        {
+          autograd::record rec;
+          Tensor<float> l = loss((*net)(x), y);
+          l.backward();
+        }
+        trainer.step(batch);
+      }
+      wait_all();
+    });
+    add_time(g, "mlp step 512-2048-512-1", "deft", 1, size, "ms", d, steps);
+    const Summary host = bench::measure_split(
+        [&] {
+          for (int i = 0; i < steps; ++i) {
+            {
+              autograd::record rec;
+              Tensor<float> l = loss((*net)(x), y);
+              l.backward();
+            }
+            trainer.step(batch);
+          }
+          detail::Engine::get().wait_all();  // every task queued, the device not waited for
+        },
+        [] { wait_all(); });
+    add_time(g, "mlp step, queueing only", "deft", 1, size, "ms", host, steps);
+    const double torch_ms = torch_script.empty() ? -1 : torch_step_ms(torch_script);
+    if (torch_ms > 0) {
+      add(g, "mlp step 512-2048-512-1", "torch", 1, size, "ms", torch_ms, torch_ms);
+      std::printf("%-12s mlp step: deft / torch (same GPU) %.2f\n", g, d.median / steps * 1e3 / torch_ms);
+    } else {
+      bench::skip(g, "torch", "python3 with a CUDA PyTorch not found");
+    }
+  }
+  {
+    constexpr int calls = 200;
+    const std::string size = "1x512";
+    random::seed(11);
+    const Tensor<float> x = random::normal<float>(0, 1, {1, 512}, dev);
+    auto net = dense_net({{256, nn::Act::relu}, {128, nn::Act::relu}, {2, nn::Act::none}});
+    net->initialize(nn::init::xavier(), {dev});
+    (void)(*net)(x).to_vector();
+    auto loop = [&] {
+      for (int i = 0; i < calls; ++i) (void)(*net)(x).to_vector();
+    };
+    add_time(g, "forward 512-256-128-2 imperative", "deft", 1, size, "us", measure(loop), calls);
+    net->hybridize();
+    (void)(*net)(x).to_vector();
+    add_time(g, "forward 512-256-128-2 hybridized", "deft", 1, size, "us", measure(loop), calls);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::string torch_script = "bench/gpu_torch_step.py";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--repeats" && i + 1 < argc) bench::opts.repeats = std::atoi(argv[++i]);
+    else if (a == "--filter" && i + 1 < argc) bench::opts.filter = argv[++i];
+    else if (a == "--torch-script" && i + 1 < argc) torch_script = argv[++i];
+    else if (a == "--csv" && i + 1 < argc) bench::opts.csv = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: deft_bench_gpu [--repeats N] [--filter GROUP] [--torch-script PATH] [--csv FILE]\n");
+      return 2;
+    }
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("deft_bench_gpu: no CUDA GPU on this machine\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf("deft_bench_gpu on %s (%d SMs), %d host workers, median of %d repeats\n", prop.name,
+              prop.multiProcessorCount, engine::num_workers(), bench::opts.repeats);
+  bench::print_header();
+  if (bench::selected("gpu_fused")) bandwidth_rows();
+  if (bench::selected("gpu_gemm")) gemm_rows();
+  if (bench::selected("gpu_launch")) launch_rows();
+  if (bench::selected("gpu_training")) training_rows(torch_script);
+  if (!bench::opts.csv.empty()) bench::write_csv(bench::opts.csv);
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "deft_bench_gpu: %s\n", e.what());
+  return 1;
+}

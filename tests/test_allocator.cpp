@@ -120,6 +120,39 @@ BOOST_AUTO_TEST_CASE(holds_at_most_its_limit) {
   BOOST_TEST(up->mismatches == 0);
 }
 
+BOOST_AUTO_TEST_CASE(a_failed_upstream_request_empties_the_cache_and_is_retried) {
+  // An upstream with room for three big blocks (a device's memory): the
+  // cache holds two freed ones of another size, so a request for two more
+  // fails upstream until the cache gives its blocks back.
+  class Bounded final : public engine::HostAllocator {
+   public:
+    void* allocate(std::size_t bytes, std::size_t alignment) override {
+      if (in_use + bytes > 3 * 4 * big) throw std::runtime_error("out of memory on the test device");
+      in_use += bytes;
+      return std::aligned_alloc(alignment, bytes);
+    }
+    void deallocate(void* p, std::size_t bytes, std::size_t) noexcept override {
+      in_use -= bytes;
+      std::free(p);
+    }
+    std::size_t in_use = 0;
+  };
+  auto up = std::make_shared<Bounded>();
+  engine::CachingHostAllocator cache(up, std::size_t(1) << 40);
+  void* a = cache.allocate(4 * big, align);
+  void* b = cache.allocate(4 * big, align);
+  cache.deallocate(a, 4 * big, align);
+  cache.deallocate(b, 4 * big, align);
+  BOOST_TEST(cache.stats().cached_bytes == 8 * big);
+  void* c = cache.allocate(8 * big, align);  // fails upstream at first: 8 + 8 cached > 12
+  BOOST_TEST(c != nullptr);
+  BOOST_TEST(cache.stats().cached_bytes == 0u, "the cache was emptied for the retry");
+  BOOST_TEST(up->in_use == cache.size_class(8 * big, align));
+  // Nothing cached and no room: the upstream's own error reaches the caller.
+  BOOST_CHECK_THROW(cache.allocate(8 * big, align), std::runtime_error);
+  cache.deallocate(c, 8 * big, align);
+}
+
 BOOST_AUTO_TEST_CASE(concurrent_use) {
   auto up = std::make_shared<CountingAllocator>();
   {

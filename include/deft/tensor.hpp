@@ -94,7 +94,7 @@ struct CopyAcross {
   Leaf<T> from;
   void operator()(Buffer& out) const {
     copy_bytes(out.data, out.device, from.source->template as<const T>() + from.offset, from.device(),
-               std::size_t(from.shape().size()) * sizeof(T));
+               std::size_t(from.shape().size()) * sizeof(T), from.source->ready_mark.get());
   }
 };
 
@@ -291,18 +291,20 @@ class Tensor {
 
   // --- sync points ----------------------------------------------------------
   /// Blocks until the value is computed (on a GPU: until the device has run
-  /// the work queued so far); rethrows a failure of the work behind it.
+  /// the kernels that write it, not the work queued after them); rethrows a
+  /// failure of the work behind it.
   void wait_to_read() const {
     auto b = buffer();
     wait(b);
-    detail::synchronize_device(b->device);
+    detail::synchronize_device(b->device, b->ready_mark.get());
   }
   /// Copies the values out (MXNet's asnumpy).
   std::vector<T> to_vector() const {
     auto b = buffer();
     wait(b);
     std::vector<T> values(static_cast<std::size_t>(size()));
-    detail::copy_bytes(values.data(), cpu(), b->template as<const T>() + offset_, b->device, values.size() * sizeof(T));
+    detail::copy_bytes(values.data(), cpu(), b->template as<const T>() + offset_, b->device, values.size() * sizeof(T),
+                       b->ready_mark.get());
     return values;
   }
   /// The single value of a one-element tensor (MXNet's asscalar).
@@ -312,7 +314,7 @@ class Tensor {
     auto b = buffer();
     wait(b);
     T value{};
-    detail::copy_bytes(&value, cpu(), b->template as<const T>() + offset_, b->device, sizeof(T));
+    detail::copy_bytes(&value, cpu(), b->template as<const T>() + offset_, b->device, sizeof(T), b->ready_mark.get());
     return value;
   }
 

@@ -52,6 +52,23 @@ DEFT_GPU_TENSOR_CASES(true)
 
 BOOST_AUTO_TEST_CASE(num_gpus_counts_the_backends_devices) { BOOST_TEST(deft::num_gpus() == 2); }
 
+// Copies to the host and waits go after the mark of the buffer's writer (on
+// CUDA: its event, so later kernels keep running); the emulated marks name
+// their device, so a wrong buffer's mark would throw.
+BOOST_AUTO_TEST_CASE(copies_and_waits_follow_the_buffers_mark) {
+  auto& backend = deft::detail::gpu::emulated_backend();
+  const long copies = backend.marked_copies, waits = backend.marked_waits;
+  const auto v = gpu_tensors::random_values(64, 21);
+  deft::Tensor<float> x = deft::Tensor<float>(v, {64}).to(deft::gpu(1)) * 2.0f;
+  x.wait_to_read();
+  BOOST_TEST(backend.marked_waits == waits + 1);
+  std::vector<double> want(v.begin(), v.end());
+  for (auto& e : want) e *= 2;
+  gpu_tensors::expect_near(x.to_vector(), want, 0, "to_vector");
+  gpu_tensors::expect_near(x.to(deft::cpu()).to_vector(), want, 0, "to(cpu())");
+  BOOST_TEST(backend.marked_copies == copies + 2);
+}
+
 BOOST_AUTO_TEST_CASE(device_pool_is_reused_in_a_steady_loop) {
   auto& pool = deft::detail::gpu::emulated_backend().pool(0);
   deft::Tensor<float> x = deft::ones<float>({256, 256}, deft::gpu(0));

@@ -43,7 +43,8 @@ class DefaultHostAllocator final : public HostAllocator {
 
 /// Keeps freed blocks of `min_bytes` (host_cache_min_bytes) and more, by size
 /// class, and hands them out again instead of asking `upstream`; smaller
-/// blocks pass straight through. The cache holds at most limit() free bytes.
+/// blocks pass straight through. The cache holds at most limit() free bytes;
+/// when the upstream fails, the cache is emptied and the request tried again.
 /// The upstream may be any allocator: a GPU's caches device memory.
 class CachingHostAllocator final : public HostAllocator {
  public:
@@ -85,6 +86,16 @@ class CachingHostAllocator final : public HostAllocator {
       }
       ++stats_.misses;
     }
+    // A failure with blocks cached: free them all and ask once more (free
+    // blocks of other sizes are no use to this request).
+    void* p = nullptr;
+    try {
+      p = upstream_->allocate(size, alignment);
+    } catch (...) {
+      if (stats().cached_bytes == 0) throw;
+    }
+    if (p) return p;
+    release();
     return upstream_->allocate(size, alignment);
   }
 

@@ -53,6 +53,11 @@ struct Buffer {
   std::shared_ptr<Task> producer;
   // Set when the producer failed or was skipped; a sync point rethrows it.
   std::exception_ptr error;
+  // On a GPU: the backend's mark of the point on the device's queue after
+  // which the latest writer's kernels are done (see DeviceBackend::mark).
+  // Set by the engine after each writer ran; copies out and waits order
+  // after it, not after everything queued.
+  std::shared_ptr<void> ready_mark;
 
  private:
   std::shared_ptr<engine::HostAllocator> allocator;  // the one `data` came from

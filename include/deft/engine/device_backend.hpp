@@ -24,13 +24,27 @@ class DeviceBackend {
   virtual int device_count() = 0;
   /// The pool that buffers on device `index` are allocated from.
   virtual std::shared_ptr<engine::HostAllocator> memory(int index) = 0;
+  /// A mark of the work queued on device `index` so far, which copies and
+  /// waits can be ordered after (the engine marks every GPU buffer after its
+  /// writer ran); null where the backend has no such marks, and then they
+  /// order after everything queued.
+  virtual std::shared_ptr<void> mark(int /*index*/) { return nullptr; }
   /// Copies `bytes` between two places, either of which may be the host,
-  /// after the work already queued on the devices involved. A host
+  /// after the work already queued on the devices involved, or, for a copy
+  /// from a GPU with `after` (the source's mark), after the marked work only:
+  /// work queued later keeps running while the copy does. A host
   /// destination holds the bytes on return; a failure of earlier queued work
   /// on the source device is raised here, with the device's error text.
-  virtual void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) = 0;
+  virtual void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
+                    const void* after) = 0;
   /// Blocks until the work queued on device `index` finished; raises its failure.
   virtual void synchronize(int index) = 0;
+  /// Blocks until the marked work on device `index` finished (all of it
+  /// without a mark); raises its failure.
+  virtual void wait_for(int index, const void* mark) {
+    (void)mark;
+    synchronize(index);
+  }
   /// synchronize() for every device that was used.
   virtual void synchronize_all() = 0;
 };
@@ -55,19 +69,23 @@ inline DeviceBackend& backend_of(Device d) {
 }
 
 /// Copies bytes from one place to another, either of which may be on a GPU
-/// (see DeviceBackend::copy); host to host is a plain memcpy.
-inline void copy_bytes(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) {
+/// (see DeviceBackend::copy; `after` is the source buffer's ready_mark);
+/// host to host is a plain memcpy.
+inline void copy_bytes(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
+                       const void* after = nullptr) {
   if (to_device.type == DeviceType::cpu && from_device.type == DeviceType::cpu) {
     if (bytes) std::memcpy(to, from, bytes);
     return;
   }
-  backend_of(to_device.type == DeviceType::cpu ? from_device : to_device).copy(to, to_device, from, from_device, bytes);
+  backend_of(to_device.type == DeviceType::cpu ? from_device : to_device)
+      .copy(to, to_device, from, from_device, bytes, after);
 }
 
-/// Blocks until the work queued on device d finished (nothing to do for the
-/// host, whose tasks are done when the engine says so); raises its failure.
-inline void synchronize_device(Device d) {
-  if (d.type != DeviceType::cpu) backend_of(d).synchronize(d.index);
+/// Blocks until the work on device d that `mark` marks finished (all queued
+/// work without one; nothing to do for the host, whose tasks are done when
+/// the engine says so); raises its failure.
+inline void synchronize_device(Device d, const void* mark = nullptr) {
+  if (d.type != DeviceType::cpu) backend_of(d).wait_for(d.index, mark);
 }
 
 }  // namespace deft::detail

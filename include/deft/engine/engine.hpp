@@ -365,6 +365,7 @@ class Engine {
           TaskSlice slice(*t);  // profiler: one relaxed load unless engine::trace_to is on
           out->allocate();
           t->execute(*out);
+          if (out->device.type != DeviceType::cpu) out->ready_mark = backend_of(out->device).mark(out->device.index);
           c.run.fetch_add(1, std::memory_order_relaxed);
         } catch (...) {
           err = std::current_exception();

@@ -34,16 +34,29 @@ class OneShotEvent {
 };
 
 class CudaBackend final : public DeviceBackend {
+  static cudaEvent_t event_of(const void* mark) { return static_cast<cudaEvent_t>(const_cast<void*>(mark)); }
+
  public:
   const char* name() const override { return "CUDA"; }
   int device_count() override { return gpu::device_count(); }
   std::shared_ptr<engine::HostAllocator> memory(int index) override { return context(index).memory; }
   void synchronize(int index) override { context(index).synchronize(); }
+  std::shared_ptr<void> mark(int index) override {
+    DeviceContext& ctx = context(index);
+    DeviceGuard on(ctx.device);
+    return ctx.mark();
+  }
+  void wait_for(int index, const void* mark) override {
+    if (!mark) return synchronize(index);
+    DeviceContext& ctx = context(index);
+    check(cudaEventSynchronize(event_of(mark)), "a kernel", ctx.device);
+  }
   void synchronize_all() override {
     for (DeviceContext* ctx : live_contexts()) ctx->synchronize();
   }
 
-  void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) override {
+  void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
+            const void* after) override {
     if (bytes == 0) return;
     // copy_bytes handles host to host; here at least one side is a GPU.
     const bool to_host = to_device.type == DeviceType::cpu, from_host = from_device.type == DeviceType::cpu;
@@ -58,8 +71,15 @@ class CudaBackend final : public DeviceBackend {
     DeviceContext& src = context(from_device.index);
     DeviceGuard on(src.device);
     if (to_host) {  // after the kernels that write the source; done on return
-      check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, src.stream), "a copy to the host", src.device);
-      src.synchronize();
+      if (after) {  // on the copy stream: the kernels queued after the writer keep running
+        check(cudaStreamWaitEvent(src.copy_stream, event_of(after), 0), "cudaStreamWaitEvent", src.device);
+        check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, src.copy_stream), "a copy to the host",
+              src.device);
+        check(cudaStreamSynchronize(src.copy_stream), "a copy to the host", src.device);
+      } else {
+        check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, src.stream), "a copy to the host", src.device);
+        src.synchronize();
+      }
       return;
     }
     if (to_device.index == from_device.index) {

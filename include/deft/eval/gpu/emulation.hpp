@@ -7,6 +7,7 @@
 // THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP; never in a user's build.
 #pragma once
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -28,11 +29,27 @@ class EmulatedBackend final : public DeviceBackend {
   const char* name() const override { return "emulated"; }
   int device_count() override { return devices; }
   std::shared_ptr<engine::HostAllocator> memory(int index) override { return pools_.at(std::size_t(index)); }
-  void copy(void* to, Device, const void* from, Device, std::size_t bytes) override {
+  /// A mark that names its device, so a copy or wait ordered after another
+  /// device's mark (a wrong buffer's) is caught.
+  std::shared_ptr<void> mark(int index) override { return std::make_shared<int>(index); }
+  void copy(void* to, Device, const void* from, Device from_device, std::size_t bytes, const void* after) override {
+    if (after) check_mark(from_device.index, after), ++marked_copies;
     if (bytes) std::memcpy(to, from, bytes);
   }
   void synchronize(int) override {}
+  void wait_for(int index, const void* mark) override {
+    if (mark) check_mark(index, mark), ++marked_waits;
+  }
   void synchronize_all() override {}
+
+  /// Copies from a device and waits that were ordered by a buffer's mark.
+  std::atomic<long> marked_copies{0}, marked_waits{0};
+
+  static void check_mark(int device, const void* mark) {
+    if (*static_cast<const int*>(mark) != device)
+      raise<std::logic_error>("emulated gpu(", device, "): ordered after a mark of gpu(", *static_cast<const int*>(mark),
+                              ")");
+  }
 
   /// The pool of emulated device `index`, for tests of its caching.
   engine::CachingHostAllocator& pool(int index) { return *pools_.at(std::size_t(index)); }

@@ -4,6 +4,7 @@
 // it; link CUDA::cudart (deft::cuda does).
 #pragma once
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -87,16 +88,25 @@ class DeviceMemory final : public engine::HostAllocator {
 // Device blocks are cached from this size up (every tensor: a steady
 // training loop then calls cudaMalloc only while the cache warms up)...
 inline constexpr std::size_t device_cache_min_bytes = 256;
-// ...holding at most this many free bytes per device.
-inline constexpr std::size_t device_cache_max_bytes = std::size_t(4) << 30;
+// ...with no cap on the free bytes held: a block the cache refuses is given
+// to cudaFree, which waits for the whole device, so a full cache would make
+// every later allocation stall the GPU (seen on an H100: matrix products 4x
+// slower once an earlier phase had filled a 4 GiB cap with large blocks).
+// When cudaMalloc fails, the cache frees its blocks and tries again.
+inline constexpr std::size_t device_cache_max_bytes = std::numeric_limits<std::size_t>::max();
 
 /// One GPU's resources, created on first use: its memory cache and the
 /// stream deft's kernels for it run on (stream order makes a freed block
 /// safe to reuse for the next kernel without a device-wide sync).
+///
+/// Copies to the host run on a second stream, `copy_stream`, ordered after
+/// the event that marks their source's writer: the kernels queued after
+/// that writer go on computing while the copy runs.
 struct DeviceContext {
   int device;
   std::shared_ptr<engine::CachingHostAllocator> memory;  // shared: buffers keep it alive
   cudaStream_t stream = nullptr;
+  cudaStream_t copy_stream = nullptr;
 
   explicit DeviceContext(int d)
       : device(d),
@@ -104,16 +114,44 @@ struct DeviceContext {
                                                               device_cache_min_bytes)) {
     DeviceGuard on(d);
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
-  }
-  ~DeviceContext() {
-    memory->release();
-    if (stream) cudaStreamDestroy(stream);
+    check(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
   }
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;
+  // Never destroyed (Contexts leaks them): marks may return their events
+  // during static destruction.
 
   /// Waits for every kernel queued on the stream; rethrows their failure.
   void synchronize() { check(cudaStreamSynchronize(stream), "a kernel", device); }
+
+  /// An event recorded on the stream now, returned to this context's free
+  /// list when the last holder of the mark lets go (events are reused: one
+  /// is made only when every earlier one is still held).
+  std::shared_ptr<void> mark() {
+    cudaEvent_t e = nullptr;
+    {
+      std::lock_guard lk(events_m_);
+      if (!free_events_.empty()) e = free_events_.back(), free_events_.pop_back();
+    }
+    if (!e) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate", device);
+    if (const cudaError_t status = cudaEventRecord(e, stream); status != cudaSuccess) {
+      give_back(e);
+      check(status, "cudaEventRecord", device);
+    }
+    return {static_cast<void*>(e), [this](void* p) { give_back(static_cast<cudaEvent_t>(p)); }};
+  }
+
+ private:
+  void give_back(cudaEvent_t e) noexcept {
+    std::lock_guard lk(events_m_);
+    try {
+      free_events_.push_back(e);
+    } catch (...) {
+      cudaEventDestroy(e);
+    }
+  }
+  std::mutex events_m_;
+  std::vector<cudaEvent_t> free_events_;
 };
 
 /// Every GPU's context, made on first use.
@@ -121,8 +159,8 @@ struct Contexts {
   std::mutex m;
   std::vector<std::unique_ptr<DeviceContext>> list;
   static Contexts& get() {
-    static Contexts contexts;
-    return contexts;
+    static auto* contexts = new Contexts;  // leaked, see DeviceContext
+    return *contexts;
   }
 };
 

@@ -94,7 +94,7 @@ class CachingHostAllocator final : public HostAllocator {
     } catch (...) {
       if (stats().cached_bytes == 0) throw;
     }
-    if (p) return p;
+    if (p || stats().cached_bytes == 0) return p;
     release();
     return upstream_->allocate(size, alignment);
   }

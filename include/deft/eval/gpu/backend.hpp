@@ -48,8 +48,7 @@ class CudaBackend final : public DeviceBackend {
   }
   void wait_for(int index, const void* mark) override {
     if (!mark) return synchronize(index);
-    DeviceContext& ctx = context(index);
-    check(cudaEventSynchronize(event_of(mark)), "a kernel", ctx.device);
+    check(cudaEventSynchronize(event_of(mark)), "a kernel", index);
   }
   void synchronize_all() override {
     for (DeviceContext* ctx : live_contexts()) ctx->synchronize();

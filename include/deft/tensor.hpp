@@ -7,6 +7,7 @@
 // Readers of a version hold that Buffer, so a later write to a Var that still
 // has readers goes to a fresh buffer (copy-on-write) instead of waiting.
 #pragma once
+#include <concepts>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
@@ -79,8 +80,10 @@ struct EvaluateInto {
   std::shared_ptr<Buffer> base;
   bool copy_base;
 
-  explicit EvaluateInto(E expr, std::int64_t off = 0, std::shared_ptr<Buffer> keep = nullptr, bool copy = false)
-      : e(std::move(expr)), offset(off), base(std::move(keep)), copy_base(copy) {}
+  template <class X>
+    requires std::constructible_from<E, X&&>
+  explicit EvaluateInto(X&& expr, std::int64_t off = 0, std::shared_ptr<Buffer> keep = nullptr, bool copy = false)
+      : e(std::forward<X>(expr)), offset(off), base(std::move(keep)), copy_base(copy) {}
   void operator()(Buffer& out) const {
     if (copy_base) copy_bytes(out.data, out.device, base->data, base->device, base->bytes);
     on_device(out.device, [&](auto ex) { ex.evaluate(e, out.as<value_t<E>>() + offset); });
@@ -174,20 +177,12 @@ class Tensor {
   template <class E>
     requires detail::foreign_operand<E, T>
   Tensor& operator=(E&& e) {
-    auto x = as_expr(std::forward<E>(e));
-    static_assert(std::is_same_v<detail::value_t<decltype(x)>, T>,
+    static_assert(std::is_same_v<detail::value_t<detail::expr_t<E>>, T>,
                   "deft: the expression's element type differs from the tensor's; use deft::cast<U>(expr)");
-    if (autograd::is_recording()) {  // the handle takes the result's autograd record (or none)
-      if (grad_meta_ || detail::tracked(x)) return *this = detail::record_expression(std::move(x));
-    }
-    // Outside recording an attached variable stays attached (`w = w - lr * g`).
-    auto meta = (grad_meta_ && grad_meta_->attached && x.shape() == shape_) ? grad_meta_ : nullptr;
-    if (var_ && var_.use_count() == 1 && x.shape() == shape_ && offset_ == 0 && covers_storage() && x.device() == device())
-      write([&](const detail::Leaf<T>&) { return std::move(x); }, "assign");
+    if constexpr (std::is_lvalue_reference_v<decltype(as_expr(std::forward<E>(e)))>)
+      return assign_expression(detail::expr_t<E>(e));  // a copy: the caller keeps its expression
     else
-      *this = detail::record_expression(std::move(x));
-    grad_meta_ = std::move(meta);
-    return *this;
+      return assign_expression(as_expr(std::forward<E>(e)));
   }
 
   // In-place updates: visible through every handle and view of this storage.
@@ -363,6 +358,22 @@ class Tensor {
     if (b->error) std::rethrow_exception(b->error);
   }
 
+  // operator=, given an expression it may consume.
+  template <class X>
+  Tensor& assign_expression(X&& x) {
+    if (autograd::is_recording()) {  // the handle takes the result's autograd record (or none)
+      if (grad_meta_ || detail::tracked(x)) return *this = detail::record_expression(std::move(x));
+    }
+    // Outside recording an attached variable stays attached (`w = w - lr * g`).
+    auto meta = (grad_meta_ && grad_meta_->attached && x.shape() == shape_) ? grad_meta_ : nullptr;
+    if (var_ && var_.use_count() == 1 && x.shape() == shape_ && offset_ == 0 && covers_storage() && x.device() == device())
+      write([&](const detail::Leaf<T>&) -> X&& { return std::move(x); }, "assign");
+    else
+      *this = detail::record_expression(std::move(x));
+    grad_meta_ = std::move(meta);
+    return *this;
+  }
+
   template <class Op, class X>
     requires Operand<X> || Scalar<X>
   Tensor& update(X&& x, const char* op) {
@@ -380,7 +391,7 @@ class Tensor {
     {
       std::lock_guard lk(v.m);
       std::shared_ptr<detail::Buffer> cur = v.current;
-      auto e = build(detail::Leaf<T>(cur, offset_, shape_));
+      auto&& e = build(detail::Leaf<T>(cur, offset_, shape_));  // a node, or a reference to one we may consume
       if (!(e.shape() == shape_))
         detail::raise(op, ": the result has shape ", e.shape().to_string(), " but the tensor being written has shape ",
                       shape_.to_string());
@@ -402,7 +413,7 @@ class Tensor {
       const bool whole = offset_ == 0 && covers_storage();
       // use_count: `cur` here and v.current. More means a reader we cannot order.
       const bool in_place = !overlaps && cur.use_count() == 2;
-      using Kernel = detail::EvaluateInto<decltype(e)>;
+      using Kernel = detail::EvaluateInto<std::remove_cvref_t<decltype(e)>>;
       std::shared_ptr<detail::TaskImpl<Kernel>> t;
       if (in_place) {
         // Nobody else can see this version: write it where it is. use_count()
@@ -463,7 +474,7 @@ Tensor(E&&) -> Tensor<detail::value_t<E>>;
 template <Element T>
 detail::Leaf<T> as_expr(const Tensor<T>& t) { return t.leaf(); }
 template <Expression E>
-std::remove_cvref_t<E> as_expr(E&& e) { return std::forward<E>(e); }
+E&& as_expr(E&& e) { return std::forward<E>(e); }
 
 /// Evaluates an expression into a new tensor (deferred like any assignment).
 template <Operand E>

@@ -8,6 +8,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -82,8 +83,9 @@ class Task {
 template <class Kernel>
 class TaskImpl final : public Task {
  public:
-  TaskImpl(const char* task_name, std::size_t out_bytes, Kernel k)
-      : Task(task_name, out_bytes), kernel_(std::move(k)) {}
+  template <class K>
+  TaskImpl(const char* task_name, std::size_t out_bytes, K&& k)
+      : Task(task_name, out_bytes), kernel_(std::in_place, std::forward<K>(k)) {}
   void execute(Buffer& out) override { (*kernel_)(out); }
   void release_closure() noexcept override { kernel_.reset(); }
   std::shared_ptr<Task> clone() const override { return std::make_shared<TaskImpl>(name, bytes, *kernel_); }
@@ -117,9 +119,11 @@ inline void bury(std::shared_ptr<Task>&& t) noexcept {
 }
 
 /// A task running `kernel(Buffer& out)` that writes `bytes` bytes of output.
-template <class Kernel>
-std::shared_ptr<TaskImpl<Kernel>> make_task(const char* name, std::size_t bytes, Kernel kernel) {
-  return std::make_shared<TaskImpl<Kernel>>(name, bytes, std::move(kernel));
+/// The kernel is moved straight into the task: an elementwise kernel holds
+/// the whole expression tree, and each extra move of it costs a statement.
+template <class K>
+std::shared_ptr<TaskImpl<std::decay_t<K>>> make_task(const char* name, std::size_t bytes, K&& kernel) {
+  return std::make_shared<TaskImpl<std::decay_t<K>>>(name, bytes, std::forward<K>(kernel));
 }
 
 }  // namespace deft::detail

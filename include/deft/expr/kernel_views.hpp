@@ -15,6 +15,18 @@
 
 namespace deft::detail {
 
+/// A leaf of a row whose every leaf is contiguous (see dense_row()): one
+/// pointer, so that a kernel keeps the whole view in registers.
+template <class T>
+struct DenseLeafView {
+  using value_type = T;
+  static constexpr bool simd = std::is_floating_point_v<T>;
+  const T* row;
+  DEFT_HD T at(std::int64_t j) const { return row[j]; }
+  template <class B>
+  DEFT_ALWAYS_INLINE B batch_dense(std::int64_t j) const { return B::load_unaligned(row + j); }
+};
+
 template <class T>
 struct LeafView {
   using value_type = T;
@@ -32,11 +44,12 @@ struct LeafView {
   DEFT_HD T at(std::int64_t j) const { return row[j * inner]; }
   template <class B>
   DEFT_ALWAYS_INLINE B batch(std::int64_t j) const { return inner ? B::load_unaligned(row + j) : B(*row); }
-  // batch() when dense() holds: no per-load test of the stride.
-  template <class B>
-  DEFT_ALWAYS_INLINE B batch_dense(std::int64_t j) const { return B::load_unaligned(row + j); }
   /// Whether every leaf is contiguous along the innermost dimension.
   DEFT_HD bool dense() const { return inner == 1; }
+  /// The current row as a view without strides, when dense() holds: its
+  /// loads test no stride, and being small and local to the kernel it is not
+  /// re-read from memory after each store to the output.
+  DEFT_HD DenseLeafView<T> dense_row() const { return {row}; }
   template <class F>
   void for_each_leaf(F&& f) { f(*this); }
 };
@@ -53,6 +66,7 @@ struct ConstantView {
   template <class B>
   DEFT_ALWAYS_INLINE B batch_dense(std::int64_t) const { return B(value); }
   DEFT_HD bool dense() const { return true; }
+  DEFT_HD ConstantView dense_row() const { return *this; }
   template <class F>
   void for_each_leaf(F&&) {}
 };
@@ -69,6 +83,7 @@ struct UnaryView {
   template <class B>
   DEFT_ALWAYS_INLINE B batch_dense(std::int64_t j) const { return Op{}(a.template batch_dense<B>(j)); }
   DEFT_HD bool dense() const { return a.dense(); }
+  DEFT_HD auto dense_row() const { return UnaryView<Op, decltype(a.dense_row())>{a.dense_row()}; }
   template <class F>
   void for_each_leaf(F&& f) { a.for_each_leaf(f); }
 };
@@ -89,6 +104,9 @@ struct BinaryView {
   template <class B>
   DEFT_ALWAYS_INLINE B batch_dense(std::int64_t j) const { return Op{}(a.template batch_dense<B>(j), b.template batch_dense<B>(j)); }
   DEFT_HD bool dense() const { return a.dense() && b.dense(); }
+  DEFT_HD auto dense_row() const {
+    return BinaryView<Op, decltype(a.dense_row()), decltype(b.dense_row())>{a.dense_row(), b.dense_row()};
+  }
   template <class F>
   void for_each_leaf(F&& f) {
     a.for_each_leaf(f);
@@ -118,6 +136,10 @@ struct SelectView {
     return Where{}(c.template batch_dense<B>(j), a.template batch_dense<B>(j), b.template batch_dense<B>(j));
   }
   DEFT_HD bool dense() const { return c.dense() && a.dense() && b.dense(); }
+  DEFT_HD auto dense_row() const {
+    return SelectView<decltype(c.dense_row()), decltype(a.dense_row()), decltype(b.dense_row())>{
+        c.dense_row(), a.dense_row(), b.dense_row()};
+  }
   template <class F>
   void for_each_leaf(F&& f) {
     c.for_each_leaf(f);

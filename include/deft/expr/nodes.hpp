@@ -143,7 +143,8 @@ struct Unary : ExprTag {
                 "deft: this function needs a floating-point operand; convert with deft::cast<float>(x)");
   A a;
 
-  explicit Unary(A x) : a(std::move(x)) {}
+  explicit Unary(const A& x) : a(x) {}
+  explicit Unary(A&& x) : a(std::move(x)) {}
   Shape shape() const { return a.shape(); }
   Device device() const { return a.device(); }
   template <class F>
@@ -165,8 +166,10 @@ struct Binary : ExprTag {
   Shape extent;
   Device dev;
 
-  Binary(A x, B y)
-      : a(std::move(x)), b(std::move(y)), extent(broadcast_shapes(a.shape(), b.shape(), Op::name)),
+  // Forwarding: a subtree is moved once per level it climbs, not twice.
+  template <class XA, class XB>
+  Binary(XA&& x, XB&& y)
+      : a(std::forward<XA>(x)), b(std::forward<XB>(y)), extent(broadcast_shapes(a.shape(), b.shape(), Op::name)),
         dev(common_device(a, b, Op::name)) {}
   const Shape& shape() const { return extent; }
   Device device() const { return dev; }
@@ -264,15 +267,16 @@ struct Map : ExprTag {
 };
 
 template <class X>
-using expr_t = decltype(as_expr(std::declval<X>()));
+using expr_t = std::remove_cvref_t<decltype(as_expr(std::declval<X>()))>;
 
 /// The element type of the first tensor-like argument.
 template <class A, class B>
 using element_of = value_t<expr_t<std::conditional_t<Operand<A>, A, B>>>;
 
-/// A tensor-like argument as an expression, or a number as a constant of type T.
+/// A tensor-like argument as an expression (a reference to a node, so that
+/// it is moved only into its parent), or a number as a constant of type T.
 template <class T, class X>
-auto operand(X&& x) {
+decltype(auto) operand(X&& x) {
   if constexpr (Operand<X>) {
     return as_expr(std::forward<X>(x));
   } else {

@@ -17,9 +17,9 @@ concept binary_args = (Operand<X> && (Operand<Y> || Scalar<Y>)) || (Scalar<X> &&
 template <class Op, class X, class Y>
 auto make_binary(X&& x, Y&& y) {
   using T = element_of<X, Y>;
-  auto a = operand<T>(std::forward<X>(x));
-  auto b = operand<T>(std::forward<Y>(y));
-  return Binary<Op, decltype(a), decltype(b)>(std::move(a), std::move(b));
+  using A = std::remove_cvref_t<decltype(operand<T>(std::forward<X>(x)))>;
+  using B = std::remove_cvref_t<decltype(operand<T>(std::forward<Y>(y)))>;
+  return Binary<Op, A, B>(operand<T>(std::forward<X>(x)), operand<T>(std::forward<Y>(y)));
 }
 
 }  // namespace detail
@@ -56,8 +56,7 @@ DEFT_BINARY_FUNCTION(pow, Pow)
 #define DEFT_UNARY_FUNCTION(name, Op)                                          \
   template <Operand X>                                                         \
   auto name(X&& x) {                                                           \
-    auto a = as_expr(std::forward<X>(x));                                      \
-    return detail::Unary<detail::Op, decltype(a)>(std::move(a));               \
+    return detail::Unary<detail::Op, detail::expr_t<X>>(as_expr(std::forward<X>(x))); \
   }
 DEFT_UNARY_FUNCTION(operator-, Neg)
 DEFT_UNARY_FUNCTION(abs, Abs)

@@ -54,16 +54,17 @@ inline void eval_row(const View& v, std::int64_t c0, std::int64_t c1, T* out, bo
     using B = xsimd::batch<T>;
     constexpr std::int64_t W = B::size;
     if (v.dense()) {  // every leaf contiguous along the row: plain loads, no stride tests
+      const auto d = v.dense_row();
       if (stream) {
-        for (; j < c1 && reinterpret_cast<std::uintptr_t>(out + (j - c0)) % sizeof(B) != 0; ++j) out[j - c0] = v.at(j);
+        for (; j < c1 && reinterpret_cast<std::uintptr_t>(out + (j - c0)) % sizeof(B) != 0; ++j) out[j - c0] = d.at(j);
         for (; j + 2 * W <= c1; j += 2 * W) {
-          store_batch<true>(v.template batch_dense<B>(j), out + (j - c0));
-          store_batch<true>(v.template batch_dense<B>(j + W), out + (j - c0) + W);
+          store_batch<true>(d.template batch_dense<B>(j), out + (j - c0));
+          store_batch<true>(d.template batch_dense<B>(j + W), out + (j - c0) + W);
         }
       }
       for (; j + 2 * W <= c1; j += 2 * W) {
-        const B x0 = v.template batch_dense<B>(j);
-        const B x1 = v.template batch_dense<B>(j + W);
+        const B x0 = d.template batch_dense<B>(j);
+        const B x1 = d.template batch_dense<B>(j + W);
         x0.store_unaligned(out + (j - c0));
         x1.store_unaligned(out + (j - c0) + W);
       }

@@ -23,6 +23,7 @@
 #include "core/error.hpp"
 #include "core/shape.hpp"
 #include "engine/engine.hpp"
+#include "engine/spin_lock.hpp"
 #include "eval/executor.hpp"
 #include "expr/nodes.hpp"
 
@@ -32,7 +33,7 @@ namespace detail {
 
 struct Var {
   explicit Var(std::shared_ptr<Buffer> b) : current(std::move(b)) {}
-  std::mutex m;
+  SpinLock m;  // taken for every read of the tensor (each leaf of each expression)
   std::shared_ptr<Buffer> current;
 };
 

@@ -64,11 +64,12 @@ class Engine {
   void record(std::shared_ptr<Task> t) {
     if (Trace* trace = active_trace()) trace->capture(*t);
     auto& c = counters();
-    c.recorded.fetch_add(1, std::memory_order_relaxed);
-    c.recorded_live.fetch_add(1, std::memory_order_relaxed);
-    c.recorded_live_bytes.fetch_add(t->bytes, std::memory_order_relaxed);
-    c.add_pending(t->bytes);
     if (mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) {  // run it here, now
+      {
+        std::lock_guard lk(m_);
+        c.count_recorded(t->bytes);
+        t->counted = true;
+      }
       wait(t);
       if (t->error) {
         std::lock_guard lk(m_);
@@ -79,16 +80,18 @@ class Engine {
     }
     Ready ready;
     std::unique_lock lk(m_);
+    c.count_recorded(t->bytes);
+    t->counted = true;
     recorded_.push_back(t);
-    if (recorded_.size() > 2 * c.recorded_live.load(std::memory_order_relaxed) + 64) compact_recorded();
-    if (c.recorded_live.load(std::memory_order_relaxed) > limits_.max_recorded_tasks ||
-        c.recorded_live_bytes.load(std::memory_order_relaxed) > limits_.max_recorded_bytes) {
-      c.flushes.fetch_add(1, std::memory_order_relaxed);
+    const auto live = c.live_tasks();
+    if (recorded_.size() > 2 * live + 64) compact_recorded();
+    if (live > limits_.max_recorded_tasks || c.live_bytes() > limits_.max_recorded_bytes) {
+      c.flushes.add(1);
       submit_all_locked(ready);
     }
     dispatch_locked(lk, ready);
     if (over_inflight_bound()) {  // wait for half the bound, not one task: one wake-up per many tasks
-      c.backpressure_waits.fetch_add(1, std::memory_order_relaxed);
+      c.backpressure_waits.add(1);
       ++throttled_;
       done_cv_.wait(lk, [&] { return below_resume_mark(); });
       --throttled_;
@@ -113,8 +116,7 @@ class Engine {
       ready.pop_back();
       dispatch_locked(lk, ready);  // the rest run in parallel on the workers
       lk.unlock();
-      execute(next, ready);
-      lk.lock();
+      execute(next, ready, lk);
     }
     dispatch_locked(lk, ready);
     if (t->finished()) return;
@@ -147,6 +149,7 @@ class Engine {
     TaskList<4> cancelled;  // lists in place: a tiny op's supersede allocates nothing
     {
       std::lock_guard lk(m_);
+      auto& c = counters();
       TaskList<4> writers;
       writers.push_back(prev);
       while (!writers.empty()) {
@@ -158,17 +161,15 @@ class Engine {
           continue;
         }
         w->state.store(Task::State::cancelled, std::memory_order_release);
+        c.count_left_recorded(w->bytes);
+        c.count_finished(w->bytes);
+        c.discarded.add(1);
         for (const auto& d : w->deps)
           if (out && d->output.lock() == out) writers.push_back(d);
         cancelled.push_back(std::move(w));
       }
     }
-    for (auto& w : cancelled) {
-      w->leave_recorded();
-      counters().sub_pending(w->bytes);
-      counters().discarded.fetch_add(1, std::memory_order_relaxed);
-      w->release_closure();
-    }
+    for (auto& w : cancelled) w->release_closure();  // outside the lock: it may free a chain of tasks
   }
 
   /// An empty critical section on the engine's lock. Every thread records
@@ -199,6 +200,37 @@ class Engine {
       raise("engine limits: task bounds must be at least 1");
     std::lock_guard lk(m_);
     limits_ = l;
+  }
+
+  /// The counters, read under the lock so that they agree with each other.
+  engine::Stats stats() {
+    std::lock_guard lk(m_);
+    const auto& c = counters();
+    engine::Stats s;
+    s.tasks_recorded = c.recorded.get();
+    s.tasks_run = c.run.get();
+    s.tasks_discarded = c.discarded.get() + c.dropped_tasks.load() - c.dropped_at_reset;
+    s.tasks_failed = c.failed.get();
+    s.tasks_skipped = c.skipped.get();
+    s.flushes = c.flushes.get();
+    s.backpressure_waits = c.backpressure_waits.get();
+    s.tasks_pending = c.now_pending_tasks();
+    s.peak_tasks_pending = c.peak_pending_tasks.get();
+    s.bytes_pending = c.now_pending_bytes();
+    s.peak_bytes_pending = c.peak_pending_bytes.get();
+    s.bytes_allocated = c.allocated_bytes.load();
+    s.peak_bytes_allocated = c.peak_allocated_bytes.load();
+    return s;
+  }
+  void reset_stats() {
+    std::lock_guard lk(m_);
+    auto& c = counters();
+    for (auto* n : {&c.recorded, &c.run, &c.discarded, &c.failed, &c.skipped, &c.flushes, &c.backpressure_waits})
+      n->set(0);
+    c.dropped_at_reset = c.dropped_tasks.load();
+    c.peak_pending_tasks.set(c.now_pending_tasks());
+    c.peak_pending_bytes.set(c.now_pending_bytes());
+    c.peak_allocated_bytes.store(c.allocated_bytes.load());
   }
 
   int num_workers() {
@@ -304,7 +336,7 @@ class Engine {
       work.pop_back();
       if (t->state.load(std::memory_order_relaxed) != Task::State::recorded) continue;
       t->state.store(Task::State::submitted, std::memory_order_relaxed);
-      t->leave_recorded();
+      counters().count_left_recorded(t->bytes);
       ++inflight_tasks_;
       inflight_bytes_ += t->bytes;
       t->pending = 0;
@@ -325,64 +357,67 @@ class Engine {
       pool_->push(ready);
       return;
     }
-    lk.unlock();
     while (!ready.empty()) {
       auto t = std::move(ready.back());
       ready.pop_back();
-      execute(t, ready);
+      lk.unlock();
+      execute(t, ready, lk);
     }
-    lk.lock();
   }
 
   static void run(std::shared_ptr<Task> t) {
     Engine& e = get();
     Ready ready;
+    std::unique_lock lk(e.m_, std::defer_lock);
     for (;;) {
-      e.execute(t, ready);
+      e.execute(t, ready, lk);
       if (ready.empty()) return;
       // Keep one successor on this thread (its inputs are hot in cache).
       t = std::move(ready.back());
       ready.pop_back();
-      if (!ready.empty()) {
-        std::unique_lock lk(e.m_);
-        e.dispatch_locked(lk, ready);
-      }
+      e.dispatch_locked(lk, ready);
+      lk.unlock();
     }
   }
 
   // Runs one task (or skips it) and collects the successors it made ready.
-  void execute(const std::shared_ptr<Task>& t, Ready& ready) {
-    auto& c = counters();
+  // Called with `lk` (on m_) unlocked; returns with it locked, so that a
+  // caller that goes on under the lock does not take it twice.
+  void execute(const std::shared_ptr<Task>& t, Ready& ready, std::unique_lock<std::mutex>& lk) {
+    enum class Outcome { run, failed, skipped, discarded } outcome = Outcome::run;
     std::exception_ptr err = t->inherited_error;
     for (const auto& d : t->deps)
       if (!err && d->error) err = d->error;
-    bool own_failure = false;
     if (auto out = t->output.lock()) {
       if (err) {
-        c.skipped.fetch_add(1, std::memory_order_relaxed);
+        outcome = Outcome::skipped;
       } else {
         try {
           TaskSlice slice(*t);  // profiler: one relaxed load unless engine::trace_to is on
           out->allocate();
           t->execute(*out);
           if (out->device.type != DeviceType::cpu) out->ready_mark = backend_of(out->device).mark(out->device.index);
-          c.run.fetch_add(1, std::memory_order_relaxed);
         } catch (...) {
           err = std::current_exception();
-          own_failure = true;
-          c.failed.fetch_add(1, std::memory_order_relaxed);
+          outcome = Outcome::failed;
         }
       }
       out->error = err;
     } else {
-      c.discarded.fetch_add(1, std::memory_order_relaxed);  // nobody can read the result
+      outcome = Outcome::discarded;  // nobody can read the result
       err = nullptr;
     }
     t->error = err;
     t->release_closure();
     t->deps.clear();
-    c.sub_pending(t->bytes);
-    std::lock_guard lk(m_);
+    lk.lock();
+    auto& c = counters();
+    c.count_finished(t->bytes);
+    (outcome == Outcome::run       ? c.run
+     : outcome == Outcome::failed  ? c.failed
+     : outcome == Outcome::skipped ? c.skipped
+                                   : c.discarded).add(1);
+    const bool own_failure = outcome == Outcome::failed;
     t->state.store(Task::State::done, std::memory_order_release);
     --inflight_tasks_;
     inflight_bytes_ -= t->bytes;
@@ -481,33 +516,11 @@ inline void set_limits(const Limits& l) { detail::Engine::get().set_limits(l); }
 inline Limits limits() { return detail::Engine::get().limits(); }
 
 inline Stats stats() {
-  auto& c = detail::counters();
-  Stats s;
-  s.tasks_recorded = c.recorded.load();
-  s.tasks_run = c.run.load();
-  s.tasks_discarded = c.discarded.load();
-  s.tasks_failed = c.failed.load();
-  s.tasks_skipped = c.skipped.load();
-  s.flushes = c.flushes.load();
-  s.backpressure_waits = c.backpressure_waits.load();
-  s.tasks_pending = c.pending_tasks.load();
-  s.peak_tasks_pending = c.peak_pending_tasks.load();
-  s.bytes_pending = c.pending_bytes.load();
-  s.peak_bytes_pending = c.peak_pending_bytes.load();
-  s.bytes_allocated = c.allocated_bytes.load();
-  s.peak_bytes_allocated = c.peak_allocated_bytes.load();
-  return s;
+  return detail::Engine::get().stats();
 }
 
 /// Zeroes the event counters and resets the peaks to the current levels.
-inline void reset_stats() {
-  auto& c = detail::counters();
-  for (auto* a : {&c.recorded, &c.run, &c.discarded, &c.failed, &c.skipped, &c.flushes, &c.backpressure_waits})
-    a->store(0);
-  c.peak_pending_tasks.store(c.pending_tasks.load());
-  c.peak_pending_bytes.store(c.pending_bytes.load());
-  c.peak_allocated_bytes.store(c.allocated_bytes.load());
-}
+inline void reset_stats() { detail::Engine::get().reset_stats(); }
 
 }  // namespace engine
 }  // namespace deft

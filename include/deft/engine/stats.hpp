@@ -36,29 +36,70 @@ struct Stats {
 
 namespace deft::detail {
 
-/// Process-wide counters; atomics so that any thread may update them.
+/// A counter changed only under the engine's lock: a relaxed load and store
+/// instead of a locked read-modify-write, whose cache line would otherwise
+/// bounce between the recording thread and the workers on every task.
+/// Any thread may read it.
+struct GuardedCount {
+  std::atomic<std::uint64_t> v{0};
+  void add(std::uint64_t d) { v.store(v.load(std::memory_order_relaxed) + d, std::memory_order_relaxed); }
+  void sub(std::uint64_t d) { v.store(v.load(std::memory_order_relaxed) - d, std::memory_order_relaxed); }
+  void set(std::uint64_t x) { v.store(x, std::memory_order_relaxed); }
+  std::uint64_t get() const { return v.load(std::memory_order_relaxed); }
+};
+
+/// Process-wide counters. Those of the task life cycle change under the
+/// engine's lock; a recorded task freed unrun by its last owner (on any
+/// thread, without that lock) is counted apart as "dropped" and subtracted.
 struct Counters {
-  std::atomic<std::uint64_t> recorded{0}, run{0}, discarded{0}, failed{0}, skipped{0};
-  std::atomic<std::uint64_t> flushes{0}, backpressure_waits{0};
-  std::atomic<std::size_t> pending_tasks{0}, peak_pending_tasks{0};
-  std::atomic<std::size_t> pending_bytes{0}, peak_pending_bytes{0};
-  std::atomic<std::size_t> allocated_bytes{0}, peak_allocated_bytes{0};
-  // Tasks recorded but not yet submitted, and their output bytes (drive flushing).
-  std::atomic<std::size_t> recorded_live{0}, recorded_live_bytes{0};
+  // Under the engine's lock.
+  GuardedCount recorded, run, discarded, failed, skipped, flushes, backpressure_waits;
+  GuardedCount recorded_live, recorded_live_bytes;  // recorded, not yet submitted (drives flushing)
+  GuardedCount pending_tasks, pending_bytes;        // recorded or in flight
+  GuardedCount peak_pending_tasks, peak_pending_bytes;
+  std::uint64_t dropped_at_reset = 0;
+  // Anywhere: recorded tasks freed unrun.
+  alignas(64) std::atomic<std::uint64_t> dropped_tasks{0}, dropped_bytes{0};
+  // Anywhere: tensor storage.
+  alignas(64) std::atomic<std::size_t> allocated_bytes{0}, peak_allocated_bytes{0};
 
   static void raise_peak(std::atomic<std::size_t>& peak, std::size_t now) {
     std::size_t p = peak.load(std::memory_order_relaxed);
     while (now > p && !peak.compare_exchange_weak(p, now, std::memory_order_relaxed)) {}
   }
-  /// A task writing `b` bytes was recorded / has finished or been discarded.
-  void add_pending(std::size_t b) {
-    raise_peak(peak_pending_tasks, pending_tasks.fetch_add(1, std::memory_order_relaxed) + 1);
-    raise_peak(peak_pending_bytes, pending_bytes.fetch_add(b, std::memory_order_relaxed) + b);
+  // Dropped tasks were counted recorded (under the lock) before they were
+  // dropped, so these differences do not go below zero.
+  std::uint64_t live_tasks() const { return recorded_live.get() - dropped_tasks.load(std::memory_order_relaxed); }
+  std::uint64_t live_bytes() const { return recorded_live_bytes.get() - dropped_bytes.load(std::memory_order_relaxed); }
+  std::uint64_t now_pending_tasks() const { return pending_tasks.get() - dropped_tasks.load(std::memory_order_relaxed); }
+  std::uint64_t now_pending_bytes() const { return pending_bytes.get() - dropped_bytes.load(std::memory_order_relaxed); }
+
+  /// Under the engine's lock: a task writing `b` bytes was recorded.
+  void count_recorded(std::size_t b) {
+    recorded.add(1);
+    recorded_live.add(1);
+    recorded_live_bytes.add(b);
+    pending_tasks.add(1);
+    pending_bytes.add(b);
+    if (const auto n = now_pending_tasks(); n > peak_pending_tasks.get()) peak_pending_tasks.set(n);
+    if (const auto n = now_pending_bytes(); n > peak_pending_bytes.get()) peak_pending_bytes.set(n);
   }
-  void sub_pending(std::size_t b) {
-    pending_tasks.fetch_sub(1, std::memory_order_relaxed);
-    pending_bytes.fetch_sub(b, std::memory_order_relaxed);
+  /// Under the engine's lock: a recorded task was submitted or cancelled.
+  void count_left_recorded(std::size_t b) {
+    recorded_live.sub(1);
+    recorded_live_bytes.sub(b);
   }
+  /// Under the engine's lock: a task ran, failed, was skipped or cancelled.
+  void count_finished(std::size_t b) {
+    pending_tasks.sub(1);
+    pending_bytes.sub(b);
+  }
+  /// Anywhere, without the lock: a recorded task was freed unrun.
+  void count_dropped(std::size_t b) {
+    dropped_tasks.fetch_add(1, std::memory_order_relaxed);
+    dropped_bytes.fetch_add(b, std::memory_order_relaxed);
+  }
+
   void add_allocated(std::size_t b) {
     raise_peak(peak_allocated_bytes, allocated_bytes.fetch_add(b, std::memory_order_relaxed) + b);
   }

@@ -26,7 +26,7 @@ class Task {
   Task(const Task&) = delete;
   Task& operator=(const Task&) = delete;
   virtual ~Task() {
-    if (state.load(std::memory_order_relaxed) == State::recorded) forget_unsubmitted();
+    if (state.load(std::memory_order_relaxed) == State::recorded && counted) forget_unsubmitted();
     for (auto& d : deps) bury(std::move(d));
   }
 
@@ -53,12 +53,6 @@ class Task {
     }
   }
 
-  /// Accounting when a recorded task leaves the unsubmitted set (submitted or dropped).
-  void leave_recorded() {
-    counters().recorded_live.fetch_sub(1, std::memory_order_relaxed);
-    counters().recorded_live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
-  }
-
   const char* name;
   std::size_t bytes;
   std::weak_ptr<Buffer> output;
@@ -70,14 +64,11 @@ class Task {
   // Scheduler bookkeeping, guarded by the engine's mutex.
   int pending = 0;
   bool awaited = false;  // a thread sleeps until this task finishes: wake it then
+  bool counted = false;  // Engine::record counted it (a task freed before that was never counted)
   TaskList<2> successors;
 
  private:
-  void forget_unsubmitted() {
-    leave_recorded();
-    counters().sub_pending(bytes);
-    counters().discarded.fetch_add(1, std::memory_order_relaxed);
-  }
+  void forget_unsubmitted() { counters().count_dropped(bytes); }
 };
 
 template <class Kernel>

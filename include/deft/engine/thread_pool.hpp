@@ -20,12 +20,10 @@
 #include <vector>
 
 #include "profiler.hpp"
+#include "spin_lock.hpp"
 #include "task.hpp"
 #include "thresholds.hpp"
 
-#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
 namespace deft::detail {
 
@@ -167,9 +165,7 @@ class ThreadPool {
     const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(budget);
     for (unsigned i = 1;; ++i) {
       if (queued_.load(std::memory_order_acquire) > 0 || stop_.load(std::memory_order_relaxed)) break;
-#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
-      _mm_pause();
-#endif
+      cpu_relax();
       if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
     }
     polling_.fetch_sub(1, std::memory_order_relaxed);

@@ -228,6 +228,28 @@ BOOST_AUTO_TEST_CASE(expressions_snapshot_their_operands) {
   BOOST_TEST(deft::sum(y).item() == 0.f);
 }
 
+// Assigning an expression the caller keeps copies it: the expression still
+// owns its operands' pending values and can be assigned again.
+BOOST_AUTO_TEST_CASE(an_assigned_expression_stays_usable) {
+  std::mt19937 g(712);
+  const auto av = random_values<float>(g, 48, -3, 3), bv = random_values<float>(g, 48, -3, 3);
+  auto build = [&] {  // the operands' handles end here: only the expression holds their values
+    const Tensor<float> a = make(av, Shape{6, 8}) * 1, b = make(bv, Shape{6, 8}) * 1;
+    return a * b - 1;
+  };
+  auto e = build();
+  Tensor<float> y = deft::zeros<float>({6, 8});
+  y.wait_to_read();
+  y = e;  // written in place into y's storage
+  Tensor<float> z = e;
+  y = e;
+  std::vector<double> want(48);
+  for (int i = 0; i < 48; ++i) want[i] = double(av[i]) * double(bv[i]) - 1;
+  check_tensor(y, {6, 8}, want, 1e-6, 1e-6, "y = e, twice");
+  check_tensor(z, {6, 8}, want, 1e-6, 1e-6, "z = e after y = e");
+  check_tensor(Tensor<float>(e), {6, 8}, want, 1e-6, 1e-6, "e evaluated after both");
+}
+
 BOOST_AUTO_TEST_CASE(repeated_in_place_steps) {
   std::mt19937 g(706);
   const auto xv = random_values<float>(g, 3000, -1, 1);

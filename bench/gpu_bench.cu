@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "dense_net.hpp"
 #include "harness.hpp"
 
 namespace {
@@ -222,11 +223,7 @@ void launch_rows() {
 
 // --- the seeds' nets on the GPU -----------------------------------------------------
 
-std::shared_ptr<nn::Sequential> dense_net(std::initializer_list<std::pair<std::int64_t, nn::Act>> layers) {
-  auto net = std::make_shared<nn::Sequential>();
-  for (const auto& [units, act] : layers) net->add(std::make_shared<nn::Dense>(units, act));
-  return net;
-}
+using bench::dense_net;
 
 /// Milliseconds per step that bench/gpu_torch_step.py prints, -1 when it cannot run.
 double torch_step_ms(const std::string& script) {

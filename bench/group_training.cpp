@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common.hpp"
+#include "dense_net.hpp"
 
 #include <chrono>
 
@@ -34,12 +35,6 @@ std::vector<std::vector<float>> weights_of(nn::Block& net) {
   std::vector<std::vector<float>> w;
   for (auto* p : net.collect_params()) w.push_back(p->data().to_vector());
   return w;
-}
-
-std::shared_ptr<nn::Sequential> dense_net(std::initializer_list<std::pair<std::int64_t, nn::Act>> layers) {
-  auto net = std::make_shared<nn::Sequential>();
-  for (const auto& [units, act] : layers) net->add(std::make_shared<nn::Dense>(units, act));
-  return net;
 }
 
 // --- the seeds' MLP step ------------------------------------------------------

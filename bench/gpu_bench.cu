@@ -227,13 +227,7 @@ using bench::dense_net;
 
 /// Milliseconds per step that bench/gpu_torch_step.py prints, -1 when it cannot run.
 double torch_step_ms(const std::string& script) {
-  FILE* p = popen(("python3 " + script + " 2>/dev/null").c_str(), "r");
-  if (!p) return -1;
-  char line[256];
-  double ms = -1;
-  while (std::fgets(line, sizeof line, p))
-    if (std::strncmp(line, "step_ms ", 8) == 0) ms = std::atof(line + 8);
-  return pclose(p) == 0 ? ms : -1;
+  return bench::child_number("python3 " + script + " 2>/dev/null", "step_ms ");
 }
 
 void training_rows(const std::string& torch_script) {

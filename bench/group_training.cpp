@@ -85,17 +85,6 @@ double status_mib(const char* key) {
   return -1;
 }
 
-/// Runs `command` and returns the number after "peak_mib " in its output, -1 if none.
-double child_peak(const std::string& command) {
-  FILE* p = popen(command.c_str(), "r");
-  if (!p) return -1;
-  char line[256];
-  double v = -1;
-  while (std::fgets(line, sizeof line, p))
-    if (std::strncmp(line, "peak_mib ", 9) == 0) v = std::atof(line + 9);
-  return pclose(p) == 0 ? v : -1;
-}
-
 std::string self_path() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -125,7 +114,7 @@ void step_rows(const char* g) {
 #if !DEFT_BENCH_HAVE_TORCH
     if (std::string(lib) == "torch") continue;
 #endif
-    const double mib = self.empty() ? -1 : child_peak(self + " --peak-memory " + lib + " --repeats 3");
+    const double mib = self.empty() ? -1 : child_number(self + " --peak-memory " + lib + " --repeats 3", "peak_mib ");
     if (mib < 0) {
       skip(g, lib, "peak memory: the child process failed (needs /proc)");
       continue;

@@ -112,6 +112,17 @@ void write_csv(const std::string& path) {
 
 bool selected(const char* group) { return opts.filter.empty() || std::strstr(group, opts.filter.c_str()); }
 
+double child_number(const std::string& command, const char* key) {
+  FILE* p = popen(command.c_str(), "r");
+  if (!p) return -1;
+  const std::size_t k = std::strlen(key);
+  char line[256];
+  double v = -1;
+  while (std::fgets(line, sizeof line, p))
+    if (std::strncmp(line, key, k) == 0) v = std::atof(line + k);
+  return pclose(p) == 0 ? v : -1;
+}
+
 int hardware_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 void set_omp_threads([[maybe_unused]] int n) {

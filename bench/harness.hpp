@@ -82,6 +82,11 @@ struct FloatBuf {
   std::size_t size() const { return n; }
 };
 
+// --- child processes -----------------------------------------------------
+/// Runs `command` and returns the number after `key` (e.g. "peak_mib ") at
+/// the start of a line of its output; -1 if none, or if the command failed.
+double child_number(const std::string& command, const char* key);
+
 // --- threads of every library -------------------------------------------
 int hardware_threads();
 /// OpenMP (hand-written loops, Eigen's matrix product).

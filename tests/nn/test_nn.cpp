@@ -2,6 +2,7 @@
 #define BOOST_TEST_MODULE deft_nn
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -55,6 +56,53 @@ BOOST_AUTO_TEST_CASE(dense_infers_its_input_size_and_computes_relu_of_xw_plus_b)
   for (std::size_t i = 0; i < ref.size(); ++i) BOOST_TEST(std::abs(y[i] - std::max(ref[i], 0.0)) <= 1e-5);
   BOOST_CHECK_EXCEPTION(layer(random::normal<float>(0, 1, {5, 4})), std::invalid_argument,
                         [](const std::invalid_argument& e) { return mentions(e, "6 input features") && mentions(e, "(5, 4)"); });
+}
+
+// Outside autograd a Dense layer records one task: the product with the bias
+// and activation applied to its output in place (record_product's epilogue).
+// Inside autograd::record it takes the tracked two-task path; both must
+// agree with the double reference, for every activation, with and without
+// a (nonzero) bias, at batch 1 and at a batch the packed GEMM serves.
+BOOST_AUTO_TEST_CASE(dense_is_one_task_outside_autograd_for_every_activation) {
+  random::seed(11);
+  const nn::Act acts[] = {nn::Act::none, nn::Act::relu, nn::Act::sigmoid, nn::Act::tanh, nn::Act::softrelu};
+  auto apply = [](nn::Act a, double v) {
+    switch (a) {
+      case nn::Act::relu: return std::max(v, 0.0);
+      case nn::Act::sigmoid: return 1.0 / (1.0 + std::exp(-v));
+      case nn::Act::tanh: return std::tanh(v);
+      case nn::Act::softrelu: return std::log1p(std::exp(v));
+      case nn::Act::none: break;
+    }
+    return v;
+  };
+  for (const int batch : {1, 37})
+    for (const nn::Act act : acts)
+      for (const bool use_bias : {true, false}) {
+        nn::Dense layer(9, act, use_bias);
+        layer.initialize(nn::init::uniform(0.5));
+        const Tensor<float> x = random::normal<float>(0, 1, {batch, 6});
+        (void)layer(x);  // infers the weight's shape
+        if (use_bias) layer.bias().data() = random::normal<float>(0, 1, {9});
+        wait_all();
+        engine::reset_stats();
+        const Tensor<float> y = layer(x);
+        y.wait_to_read();
+        BOOST_TEST(engine::stats().tasks_recorded == 1u);
+        Tensor<float> tracked;
+        {
+          autograd::record rec;
+          tracked = layer(x);
+        }
+        const auto ref = affine(x.to_vector(), layer.weight().data().to_vector(),
+                                use_bias ? layer.bias().data().to_vector() : std::vector<float>(), batch, 6, 9);
+        const auto fused = y.to_vector(), two_tasks = tracked.to_vector();
+        for (std::size_t i = 0; i < ref.size(); ++i) {
+          const double want = apply(act, ref[i]);
+          BOOST_TEST(std::abs(fused[i] - want) <= 1e-5 + 1e-5 * std::abs(want));
+          BOOST_TEST(std::abs(two_tasks[i] - want) <= 1e-5 + 1e-5 * std::abs(want));
+        }
+      }
 }
 
 BOOST_AUTO_TEST_CASE(sequential_chains_and_collects_parameters_in_order) {

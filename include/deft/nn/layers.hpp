@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "../expr/operators.hpp"
@@ -44,9 +45,15 @@ class Dense : public Block {
       detail::raise(name(), ": was built for ", weight_.shape()[0], " input features but got an input of shape ",
                     x.shape().to_string());
     weight_.materialize(Shape{in, units_});
-    if (!use_bias_) return activate(act_, dot(x2, weight_.data(x.device())));
-    bias_->materialize(Shape{units_});
-    const Tensor<float> xw = dot(x2, weight_.data(x.device()));
+    if (use_bias_) bias_->materialize(Shape{units_});
+    const Tensor<float>& w = weight_.data(x.device());
+    if (!autograd::is_recording()) {  // one task: the product, then bias and activation on its output
+      BiasActivation epilogue{std::nullopt, act_};
+      if (use_bias_) epilogue.bias = bias_->data(x.device()).leaf();
+      return detail::record_product(x2.leaf(), false, w.leaf(), false, "dense", std::move(epilogue));
+    }
+    if (!use_bias_) return activate(act_, dot(x2, w));
+    const Tensor<float> xw = dot(x2, w);
     return activate(act_, xw + bias_->data(x.device()));
   }
   /// The number of outputs.
@@ -57,6 +64,40 @@ class Dense : public Block {
   Parameter& bias() { return *bias_; }
 
  private:
+  /// act(y + b) evaluated in place over a product's output y, inside the
+  /// product's task (record_product's epilogue): a Dense layer outside
+  /// autograd then costs one task instead of two (a batch-1 forward is mostly
+  /// per-task cost). The bias is optional (use_bias = false).
+  struct BiasActivation {
+    std::optional<detail::Leaf<float>> bias;
+    Act act;
+
+    template <class Ex>
+    void apply(Ex ex, detail::Buffer& out, const Shape& shape) const {
+      detail::Leaf<float> y;  // reads the output it overwrites, element by element
+      y.source = &out;
+      y.extent = shape;
+      if (bias) with_activation(ex, out, y + *bias);
+      else if (act != Act::none) with_activation(ex, out, y);
+    }
+    void add_inputs(detail::Task& t) const {
+      if (bias) t.add_input(bias->buffer);
+    }
+
+   private:
+    template <class Ex, class X>
+    void with_activation(Ex ex, detail::Buffer& out, const X& x) const {
+      float* to = out.as<float>();
+      switch (act) {
+        case Act::relu: return ex.evaluate(relu(x), to);
+        case Act::sigmoid: return ex.evaluate(sigmoid(x), to);
+        case Act::tanh: return ex.evaluate(tanh(x), to);
+        case Act::softrelu: return ex.evaluate(log(exp(x) + 1.0f), to);
+        case Act::none: return ex.evaluate(x, to);
+      }
+    }
+  };
+
   std::int64_t units_;
   Act act_;
   bool use_bias_;

@@ -60,11 +60,22 @@ inline Shape swap_last_axes(Shape s) {
   return s;
 }
 
+/// What a product task does to its output after the GEMM: nothing, here. An
+/// epilogue (nn::Dense's bias and activation) runs in the same task, on the
+/// output while it is still in cache, and saves a task per layer.
+struct NoEpilogue {
+  template <class Ex>
+  void apply(Ex, Buffer&, const Shape&) const {}
+  void add_inputs(Task&) const {}
+};
+
 /// op(a) · op(b) as one task, where op swaps the last two axes of an operand
-/// when asked: the GEMM reads the operand transposed, no copy is made.
+/// when asked: the GEMM reads the operand transposed, no copy is made; then
+/// epilogue.apply(executor, output, shape).
 /// Untracked (dot tracks its result; gradients call this directly).
-template <class T>
-Tensor<T> record_product(const Leaf<T>& la, bool ta, const Leaf<T>& lb, bool tb, const char* op) {
+template <class T, class Epilogue = NoEpilogue>
+Tensor<T> record_product(const Leaf<T>& la, bool ta, const Leaf<T>& lb, bool tb, const char* op,
+                         Epilogue epilogue = {}) {
   ta = ta && la.shape().rank() >= 2;
   tb = tb && lb.shape().rank() >= 2;
   const auto plan = plan_product(ta ? swap_last_axes(la.shape()) : la.shape(),
@@ -72,7 +83,7 @@ Tensor<T> record_product(const Leaf<T>& la, bool ta, const Leaf<T>& lb, bool tb,
   const Device dev = common_device(la, lb, op);
   return record_new<T>(
       op, plan.out, dev,
-      [la, lb, plan, ta, tb](Buffer& out) {
+      [la, lb, plan, ta, tb, epilogue](Buffer& out) {
         const T* pa = la.source->template as<const T>() + la.offset;
         const T* pb = lb.source->template as<const T>() + lb.offset;
         T* pc = out.as<T>();
@@ -80,11 +91,13 @@ Tensor<T> record_product(const Leaf<T>& la, bool ta, const Leaf<T>& lb, bool tb,
           for (std::int64_t i = 0; i < plan.batch; ++i)
             ex.gemm(plan.m, plan.n, plan.k, pa + i * plan.m * plan.k, pb + (plan.shared_rhs ? 0 : i * plan.k * plan.n),
                     pc + i * plan.m * plan.n, ta, tb);
+          epilogue.apply(ex, out, plan.out);
         });
       },
       [&](Task& t) {
         t.add_input(la.buffer);
         t.add_input(lb.buffer);
+        epilogue.add_inputs(t);
       });
 }
 

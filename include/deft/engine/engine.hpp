@@ -80,22 +80,23 @@ class Engine {
     }
     Ready ready;
     std::unique_lock lk(m_);
-    c.count_recorded(t->bytes);
-    t->counted = true;
-    recorded_.push_back(t);
-    const auto live = c.live_tasks();
-    if (recorded_.size() > 2 * live + 64) compact_recorded();
-    if (live > limits_.max_recorded_tasks || c.live_bytes() > limits_.max_recorded_bytes) {
-      c.flushes.add(1);
-      submit_all_locked(ready);
-    }
+    add_recorded_locked(t, ready);
     dispatch_locked(lk, ready);
-    if (over_inflight_bound()) {  // wait for half the bound, not one task: one wake-up per many tasks
-      c.backpressure_waits.add(1);
-      ++throttled_;
-      done_cv_.wait(lk, [&] { return below_resume_mark(); });
-      --throttled_;
+    throttle_locked(lk);
+  }
+
+  /// record() for each of `tasks`, in order, under one lock: a hybridized
+  /// replay records a whole forward at once.
+  void record_all(const std::vector<std::shared_ptr<Task>>& tasks) {
+    if (active_trace() || mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) {
+      for (const auto& t : tasks) record(t);
+      return;
     }
+    Ready ready;
+    std::unique_lock lk(m_);
+    for (const auto& t : tasks) add_recorded_locked(t, ready);
+    dispatch_locked(lk, ready);
+    throttle_locked(lk);
   }
 
   /// Blocks until `t` finished, submitting it and what it needs first. The
@@ -305,6 +306,30 @@ class Engine {
     --draining_;
   }
 
+  // Counts `t` as recorded; past the recorded-work bound submits everything.
+  void add_recorded_locked(const std::shared_ptr<Task>& t, Ready& ready) {
+    auto& c = counters();
+    c.count_recorded(t->bytes);
+    t->counted = true;
+    recorded_.push_back(t);
+    const auto live = c.live_tasks();
+    if (recorded_.size() > 2 * live + 64) compact_recorded();
+    if (live > limits_.max_recorded_tasks || c.live_bytes() > limits_.max_recorded_bytes) {
+      c.flushes.add(1);
+      submit_all_locked(ready);
+    }
+  }
+
+  // Holds a recording thread back while in-flight work passes its bound, until
+  // it falls to half of it (one wake-up per many tasks, not one per task).
+  void throttle_locked(std::unique_lock<std::mutex>& lk) {
+    if (!over_inflight_bound()) return;
+    counters().backpressure_waits.add(1);
+    ++throttled_;
+    done_cv_.wait(lk, [&] { return below_resume_mark(); });
+    --throttled_;
+  }
+
   bool over_inflight_bound() const {
     return inflight_tasks_ > limits_.max_inflight_tasks || inflight_bytes_ > limits_.max_inflight_bytes;
   }
@@ -474,11 +499,13 @@ inline void replay(Trace& trace, const std::shared_ptr<Task>& first) {
     for (const auto& w : s.outer)
       if (auto d = w.lock(); d && !d->finished()) t->deps.push_back(std::move(d));
     t->output = s.output;
-    s.output->producer = t;
-    Engine::get().record(t);
     fresh[i] = std::move(t);
   }
   std::erase(fresh, nullptr);
+  Engine::get().record_all(fresh);
+  // Producers are set once recorded (see Tensor::write); the buffers are the
+  // trace's own, read by no task outside this replay but the next one's.
+  for (const auto& t : fresh) t->output.lock()->producer = t;
   trace.last_replay() = std::move(fresh);
 }
 }  // namespace detail

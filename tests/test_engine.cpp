@@ -989,6 +989,55 @@ BOOST_AUTO_TEST_CASE(inflight_bound_applies_backpressure) {
   check_chain(x0, got);
 }
 
+// Flushed work whose tasks are tiny runs on the recording thread, where it
+// costs less than handing it over (thresholds::inline_task_work); big tasks,
+// and tasks that call a user's map() function, still go to the workers.
+BOOST_AUTO_TEST_CASE(small_flushed_work_runs_on_the_recording_thread) {
+  LimitsGuard limits(engine::Limits{.max_recorded_tasks = 16});
+  std::mt19937 g(1105);
+  const auto x0 = random_values<float>(g, 4, -1, 1);
+  Tensor<float> y = make(x0, Shape{4});
+  deft::wait_all();
+  engine::reset_stats();
+  for (int i = 0; i < 100; ++i) y += 1;
+  auto s = engine::stats();
+  BOOST_TEST(s.flushes == 5u);  // after the 17th, 34th, ... recorded task
+  BOOST_TEST(s.flushes_run_here == s.flushes);
+  BOOST_TEST(s.tasks_run == 85u);  // each flush ran before record() returned; 15 are still recorded
+  std::vector<double> ref(x0.size());
+  for (std::size_t i = 0; i < x0.size(); ++i) {
+    float v = x0[i];
+    for (int k = 0; k < 100; ++k) v += 1;
+    ref[i] = v;
+  }
+  check_tensor(y, {4}, ref, 0, 0, "100 steps of y += 1");
+
+  Tensor<float> big = make(random_values<float>(g, kChainElems / 4, -1, 1), Shape{kChainElems / 4});
+  deft::wait_all();
+  engine::reset_stats();
+  for (int i = 0; i < 40; ++i) big += 1;  // 256 KiB written and read per task
+  s = engine::stats();
+  BOOST_TEST(s.flushes == 2u);
+  BOOST_TEST(s.flushes_run_here == 0u);
+  big.wait_to_read();
+
+  const auto me = std::this_thread::get_id();
+  std::atomic<int> on_recording_thread{0};
+  Tensor<float> m = make(x0, Shape{4});
+  deft::wait_all();
+  engine::reset_stats();
+  for (int i = 0; i < 40; ++i)
+    m = deft::map([&](float v) {
+      if (std::this_thread::get_id() == me) on_recording_thread.fetch_add(1);
+      return v + 1;
+    }, m);
+  s = engine::stats();
+  BOOST_TEST(s.flushes == 2u);
+  BOOST_TEST(s.flushes_run_here == 0u);
+  BOOST_TEST(on_recording_thread.load() == 0);  // before the sync point (which may run tasks here)
+  m.wait_to_read();
+}
+
 BOOST_AUTO_TEST_CASE(limits_round_trip_and_restore) {
   const engine::Limits custom{.max_recorded_tasks = 3, .max_recorded_bytes = 12345, .max_inflight_tasks = 7,
                               .max_inflight_bytes = 999};

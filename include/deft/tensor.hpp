@@ -58,6 +58,7 @@ Tensor<T> record_new(const char* name, const Shape& shape, Device dev, Kernel ke
   require_backend(dev, name);
   auto buf = std::make_shared<Buffer>(bytes_for<T>(shape), dev);
   auto task = make_task(name, buf->bytes, std::move(kernel));
+  task->hand_off = dev.type != DeviceType::cpu;
   add_inputs(*task);
   task->output = buf;
   buf->producer = task;
@@ -68,7 +69,10 @@ Tensor<T> record_new(const char* name, const Shape& shape, Device dev, Kernel ke
 /// An add_inputs callable for record_new: the task reads every leaf of `e`.
 template <class E>
 auto reads_of(const E& e) {
-  return [&e](Task& t) { e.for_each_leaf([&](const auto& leaf) { t.add_input(leaf.buffer); }); };
+  return [&e](Task& t) {
+    e.for_each_leaf([&](const auto& leaf) { t.add_input(leaf.buffer); });
+    if constexpr (E::calls_user_code) t.hand_off = true;
+  };
 }
 
 /// The kernel of every elementwise task: evaluates `e` into the output from
@@ -108,6 +112,7 @@ void add_leaf_inputs(TaskImpl<EvaluateInto<E>>& t) {
   t.kernel().e.for_each_leaf([&](const auto& leaf) {
     if (leaf.buffer) t.add_input(leaf.buffer);
   });
+  if constexpr (E::calls_user_code) t.hand_off = true;
 }
 
 /// Records the evaluation of an elementwise expression into a new tensor.
@@ -443,6 +448,7 @@ class Tensor {
         v.current = std::move(fresh);
       }
       detail::add_leaf_inputs(*t);
+      if (cur->device.type != DeviceType::cpu) t->hand_off = true;
       // Recorded before the storage's lock is released: once another thread
       // can see it as the producer it must be recorded, or that thread's
       // supersede() could cancel it first and count its bytes out before in.

@@ -80,8 +80,8 @@ class Engine {
     }
     Ready ready;
     std::unique_lock lk(m_);
-    add_recorded_locked(t, ready);
-    dispatch_locked(lk, ready);
+    const bool small = add_recorded_locked(t, ready);
+    dispatch_locked(lk, ready, small);
     throttle_locked(lk);
   }
 
@@ -94,8 +94,9 @@ class Engine {
     }
     Ready ready;
     std::unique_lock lk(m_);
-    for (const auto& t : tasks) add_recorded_locked(t, ready);
-    dispatch_locked(lk, ready);
+    bool small = true;
+    for (const auto& t : tasks) small = add_recorded_locked(t, ready) && small;
+    dispatch_locked(lk, ready, small);
     throttle_locked(lk);
   }
 
@@ -108,18 +109,7 @@ class Engine {
     Ready ready;
     std::unique_lock lk(m_);
     submit_locked(t, ready);
-    if (!pool_) {  // shut down: dispatch runs everything here
-      dispatch_locked(lk, ready);
-      return;
-    }
-    while (!t->finished() && !ready.empty()) {
-      auto next = std::move(ready.back());
-      ready.pop_back();
-      dispatch_locked(lk, ready);  // the rest run in parallel on the workers
-      lk.unlock();
-      execute(next, ready, lk);
-    }
-    dispatch_locked(lk, ready);
+    help_locked(lk, ready, [&] { return t->finished(); });
     if (t->finished()) return;
     t->awaited = true;
     done_cv_.wait(lk, [&] { return t->finished(); });
@@ -214,6 +204,7 @@ class Engine {
     s.tasks_failed = c.failed.get();
     s.tasks_skipped = c.skipped.get();
     s.flushes = c.flushes.get();
+    s.flushes_run_here = c.flushes_run_here.get();
     s.backpressure_waits = c.backpressure_waits.get();
     s.tasks_pending = c.now_pending_tasks();
     s.peak_tasks_pending = c.peak_pending_tasks.get();
@@ -226,7 +217,8 @@ class Engine {
   void reset_stats() {
     std::lock_guard lk(m_);
     auto& c = counters();
-    for (auto* n : {&c.recorded, &c.run, &c.discarded, &c.failed, &c.skipped, &c.flushes, &c.backpressure_waits})
+    for (auto* n : {&c.recorded, &c.run, &c.discarded, &c.failed, &c.skipped, &c.flushes, &c.flushes_run_here,
+                    &c.backpressure_waits})
       n->set(0);
     c.dropped_at_reset = c.dropped_tasks.load();
     c.peak_pending_tasks.set(c.now_pending_tasks());
@@ -297,17 +289,21 @@ class Engine {
     drain_locked(lk);
   }
 
+  // Submits every recorded task and waits until no task is in flight,
+  // running tasks here meanwhile (all of them when they are small).
   void drain_locked(std::unique_lock<std::mutex>& lk) {
     Ready ready;
-    submit_all_locked(ready);
-    dispatch_locked(lk, ready);
+    if (submit_all_locked(ready)) dispatch_locked(lk, ready, true);
+    else help_locked(lk, ready, [] { return false; });
+    if (inflight_tasks_ == 0) return;
     ++draining_;
     done_cv_.wait(lk, [&] { return inflight_tasks_ == 0; });
     --draining_;
   }
 
   // Counts `t` as recorded; past the recorded-work bound submits everything.
-  void add_recorded_locked(const std::shared_ptr<Task>& t, Ready& ready) {
+  // True unless that flushed work big enough to hand to the workers.
+  bool add_recorded_locked(const std::shared_ptr<Task>& t, Ready& ready) {
     auto& c = counters();
     c.count_recorded(t->bytes);
     t->counted = true;
@@ -316,8 +312,11 @@ class Engine {
     if (recorded_.size() > 2 * live + 64) compact_recorded();
     if (live > limits_.max_recorded_tasks || c.live_bytes() > limits_.max_recorded_bytes) {
       c.flushes.add(1);
-      submit_all_locked(ready);
+      const bool small = submit_all_locked(ready);
+      if (small) c.flushes_run_here.add(1);
+      return small;
     }
+    return true;
   }
 
   // Holds a recording thread back while in-flight work passes its bound, until
@@ -345,40 +344,71 @@ class Engine {
     });
   }
 
-  void submit_all_locked(Ready& ready) {
+  // Submits every recorded task. True when they are small enough to run on
+  // this thread (thresholds::inline_task_work).
+  bool submit_all_locked(Ready& ready) {
+    std::size_t tasks = 0, work = 0;
+    bool hand_off = false;
     for (auto& w : recorded_)
-      if (auto t = w.lock()) submit_locked(t, ready);
+      if (auto t = w.lock()) submit_locked(t, ready, tasks, work, hand_off);
     recorded_.clear();
+    return !hand_off && work <= tasks * thresholds::inline_task_work;
   }
 
   // Marks `root` and every recorded task it needs as submitted; tasks with
-  // nothing left to wait for go to `ready`.
-  void submit_locked(const std::shared_ptr<Task>& root, Ready& ready) {
-    Ready& work = submit_stack_;  // reused: no allocation per sync point
-    work.push_back(root);
-    while (!work.empty()) {
-      auto t = std::move(work.back());
-      work.pop_back();
+  // nothing left to wait for go to `ready`. Adds their number and work to
+  // `tasks` and `work`; sets hand_off if one of them must run on a worker.
+  void submit_locked(const std::shared_ptr<Task>& root, Ready& ready, std::size_t& tasks, std::size_t& work,
+                     bool& hand_off) {
+    Ready& stack = submit_stack_;  // reused: no allocation per sync point
+    stack.push_back(root);
+    while (!stack.empty()) {
+      auto t = std::move(stack.back());
+      stack.pop_back();
       if (t->state.load(std::memory_order_relaxed) != Task::State::recorded) continue;
       t->state.store(Task::State::submitted, std::memory_order_relaxed);
       counters().count_left_recorded(t->bytes);
       ++inflight_tasks_;
       inflight_bytes_ += t->bytes;
+      ++tasks;
+      work += t->work;
+      hand_off = hand_off || t->hand_off;
       t->pending = 0;
       for (const auto& d : t->deps) {
         if (d->finished()) continue;
         d->successors.push_back(t);
         ++t->pending;
-        if (d->state.load(std::memory_order_relaxed) == Task::State::recorded) work.push_back(d);
+        if (d->state.load(std::memory_order_relaxed) == Task::State::recorded) stack.push_back(d);
       }
       if (t->pending == 0) ready.push_back(std::move(t));
     }
   }
+  void submit_locked(const std::shared_ptr<Task>& root, Ready& ready) {
+    std::size_t tasks = 0, work = 0;
+    bool hand_off = false;
+    submit_locked(root, ready, tasks, work, hand_off);
+  }
 
-  // Hands ready tasks to the workers, or runs them here once the pool is gone.
-  void dispatch_locked(std::unique_lock<std::mutex>& lk, Ready& ready) {
+  // Runs ready tasks on this thread one at a time, handing the others to the
+  // workers, until done() or nothing is ready here. Returns holding lk.
+  template <class Done>
+  void help_locked(std::unique_lock<std::mutex>& lk, Ready& ready, Done done) {
+    while (!done() && !ready.empty()) {
+      auto next = std::move(ready.back());
+      ready.pop_back();
+      dispatch_locked(lk, ready);  // the rest run in parallel on the workers
+      lk.unlock();
+      execute(next, ready, lk);
+    }
+    dispatch_locked(lk, ready);
+  }
+
+  // Hands ready tasks to the workers; or runs them, and the successors they
+  // make ready, on this thread: when `here` (work too small to hand off) or
+  // once the pool is gone. Successors of tasks on the workers stay there.
+  void dispatch_locked(std::unique_lock<std::mutex>& lk, Ready& ready, bool here = false) {
     if (ready.empty()) return;
-    if (pool_) {
+    if (pool_ && !here) {
       pool_->push(ready);
       return;
     }

@@ -15,6 +15,7 @@ struct Stats {
   std::uint64_t tasks_failed = 0;     ///< tasks whose kernel threw
   std::uint64_t tasks_skipped = 0;    ///< tasks not run because an input had failed
   std::uint64_t flushes = 0;          ///< submissions forced by the recorded-work bound
+  std::uint64_t flushes_run_here = 0; ///< of those, small enough to run on the recording thread (thresholds::inline_task_work)
   std::uint64_t backpressure_waits = 0;  ///< times a recording thread waited for in-flight work
   std::size_t tasks_pending = 0;      ///< recorded or in-flight tasks now (not yet run or discarded)
   std::size_t peak_tasks_pending = 0; ///< the most tasks unfinished work ever held at once
@@ -26,7 +27,7 @@ struct Stats {
   friend std::ostream& operator<<(std::ostream& os, const Stats& s) {
     return os << "recorded " << s.tasks_recorded << ", run " << s.tasks_run << ", discarded "
               << s.tasks_discarded << ", failed " << s.tasks_failed << ", skipped " << s.tasks_skipped
-              << ", flushes " << s.flushes << ", backpressure waits " << s.backpressure_waits
+              << ", flushes " << s.flushes << " (" << s.flushes_run_here << " run here), backpressure waits " << s.backpressure_waits
               << ", peak pending " << s.peak_tasks_pending << " tasks / " << s.peak_bytes_pending << " B, allocated " << s.bytes_allocated
               << " B (peak " << s.peak_bytes_allocated << " B)";
   }
@@ -53,7 +54,7 @@ struct GuardedCount {
 /// thread, without that lock) is counted apart as "dropped" and subtracted.
 struct Counters {
   // Under the engine's lock.
-  GuardedCount recorded, run, discarded, failed, skipped, flushes, backpressure_waits;
+  GuardedCount recorded, run, discarded, failed, skipped, flushes, flushes_run_here, backpressure_waits;
   GuardedCount recorded_live, recorded_live_bytes;  // recorded, not yet submitted (drives flushing)
   GuardedCount pending_tasks, pending_bytes;        // recorded or in flight
   GuardedCount peak_pending_tasks, peak_pending_bytes;

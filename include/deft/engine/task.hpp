@@ -22,7 +22,7 @@ class Task {
  public:
   enum class State : std::uint8_t { recorded, submitted, done, cancelled };
 
-  Task(const char* task_name, std::size_t out_bytes) : name(task_name), bytes(out_bytes) {}
+  Task(const char* task_name, std::size_t out_bytes) : name(task_name), bytes(out_bytes), work(out_bytes) {}
   Task(const Task&) = delete;
   Task& operator=(const Task&) = delete;
   virtual ~Task() {
@@ -44,6 +44,8 @@ class Task {
 
   /// Reads `b`: orders this task after b's producer, or inherits its failure.
   void add_input(const std::shared_ptr<Buffer>& b) {
+    work += b->bytes;
+    if (b->device.type != DeviceType::cpu) hand_off = true;
     if (const auto& p = b->producer; p && p.get() != this && !p->finished()) {
       for (const auto& d : deps)
         if (d == p) return;
@@ -55,6 +57,10 @@ class Task {
 
   const char* name;
   std::size_t bytes;
+  std::size_t work;  // bytes written and read: the engine's estimate of its cost (see thresholds::inline_task_work)
+  // Always run on a worker, never on a recording thread: GPU work (a copy
+  // may block), and a user's map() function (it may wait for that thread).
+  bool hand_off = false;
   std::weak_ptr<Buffer> output;
   TaskList<3> deps;
   std::exception_ptr inherited_error;  // an input had already failed when this was recorded
@@ -79,7 +85,12 @@ class TaskImpl final : public Task {
       : Task(task_name, out_bytes), kernel_(std::in_place, std::forward<K>(k)) {}
   void execute(Buffer& out) override { (*kernel_)(out); }
   void release_closure() noexcept override { kernel_.reset(); }
-  std::shared_ptr<Task> clone() const override { return std::make_shared<TaskImpl>(name, bytes, *kernel_); }
+  std::shared_ptr<Task> clone() const override {
+    auto t = std::make_shared<TaskImpl>(name, bytes, *kernel_);
+    t->work = work;
+    t->hand_off = hand_off;
+    return t;
+  }
   /// The closure, for declaring its reads while recording (before it runs).
   const Kernel& kernel() const { return *kernel_; }
 

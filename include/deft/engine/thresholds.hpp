@@ -102,6 +102,17 @@ inline constexpr int host_cache_classes_per_octave = 8;
 // Default cap on the bytes held free in the cache; past it blocks are freed.
 inline constexpr std::size_t host_cache_max_bytes = std::size_t(512) << 20;
 
+// --- who runs flushed work ---------------------------------------------------
+// Handing a task to a worker costs about 0.5-1 us of cache lines moving
+// between the cores (the task, its buffers, the engine's lock and counters),
+// about what one core takes to read and write 16 KB. Work flushed by the
+// recorded-work bound whose tasks touch at most this many bytes on average
+// (Task::work: bytes written plus read) runs on the recording thread instead:
+// a chain of 100,000 tiny in-place updates (`y += 1`) then costs what
+// recording and running it in place does. At most max_recorded_tasks such
+// tasks run there at once, so recording pauses for at most a few hundred us.
+inline constexpr std::size_t inline_task_work = std::size_t(16) << 10;
+
 // --- bounds on deferred work (defaults of engine::Limits) -----------------
 // Recorded but unsubmitted work is handed to the workers past these...
 inline constexpr std::size_t max_recorded_tasks = 256;

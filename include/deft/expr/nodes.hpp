@@ -52,6 +52,7 @@ template <Element T>
 struct Leaf : ExprTag {
   using value_type = T;
   static constexpr int cost = 1;
+  static constexpr bool calls_user_code = false;  // a map() function somewhere in the tree (engine: always to a worker)
   static constexpr bool is_constant = false;
 
   // `source` is what the leaf reads; `buffer` owns it. A task writing a
@@ -96,6 +97,7 @@ template <Element T>
 struct Constant : ExprTag {
   using value_type = T;
   static constexpr int cost = 0;
+  static constexpr bool calls_user_code = false;
   static constexpr bool is_constant = true;
   T value;
 
@@ -138,6 +140,7 @@ template <class Op, class A>
 struct Unary : ExprTag {
   using value_type = value_t<A>;
   static constexpr int cost = Op::cost + A::cost;
+  static constexpr bool calls_user_code = A::calls_user_code;
   static constexpr bool is_constant = A::is_constant;
   static_assert(!Op::floating_only || std::is_floating_point_v<value_type>,
                 "deft: this function needs a floating-point operand; convert with deft::cast<float>(x)");
@@ -158,6 +161,7 @@ template <class Op, class A, class B>
 struct Binary : ExprTag {
   using value_type = value_t<A>;
   static constexpr int cost = Op::cost + A::cost + B::cost;
+  static constexpr bool calls_user_code = A::calls_user_code || B::calls_user_code;
   static constexpr bool is_constant = A::is_constant && B::is_constant;
   static_assert(std::is_same_v<value_t<A>, value_t<B>>,
                 "deft: operands have different element types; convert one with deft::cast<U>(x)");
@@ -192,6 +196,7 @@ template <class C, class A, class B>
 struct Select : ExprTag {
   using value_type = value_t<A>;
   static constexpr int cost = 1 + C::cost + A::cost + B::cost;
+  static constexpr bool calls_user_code = C::calls_user_code || A::calls_user_code || B::calls_user_code;
   static constexpr bool is_constant = false;
   static_assert(std::is_same_v<value_t<A>, value_t<B>> && std::is_same_v<value_t<C>, value_t<A>>,
                 "deft: where(cond, a, b) needs cond, a and b of one element type; use deft::cast<U>(x)");
@@ -233,6 +238,7 @@ template <Element U, class A>
 struct Cast : ExprTag {
   using value_type = U;
   static constexpr int cost = 1 + A::cost;
+  static constexpr bool calls_user_code = A::calls_user_code;
   static constexpr bool is_constant = A::is_constant;
   A a;
 
@@ -252,6 +258,7 @@ struct Map : ExprTag {
   using value_type = std::remove_cvref_t<std::invoke_result_t<const F&, value_t<A>>>;
   static_assert(Element<value_type>, "deft::map: the function must return float, double, int32_t or int64_t");
   static constexpr int cost = 8 + A::cost;  // an opaque scalar call
+  static constexpr bool calls_user_code = true;  // the engine never runs it on a recording thread
   static constexpr bool is_constant = A::is_constant;
   F f;
   A a;
@@ -291,6 +298,7 @@ template <class A>
 struct BroadcastTo : ExprTag {
   using value_type = value_t<A>;
   static constexpr int cost = A::cost;
+  static constexpr bool calls_user_code = A::calls_user_code;
   static constexpr bool is_constant = A::is_constant;
   A a;
   Shape extent;

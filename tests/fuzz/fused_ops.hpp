@@ -40,8 +40,7 @@ void with_cmp(BOp op, F&& f) {
   }
 }
 
-// The arithmetic ops: with_b's first half, and alone the restricted set of the
-// deeper patterns (compile time; see fused.hpp).
+// The arithmetic ops: with_b's first half.
 template <class F>
 void with_b_arith(BOp op, F&& f) {
   switch (op) {
@@ -53,6 +52,18 @@ void with_b_arith(BOp op, F&& f) {
     case BOp::minimum: return f([](auto&& x, auto&& y) { return deft::minimum(FZ_FWD(x), FZ_FWD(y)); });
     case BOp::pow: return f([](auto&& x, auto&& y) { return deft::pow(FZ_FWD(x), FZ_FWD(y)); });
     default: throw std::logic_error("deft_fuzz: op outside with_b_arith");
+  }
+}
+
+// The inner ops of the deeper patterns (inner_b in fused.hpp).
+template <class F>
+void with_b_inner(BOp op, F&& f) {
+  switch (op) {
+    case BOp::sub: return f([](auto&& x, auto&& y) { return FZ_FWD(x) - FZ_FWD(y); });
+    case BOp::div: return f([](auto&& x, auto&& y) { return FZ_FWD(x) / FZ_FWD(y); });
+    case BOp::maximum: return f([](auto&& x, auto&& y) { return deft::maximum(FZ_FWD(x), FZ_FWD(y)); });
+    case BOp::pow: return f([](auto&& x, auto&& y) { return deft::pow(FZ_FWD(x), FZ_FWD(y)); });
+    default: throw std::logic_error("deft_fuzz: op outside with_b_inner");
   }
 }
 

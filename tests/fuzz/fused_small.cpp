@@ -19,7 +19,7 @@ Plan plan_for(const Node& n, Site site) {
         p.pat = Pat::uu;
         p.u[1] = k.u;
         p.args = {&k.kids[0]};
-      } else if (deep && fusable(k, Node::binary) && arith_op(k.b)) {
+      } else if (deep && fusable(k, Node::binary) && inner_b(k.b)) {
         p.pat = Pat::ub;
         p.b[0] = k.b;
         p.args = {&k.kids[0], &k.kids[1]};
@@ -32,7 +32,7 @@ Plan plan_for(const Node& n, Site site) {
     case Node::binary: {
       const Node &k0 = n.kids[0], &k1 = n.kids[1];
       p.b[0] = n.b;
-      if (deep && fusable(k0, Node::binary) && arith_op(k0.b)) {
+      if (deep && fusable(k0, Node::binary) && inner_b(k0.b)) {
         p.pat = Pat::bb;
         p.b[1] = k0.b;
         p.args = {&k0.kids[0], &k0.kids[1], &k1};

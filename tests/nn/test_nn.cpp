@@ -374,6 +374,15 @@ BOOST_AUTO_TEST_CASE(replays_equal_the_imperative_results_and_retrace_when_neede
     for (int j = 0; j < 2; ++j) BOOST_TEST(v[j] == ref[j]);  // same kernels, same order: same bits
   }
   BOOST_TEST(net->traces() == 1);
+  // A replay records the input's refill and one task per Dense layer (product,
+  // bias and activation together); the last writes a new buffer, which the
+  // caller gets without a copy.
+  deft::wait_all();
+  engine::reset_stats();
+  const Tensor<float> y = (*net)(x1);
+  BOOST_TEST(engine::stats().tasks_recorded == 4u);
+  const auto yv = y.to_vector();
+  for (int j = 0; j < 2; ++j) BOOST_TEST(yv[j] == r1[j]);
   // A new input shape traces again.
   const Tensor<float> xb = random::normal<float>(0, 1, {3, 512});
   const auto yb = (*net)(xb).to_vector();

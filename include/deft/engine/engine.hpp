@@ -516,9 +516,13 @@ inline void refuse_sync_in_trace(const char* what) {
 /// Records every step of `trace` again, after `first` (recorded by the
 /// caller: it refills the traced input buffer). Each new task waits for
 /// `first`, so nothing overwrites a buffer the previous replay still reads.
-inline void replay(Trace& trace, const std::shared_ptr<Task>& first) {
+/// Step `new_output` (Trace::sole_unread_writer, or Trace::none) writes a
+/// new buffer, which is returned.
+inline std::shared_ptr<Buffer> replay(Trace& trace, const std::shared_ptr<Task>& first,
+                                      std::size_t new_output = Trace::none) {
   const auto& steps = trace.steps();
   std::vector<std::shared_ptr<Task>> fresh(steps.size());
+  std::shared_ptr<Buffer> made;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const auto& s = steps[i];
     if (!s.output) continue;  // nobody could read it when traced: dead work
@@ -528,7 +532,12 @@ inline void replay(Trace& trace, const std::shared_ptr<Task>& first) {
       if (fresh[j]) t->deps.push_back(fresh[j]);
     for (const auto& w : s.outer)
       if (auto d = w.lock(); d && !d->finished()) t->deps.push_back(std::move(d));
-    t->output = s.output;
+    if (i == new_output) {
+      made = std::make_shared<Buffer>(s.output->bytes, s.output->device);
+      t->output = made;
+    } else {
+      t->output = s.output;
+    }
     fresh[i] = std::move(t);
   }
   std::erase(fresh, nullptr);
@@ -537,6 +546,7 @@ inline void replay(Trace& trace, const std::shared_ptr<Task>& first) {
   // trace's own, read by no task outside this replay but the next one's.
   for (const auto& t : fresh) t->output.lock()->producer = t;
   trace.last_replay() = std::move(fresh);
+  return made;
 }
 }  // namespace detail
 

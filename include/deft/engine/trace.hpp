@@ -45,6 +45,22 @@ class Trace {
   }
 
   const std::vector<Step>& steps() const { return steps_; }
+  static constexpr std::size_t none = std::size_t(-1);
+  /// The step writing `b` if it is the only one and no step after it reads
+  /// `b`, else `none`. A replay may give that step a new buffer each time:
+  /// a block's output then reaches the caller without a copy.
+  std::size_t sole_unread_writer(const Buffer* b) const {
+    std::size_t found = none;
+    for (std::size_t i = 0; i < steps_.size(); ++i)
+      if (steps_[i].output.get() == b) {
+        if (found != none) return none;
+        found = i;
+      }
+    for (const auto& s : steps_)
+      for (std::size_t j : s.inner)
+        if (j == found) return none;
+    return found;
+  }
   /// The tasks of the latest replay: the next one must not overwrite a buffer they still read.
   std::vector<std::shared_ptr<Task>>& last_replay() { return last_; }
   /// Forgets the task identities of the tracing run (they are only needed while capturing).

@@ -211,6 +211,7 @@ class Block {
   struct CachedGraph {
     detail::Trace trace;
     Tensor<float> input, output;
+    std::size_t output_step = detail::Trace::none;  // the step a replay gives a new output buffer
     std::vector<std::pair<Parameter*, const detail::Buffer*>> params;
     bool stale(const Shape& x) const {
       if (!(x == input.shape())) return true;
@@ -239,8 +240,11 @@ class Block {
       fill->output = in.buffer;
       in.buffer->producer = fill;
       detail::Engine::get().record(fill);
-      detail::replay(cache->trace, fill);
-      // The caller gets its own copy: the next replay overwrites the output buffer.
+      // The caller gets its own value: a new buffer written by the output's
+      // step, or else a copy (the next replay overwrites the output buffer).
+      const auto traced = cache->output.leaf();
+      if (auto own = detail::replay(cache->trace, fill, cache->output_step))
+        return detail::tensor_from_buffer<float>(std::move(own), traced.extent, traced.offset);
       Tensor<float> out = cache->output.clone();
       cache->trace.last_replay().push_back(out.leaf().buffer->producer);
       return out;
@@ -255,6 +259,7 @@ class Block {
       graph->output = forward(graph->input);
     }
     for (auto* p : collect_params()) graph->params.emplace_back(p, p->data(x.device()).leaf().source);
+    graph->output_step = graph->trace.sole_unread_writer(graph->output.leaf().source);
     ++traces_;
     Tensor<float> out = graph->output.clone();
     graph->trace.last_replay().push_back(out.leaf().buffer->producer);

@@ -14,17 +14,24 @@ namespace deft::nn {
 /// Activation functions a layer can apply to its output.
 enum class Act { none, relu, sigmoid, tanh, softrelu };
 
+/// Calls use(act(x)) with act(x) as an expression (each activation is its
+/// own expression type, so `use` is instantiated once per activation).
+template <class X, class Use>
+decltype(auto) with_activation(Act act, X&& x, Use&& use) {
+  switch (act) {
+    case Act::relu: return use(relu(std::forward<X>(x)));
+    case Act::sigmoid: return use(sigmoid(std::forward<X>(x)));
+    case Act::tanh: return use(tanh(std::forward<X>(x)));
+    case Act::softrelu: return use(log(exp(std::forward<X>(x)) + 1.0f));
+    case Act::none: break;
+  }
+  return use(std::forward<X>(x));
+}
+
 /// act(x), evaluated (one fused task with whatever x's expression is).
 template <class X>
 Tensor<float> activate(Act act, X&& x) {
-  switch (act) {
-    case Act::relu: return relu(std::forward<X>(x));
-    case Act::sigmoid: return sigmoid(std::forward<X>(x));
-    case Act::tanh: return tanh(std::forward<X>(x));
-    case Act::softrelu: return log(exp(std::forward<X>(x)) + 1.0f);
-    case Act::none: break;
-  }
-  return Tensor<float>(std::forward<X>(x));
+  return with_activation(act, std::forward<X>(x), [](auto&& e) { return Tensor<float>(std::forward<decltype(e)>(e)); });
 }
 
 /// y = act(x W + b) for x of shape (batch, in) (higher ranks are flattened
@@ -77,25 +84,14 @@ class Dense : public Block {
       detail::Leaf<float> y;  // reads the output it overwrites, element by element
       y.source = &out;
       y.extent = shape;
-      if (bias) with_activation(ex, out, y + *bias);
-      else if (act != Act::none) with_activation(ex, out, y);
+      auto write = [&](auto&& e) { ex.evaluate(e, out.as<float>()); };
+      if (bias) with_activation(act, y + *bias, write);
+      else if (act != Act::none) with_activation(act, y, write);
     }
     void add_inputs(detail::Task& t) const {
       if (bias) t.add_input(bias->buffer);
     }
 
-   private:
-    template <class Ex, class X>
-    void with_activation(Ex ex, detail::Buffer& out, const X& x) const {
-      float* to = out.as<float>();
-      switch (act) {
-        case Act::relu: return ex.evaluate(relu(x), to);
-        case Act::sigmoid: return ex.evaluate(sigmoid(x), to);
-        case Act::tanh: return ex.evaluate(tanh(x), to);
-        case Act::softrelu: return ex.evaluate(log(exp(x) + 1.0f), to);
-        case Act::none: return ex.evaluate(x, to);
-      }
-    }
   };
 
   std::int64_t units_;

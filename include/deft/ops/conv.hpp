@@ -204,7 +204,7 @@ void im2col(const ConvGeom& g, const T* x, std::int64_t images, T* out) {
 /// is in a fixed order (SIMD lanes, then the k tail), whatever the threads.
 template <class T>
 void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c, bool accumulate) {
-  using V = xsimd::batch<T>;
+  using V = cpu::simd_batch<T>;
   constexpr std::int64_t W = V::size;
   constexpr std::int64_t MI = cpu::simd_registers >= 32 ? 4 : 3, NJ = 4;
   const std::int64_t kv = k / W * W;

@@ -14,6 +14,7 @@
 #include "../../engine/engine.hpp"
 #include "../../engine/thresholds.hpp"
 #include "../../expr/kernel_views.hpp"
+#include "simd.hpp"
 
 namespace deft::detail::cpu {
 
@@ -51,7 +52,7 @@ inline void eval_row(const View& v, std::int64_t c0, std::int64_t c1, T* out, bo
   std::int64_t j = c0;
 #if DEFT_CPU_SIMD
   if constexpr (View::simd && std::is_same_v<typename View::value_type, T>) {
-    using B = xsimd::batch<T>;
+    using B = simd_batch<T>;
     constexpr std::int64_t W = B::size;
     if (v.dense()) {  // every leaf contiguous along the row: plain loads, no stride tests
       const auto d = v.dense_row();

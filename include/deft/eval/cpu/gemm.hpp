@@ -16,6 +16,7 @@
 #include "../../engine/engine.hpp"
 #include "../../engine/thresholds.hpp"
 #include "elementwise.hpp"
+#include "simd.hpp"
 
 #if defined(DEFT_BLAS) && DEFT_BLAS
 // Matrix products go to the system BLAS (cblas) instead of deft's kernel.
@@ -48,7 +49,7 @@ inline constexpr int simd_registers =
 
 template <class T>
 struct GemmKernel {
-  using B = xsimd::batch<T>;
+  using B = simd_batch<T>;
   static constexpr std::int64_t W = B::size;
   static constexpr std::int64_t MR = thresholds::gemm_mr_for(simd_registers);
   static constexpr int NV = thresholds::gemm_nr_vectors;
@@ -187,7 +188,7 @@ struct GemmKernel {
 /// held in registers (the few-row product).
 template <int V, class T>
 inline void gemv_strip(std::int64_t k, const T* a, const T* b, std::int64_t ldb, T* c) {
-  using B = xsimd::batch<T>;
+  using B = simd_batch<T>;
   constexpr std::int64_t W = B::size;
   B acc[V];
   for (int v = 0; v < V; ++v) acc[v] = B(T(0));
@@ -251,7 +252,7 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, con
     if (n == 1) {  // matrix-vector: one dot product per row
       parallel_range(m, k, 1, [&](std::int64_t i0, std::int64_t i1) {
         for (std::int64_t i = i0; i < i1; ++i) {
-          using B = xsimd::batch<T>;
+          using B = simd_batch<T>;
           const T* row = a + i * k;
           B acc(T(0));
           std::int64_t p = 0;
@@ -268,7 +269,7 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, con
     // while B is read row by row, a contiguous run per row: independent
     // accumulators hide the FMA latency and the prefetcher sees one stream.
     // Every element sums over p in order, whatever the strip or the thread.
-    constexpr std::int64_t W = xsimd::batch<T>::size;
+    constexpr std::int64_t W = simd_batch<T>::size;
     constexpr int wide = simd_registers >= 32 ? 16 : 8;
     parallel_range(n, m * k, n >= 4 * wide * W ? wide * W : 4 * W, [&](std::int64_t j0, std::int64_t j1) {
       for (std::int64_t i = 0; i < m; ++i) {

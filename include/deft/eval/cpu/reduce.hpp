@@ -11,6 +11,7 @@
 #include "../../expr/nodes.hpp"
 #include "../../expr/reducers.hpp"
 #include "elementwise.hpp"
+#include "simd.hpp"
 
 namespace deft::detail::cpu {
 
@@ -21,7 +22,7 @@ inline T reduce_contiguous(const T* p, std::int64_t n) {
   T acc = R::identity();
 #if DEFT_CPU_SIMD
   if constexpr (std::is_floating_point_v<T>) {
-    using B = xsimd::batch<T>;
+    using B = simd_batch<T>;
     constexpr std::int64_t W = B::size;
     if (n >= 4 * W) {
       B a0(R::identity()), a1(R::identity()), a2(R::identity()), a3(R::identity());
@@ -125,7 +126,7 @@ inline void reduce_axis(const Expr& e, int axis, T* out) {
                          std::int64_t i = 0;
 #if DEFT_CPU_SIMD
                          if constexpr (std::is_floating_point_v<T>) {
-                           using B = xsimd::batch<T>;
+                           using B = simd_batch<T>;
                            for (; i + std::int64_t(B::size) <= n; i += std::int64_t(B::size))
                              R::step(B::load_unaligned(a + i), B::load_unaligned(p + i)).store_unaligned(a + i);
                          }

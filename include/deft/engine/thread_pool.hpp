@@ -87,11 +87,19 @@ class ThreadPool {
       if (chunks == 1) body(std::int64_t{0});
       return;
     }
+    // Everything else is one function for every body: each elementwise
+    // expression has its own body type, and this was compiled once per type.
+    run_loop(chunks, &body,
+             [](void* ctx, std::int64_t i) { (*static_cast<std::remove_reference_t<Body>*>(ctx))(i); });
+  }
+
+ private:
+  void run_loop(std::int64_t chunks, void* context, void (*call)(void*, std::int64_t)) {
     Loop loop;
     loop.owner = profiled_task();  // null unless a trace records: then helpers' slices name it
     loop.count = chunks;
-    loop.context = &body;
-    loop.call = [](void* ctx, std::int64_t i) { (*static_cast<std::remove_reference_t<Body>*>(ctx))(i); };
+    loop.context = context;
+    loop.call = call;
     // The calling thread works too (a worker, or a user thread running a task
     // at its sync point): with size() - 1 helpers at most size() threads run.
     const int helpers = static_cast<int>(std::min<std::int64_t>(chunks - 1, size() - 1));
@@ -120,7 +128,6 @@ class ThreadPool {
     if (loop.error) std::rethrow_exception(loop.error);
   }
 
- private:
   struct Loop {
     ProfiledTask owner;  // the task running this loop, named only while a trace records
     std::int64_t count = 0;

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 #include <functional>
 
 #include "../core/config.hpp"
@@ -179,26 +180,28 @@ struct MapView {
   void for_each_leaf(G&& g) { a.for_each_leaf(g); }
 };
 
-/// The output shape with unit dimensions dropped and neighbours merged where
-/// every leaf allows it; leaves' strides are rewritten to match. Afterwards
-/// the innermost stride of every leaf is 0 or 1.
-template <class View>
-Shape collapse(View& v, const Shape& out) {
+/// What collapse() reads and rewrites of one leaf view.
+struct LeafLayout {
+  std::array<std::int64_t, max_rank>* strides;
+  std::int64_t* inner;
+};
+
+/// collapse() on the leaves' layouts: one function for every expression type.
+inline Shape collapse_layouts(LeafLayout* leaves, int n, const Shape& out) {
   // The common case, checked first because it is on every task's path:
   // every leaf reads all of `out` contiguously, which is one flat row.
   if (out.rank() > 0 && out.size() > 0) {
     const auto dense = contiguous_strides(out);
     bool flat = true;
-    v.for_each_leaf([&](const auto& leaf) {
+    for (int l = 0; l < n; ++l)
       for (int d = 0; d < out.rank(); ++d)
-        if (out[d] != 1 && leaf.strides[d] != dense[d]) flat = false;
-    });
+        if (out[d] != 1 && (*leaves[l].strides)[d] != dense[d]) flat = false;
     if (flat) {
-      v.for_each_leaf([](auto& leaf) {
-        leaf.strides = {};
-        leaf.strides[0] = 1;
-        leaf.inner = 1;
-      });
+      for (int l = 0; l < n; ++l) {
+        *leaves[l].strides = {};
+        (*leaves[l].strides)[0] = 1;
+        *leaves[l].inner = 1;
+      }
       return Shape{out.size()};
     }
   }
@@ -209,21 +212,19 @@ Shape collapse(View& v, const Shape& out) {
     if (out[d] != 1) keep[r++] = d;
   std::array<std::int64_t, max_rank> ext{};
   for (int i = 0; i < r; ++i) ext[i] = out[keep[i]];
-  v.for_each_leaf([&](auto& leaf) {
+  for (int l = 0; l < n; ++l) {
     std::array<std::int64_t, max_rank> s{};
-    for (int i = 0; i < r; ++i) s[i] = leaf.strides[keep[i]];
-    leaf.strides = s;
-  });
+    for (int i = 0; i < r; ++i) s[i] = (*leaves[l].strides)[keep[i]];
+    *leaves[l].strides = s;
+  }
   // Merge dimension i into i-1 where stride[i-1] == stride[i] * ext[i] for all leaves.
   int m = 0;
   std::array<std::int64_t, max_rank> merged_ext{};
   std::array<int, max_rank> group_last{};  // last original dim of each merged group
   for (int i = 0; i < r; ++i) {
     bool can = m > 0;
-    if (can)
-      v.for_each_leaf([&](auto& leaf) {
-        if (leaf.strides[group_last[m - 1]] != leaf.strides[i] * ext[i]) can = false;
-      });
+    for (int l = 0; can && l < n; ++l)
+      if ((*leaves[l].strides)[group_last[m - 1]] != (*leaves[l].strides)[i] * ext[i]) can = false;
     if (can) {
       merged_ext[m - 1] *= ext[i];
       group_last[m - 1] = i;
@@ -232,13 +233,28 @@ Shape collapse(View& v, const Shape& out) {
       group_last[m++] = i;
     }
   }
-  v.for_each_leaf([&](auto& leaf) {
+  for (int l = 0; l < n; ++l) {
     std::array<std::int64_t, max_rank> s{};
-    for (int i = 0; i < m; ++i) s[i] = leaf.strides[group_last[i]];
-    leaf.strides = s;
-    leaf.inner = m > 0 ? s[m - 1] : 0;
-  });
+    for (int i = 0; i < m; ++i) s[i] = (*leaves[l].strides)[group_last[i]];
+    *leaves[l].strides = s;
+    *leaves[l].inner = m > 0 ? s[m - 1] : 0;
+  }
   return Shape(std::span<const std::int64_t>(merged_ext.data(), m));
+}
+
+/// The output shape with unit dimensions dropped and neighbours merged where
+/// every leaf allows it; leaves' strides are rewritten to match. Afterwards
+/// the innermost stride of every leaf is 0 or 1.
+template <class View>
+Shape collapse(View& v, const Shape& out) {
+  int n = 0;
+  v.for_each_leaf([&](auto&) { ++n; });
+  std::array<LeafLayout, 16> few;  // no allocation for the usual expression
+  std::vector<LeafLayout> many(n > int(few.size()) ? std::size_t(n) : 0);
+  LeafLayout* leaves = many.empty() ? few.data() : many.data();
+  int i = 0;
+  v.for_each_leaf([&](auto& leaf) { leaves[i++] = LeafLayout{&leaf.strides, &leaf.inner}; });
+  return collapse_layouts(leaves, n, out);
 }
 
 }  // namespace deft::detail

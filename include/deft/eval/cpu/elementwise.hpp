@@ -18,35 +18,42 @@
 
 namespace deft::detail::cpu {
 
-/// Stores batch x at p (aligned to the batch size); with Stream, bypassing
-/// the caches (a non-temporal store) where the ISA has one for this type.
-template <bool Stream, class B, class T>
-inline void store_batch(const B& x, T* p) {
+/// Stores batch x at p; with `stream` (p then aligned to the batch size)
+/// bypassing the caches, a non-temporal store, where the ISA has one for
+/// this type. `stream` is a run-time flag so that each expression compiles
+/// one loop, not one per kind of store: the branch is the same for a whole
+/// row and predicted.
+template <class B, class T>
+DEFT_ALWAYS_INLINE inline void store_batch(const B& x, T* p, bool stream) {
 #if defined(__AVX512F__)
-  if constexpr (Stream && sizeof(B) == 64) {
-    if constexpr (std::is_same_v<T, float>) _mm512_stream_ps(p, x);
-    else if constexpr (std::is_same_v<T, double>) _mm512_stream_pd(p, x);
-    else _mm512_stream_si512(reinterpret_cast<__m512i*>(p), x);
-    return;
+  if constexpr (sizeof(B) == 64) {
+    if (stream) {
+      if constexpr (std::is_same_v<T, float>) _mm512_stream_ps(p, x);
+      else if constexpr (std::is_same_v<T, double>) _mm512_stream_pd(p, x);
+      else _mm512_stream_si512(reinterpret_cast<__m512i*>(p), x);
+      return;
+    }
   }
 #endif
 #if defined(__AVX__)
-  if constexpr (Stream && sizeof(B) == 32) {
-    if constexpr (std::is_same_v<T, float>) _mm256_stream_ps(p, x);
-    else if constexpr (std::is_same_v<T, double>) _mm256_stream_pd(p, x);
-    else _mm256_stream_si256(reinterpret_cast<__m256i*>(p), x);
-    return;
+  if constexpr (sizeof(B) == 32) {
+    if (stream) {
+      if constexpr (std::is_same_v<T, float>) _mm256_stream_ps(p, x);
+      else if constexpr (std::is_same_v<T, double>) _mm256_stream_pd(p, x);
+      else _mm256_stream_si256(reinterpret_cast<__m256i*>(p), x);
+      return;
+    }
   }
 #endif
-  x.store_aligned(p);
+  x.store_unaligned(p);
 }
 
 /// out[j - c0] = v(j) for j in [c0, c1) of the current row. With `stream` the
 /// aligned middle of a dense row is written with non-temporal stores: for an
 /// output far larger than the caches this saves reading every destination
 /// line before writing it (a sixth of the traffic of a 4-input expression).
-/// `stream` is a run-time flag, not a template parameter, so that each
-/// expression instantiates one row kernel rather than two.
+/// Each loop below holds a copy of the whole expression tree (its batch
+/// reads are always inlined), so there are as few loops as the paths need.
 template <class View, class T>
 inline void eval_row(const View& v, std::int64_t c0, std::int64_t c1, T* out, bool stream) {
   std::int64_t j = c0;
@@ -56,18 +63,13 @@ inline void eval_row(const View& v, std::int64_t c0, std::int64_t c1, T* out, bo
     constexpr std::int64_t W = B::size;
     if (v.dense()) {  // every leaf contiguous along the row: plain loads, no stride tests
       const auto d = v.dense_row();
-      if (stream) {
+      if (stream)
         for (; j < c1 && reinterpret_cast<std::uintptr_t>(out + (j - c0)) % sizeof(B) != 0; ++j) out[j - c0] = d.at(j);
-        for (; j + 2 * W <= c1; j += 2 * W) {
-          store_batch<true>(d.template batch_dense<B>(j), out + (j - c0));
-          store_batch<true>(d.template batch_dense<B>(j + W), out + (j - c0) + W);
-        }
-      }
       for (; j + 2 * W <= c1; j += 2 * W) {
         const B x0 = d.template batch_dense<B>(j);
         const B x1 = d.template batch_dense<B>(j + W);
-        x0.store_unaligned(out + (j - c0));
-        x1.store_unaligned(out + (j - c0) + W);
+        store_batch(x0, out + (j - c0), stream);
+        store_batch(x1, out + (j - c0) + W, stream);
       }
     }
     for (; j + 2 * W <= c1; j += 2 * W) {

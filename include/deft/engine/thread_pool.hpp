@@ -36,7 +36,7 @@ class ThreadPool {
     // Pollers plus one thread at a sync point must fit the cores: a poller
     // that took a core from a computing thread would cost more than it saves.
     const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    max_polling_ = std::min(workers, cores) - 1;
+    max_polling_ = std::min(workers, cores - 1);
     threads_.reserve(workers);
     for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] {
       worker_index() = i;
@@ -103,16 +103,21 @@ class ThreadPool {
     // The calling thread works too (a worker, or a user thread running a task
     // at its sync point): with size() - 1 helpers at most size() threads run.
     const int helpers = static_cast<int>(std::min<std::int64_t>(chunks - 1, size() - 1));
-    int sleeping;
+    int sleeping, polling;
     {
       std::lock_guard lk(m_);
       for (int i = 0; i < helpers; ++i) jobs_.push_back(Job{nullptr, &loop});
+      // Counted before the jobs are published: a poller leaves poll() as soon
+      // as it sees them, and counting after that woke a sleeper for nothing
+      // (a futex call of ~1 us in each batch-1 forward). Every worker counted
+      // here looks at the queue under m_ before it sleeps, so it takes a job.
+      polling = polling_.load(std::memory_order_relaxed);
       queued_.fetch_add(helpers, std::memory_order_release);
       sleeping = sleeping_;
     }
     // A loop needs no helper to finish (this thread runs every chunk no helper
     // took), so polling workers may take its helpers without a wake-up.
-    if (sleeping > 0 && helpers > polling_.load(std::memory_order_relaxed)) notify(helpers);
+    if (sleeping > 0 && helpers > polling) notify(helpers);
     loop.run_chunks();
     // Take back helpers no worker has started; wait for those that have.
     int removed = 0;
@@ -123,8 +128,13 @@ class ThreadPool {
       jobs_.erase(it, jobs_.end());
       queued_.fetch_sub(removed, std::memory_order_relaxed);
     }
+    // A started helper is running its last chunk: spin a little before
+    // giving the core away (a yield is a system call, ~1 us on a VM).
     const int started = helpers - removed;
-    while (loop.helpers_done.load(std::memory_order_acquire) < started) std::this_thread::yield();
+    for (int spins = 0; loop.helpers_done.load(std::memory_order_acquire) < started; ++spins) {
+      if (spins < thresholds::helper_spin_count) cpu_relax();
+      else std::this_thread::yield();
+    }
     if (loop.error) std::rethrow_exception(loop.error);
   }
 

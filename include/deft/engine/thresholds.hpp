@@ -32,6 +32,10 @@ inline constexpr std::int64_t worker_poll_ns = 50'000;
 // any half no worker has taken). Each thread then reads the same half of the
 // operands every call, so a batch-1 layer's weights stay in its L2.
 inline constexpr std::int64_t parallel_burst_min_work = std::int64_t(1) << 16;
+// A thread whose chunks of a loop are done spins this many times (x86
+// `pause`: 26 ns each on the 2-core VM, so some 7 us) for the helpers still
+// running their last chunk (a few us) before it yields its core.
+inline constexpr int helper_spin_count = 256;
 
 /// How many pieces a loop of `work` element-ops should be cut into.
 constexpr std::int64_t parallel_chunks(std::int64_t work, int workers) {

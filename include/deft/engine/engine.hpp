@@ -46,7 +46,9 @@ namespace deft::detail {
 
 class Engine {
  public:
-  using Ready = std::vector<std::shared_ptr<Task>>;
+  // Tasks ready to run. In place: a sync point and a worker's run each
+  // collect one or two, and a heap list cost a malloc/free per statement.
+  using Ready = ReadyList;
 
   /// The process-wide engine. Never destroyed (tensors may outlive main);
   /// its workers are drained and joined at exit.
@@ -360,7 +362,7 @@ class Engine {
   // `tasks` and `work`; sets hand_off if one of them must run on a worker.
   void submit_locked(const std::shared_ptr<Task>& root, Ready& ready, std::size_t& tasks, std::size_t& work,
                      bool& hand_off) {
-    Ready& stack = submit_stack_;  // reused: no allocation per sync point
+    auto& stack = submit_stack_;  // reused: no allocation per sync point
     stack.push_back(root);
     while (!stack.empty()) {
       auto t = std::move(stack.back());
@@ -491,7 +493,7 @@ class Engine {
   int draining_ = 0;                 // threads waiting for every submitted task
   int throttled_ = 0;                // recording threads held back by the in-flight bound
   std::vector<std::weak_ptr<Task>> recorded_;
-  Ready submit_stack_;  // submit_locked's work list
+  std::vector<std::shared_ptr<Task>> submit_stack_;  // submit_locked's work list (reused)
   std::size_t inflight_tasks_ = 0, inflight_bytes_ = 0;
   std::exception_ptr first_error_;
   engine::Limits limits_;

@@ -67,4 +67,8 @@ class TaskList {
   std::size_t size_ = 0, capacity_ = N;
 };
 
+/// Tasks made ready to run, collected by a thread at a sync point or a
+/// worker and handed to the pool (engine.hpp, thread_pool.hpp).
+using ReadyList = TaskList<8>;
+
 }  // namespace deft::detail

@@ -64,7 +64,7 @@ class ThreadPool {
     return ns;
   }
 
-  void push(std::vector<std::shared_ptr<Task>>& ready) {
+  void push(ReadyList& ready) {
     if (ready.empty()) return;
     int sleeping;
     {

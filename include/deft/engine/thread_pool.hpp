@@ -2,9 +2,9 @@
 // a ready task or a helper for a parallel loop; loops are split into chunks
 // that the calling thread and any idle worker claim with an atomic counter.
 // A worker that runs out of jobs polls for a short while before it sleeps
-// (at most one fewer than the workers or the cores, so that they and a thread
-// at a sync point fit the cores): handing a job to a polling worker costs well under a
-// microsecond, waking a sleeping one several.
+// (at most all the workers and one fewer than the cores, so that they and a
+// thread at a sync point fit the cores): handing a job to a polling worker
+// costs well under a microsecond, waking a sleeping one several.
 #pragma once
 #include <algorithm>
 #include <atomic>

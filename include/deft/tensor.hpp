@@ -340,6 +340,13 @@ class Tensor {
   detail::Leaf<T> leaf() const {
     return detail::Leaf<T>(buffer(), offset_, shape_, autograd::is_recording() ? grad_meta_ : nullptr);
   }
+  /// The storage of the current version, for identity checks only (a
+  /// hybridized block's cache): no reference is taken.
+  const detail::Buffer* storage() const {
+    auto& v = var();
+    std::lock_guard lk(v.m);
+    return v.current.get();
+  }
   const std::shared_ptr<autograd::detail::MetaBase>& grad_meta() const { return grad_meta_; }
   void set_grad_meta(std::shared_ptr<autograd::detail::MetaBase> m) { grad_meta_ = std::move(m); }
 

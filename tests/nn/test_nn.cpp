@@ -374,15 +374,22 @@ BOOST_AUTO_TEST_CASE(replays_equal_the_imperative_results_and_retrace_when_neede
     for (int j = 0; j < 2; ++j) BOOST_TEST(v[j] == ref[j]);  // same kernels, same order: same bits
   }
   BOOST_TEST(net->traces() == 1);
-  // A replay records the input's refill and one task per Dense layer (product,
-  // bias and activation together); the last writes a new buffer, which the
-  // caller gets without a copy.
+  // A chain of layers replays as one task: the input's refill, then each
+  // Dense layer's product, bias and activation; the last writes a new
+  // buffer, which the caller gets without a copy.
   deft::wait_all();
   engine::reset_stats();
   const Tensor<float> y = (*net)(x1);
-  BOOST_TEST(engine::stats().tasks_recorded == 4u);
+  BOOST_TEST(engine::stats().tasks_recorded == 1u);
   const auto yv = y.to_vector();
   for (int j = 0; j < 2; ++j) BOOST_TEST(yv[j] == r1[j]);
+  // A forward whose result nobody kept is skipped: its one task has no reader.
+  engine::reset_stats();
+  for (int i = 0; i < 5; ++i) (void)(*net)(i % 2 ? x2 : x1);
+  const auto kept = (*net)(x2).to_vector();
+  BOOST_TEST(engine::stats().tasks_discarded == 5u);
+  BOOST_TEST(engine::stats().tasks_run == 1u);
+  for (int j = 0; j < 2; ++j) BOOST_TEST(kept[j] == r2[j]);
   // A new input shape traces again.
   const Tensor<float> xb = random::normal<float>(0, 1, {3, 512});
   const auto yb = (*net)(xb).to_vector();
@@ -407,6 +414,82 @@ BOOST_AUTO_TEST_CASE(replays_equal_the_imperative_results_and_retrace_when_neede
   const auto after_ref = (*net)(x1).to_vector();
   for (int j = 0; j < 2; ++j) BOOST_TEST(after[j] == after_ref[j]);
   BOOST_TEST(after[0] != r1[0]);
+}
+
+namespace {
+// trunk -> two heads -> their sum: the heads read one value, so each is a
+// chain of its own (they may run in parallel) after the trunk's.
+struct Heads : nn::Block {
+  std::shared_ptr<nn::Dense> trunk = std::make_shared<nn::Dense>(16, nn::Act::relu);
+  std::shared_ptr<nn::Dense> h1 = std::make_shared<nn::Dense>(8, nn::Act::tanh), h2 = std::make_shared<nn::Dense>(8);
+  Heads() : nn::Block("heads") {
+    add_child(trunk);
+    add_child(h1);
+    add_child(h2);
+  }
+  Tensor<float> forward(const Tensor<float>& x) override {
+    const Tensor<float> t = (*trunk)(x);
+    return (*h1)(t) + (*h2)(t);
+  }
+};
+// Two layers reading the input, multiplied: no chain waits for the other.
+struct Twins : nn::Block {
+  std::shared_ptr<nn::Dense> a = std::make_shared<nn::Dense>(8, nn::Act::sigmoid), b = std::make_shared<nn::Dense>(8);
+  Twins() : nn::Block("twins") {
+    add_child(a);
+    add_child(b);
+  }
+  Tensor<float> forward(const Tensor<float>& x) override { return (*a)(x) * (*b)(x); }
+};
+
+// Replays of `net` without a sync between calls equal its imperative
+// results bit for bit, and one replay records `tasks` tasks.
+void check_replays(nn::Block& net, std::uint64_t tasks) {
+  const Tensor<float> x1 = random::normal<float>(0, 1, {3, 12}), x2 = random::normal<float>(0, 1, {3, 12});
+  net.initialize();
+  const auto r1 = net(x1).to_vector(), r2 = net(x2).to_vector();
+  net.hybridize();
+  std::vector<Tensor<float>> outs;
+  for (int i = 0; i < 6; ++i) outs.push_back(net(i % 2 ? x2 : x1));
+  for (int i = 0; i < 6; ++i) {
+    const auto v = outs[i].to_vector();
+    const auto& ref = i % 2 ? r2 : r1;
+    BOOST_TEST_REQUIRE(v.size() == ref.size());
+    for (std::size_t j = 0; j < v.size(); ++j) BOOST_TEST(v[j] == ref[j]);
+  }
+  BOOST_TEST(net.traces() == 1);
+  deft::wait_all();
+  engine::reset_stats();
+  const auto y = net(x2).to_vector();
+  BOOST_TEST(engine::stats().tasks_recorded == tasks);
+  for (std::size_t j = 0; j < y.size(); ++j) BOOST_TEST(y[j] == r2[j]);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(branches_replay_as_tasks_of_their_own) {
+  random::seed(21);
+  Heads heads;
+  check_replays(heads, 4);  // refill and trunk; head 1; head 2; the sum
+  Twins twins;
+  check_replays(twins, 4);  // the refill (both layers wait for it); a; b; the product
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_input_fails_the_replay_and_the_next_one_recovers) {
+  random::seed(22);
+  auto net = seeds_net();
+  const Tensor<float> x = random::normal<float>(0, 1, {1, 512});
+  const auto ref = (*net)(x).to_vector();
+  net->hybridize();
+  (void)(*net)(x).to_vector();  // traced
+  const Tensor<float> bad = deft::map([](float) -> float { throw std::runtime_error("bad sample"); }, x);
+  const Tensor<float> y = (*net)(bad);
+  BOOST_CHECK_EXCEPTION(y.to_vector(), std::runtime_error,
+                        [](const std::runtime_error& e) { return mentions(e, "bad sample"); });
+  const auto again = (*net)(x).to_vector();
+  for (int j = 0; j < 2; ++j) BOOST_TEST(again[j] == ref[j]);
+  BOOST_TEST(net->traces() == 1);
+  BOOST_CHECK_THROW(deft::wait_all(), std::runtime_error);  // the failure is reported once more there, then cleared
+  deft::wait_all();
 }
 
 BOOST_AUTO_TEST_CASE(a_forward_that_reads_values_cannot_be_traced) {

@@ -515,39 +515,64 @@ inline void refuse_sync_in_trace(const char* what) {
                                   "wait_to_read, printing, wait_all, branching on data); read them outside the block");
 }
 
-/// Records every step of `trace` again, after `first` (recorded by the
-/// caller: it refills the traced input buffer). Each new task waits for
-/// `first`, so nothing overwrites a buffer the previous replay still reads.
-/// Step `new_output` (Trace::sole_unread_writer, or Trace::none) writes a
-/// new buffer, which is returned.
-inline std::shared_ptr<Buffer> replay(Trace& trace, const std::shared_ptr<Task>& first,
+/// Records the steps of `trace` again, one task per chain (Trace::Chain),
+/// after `refill` (unrecorded; it writes the traced input `input` and
+/// declared its reads). The refill waits for every task of the previous
+/// replay still running, and every chain for the refill, so nothing
+/// overwrites a buffer the previous replay still reads. On the CPU, when
+/// every chain waits for the first (Plan::rooted), the refill runs inside
+/// the first chain's task: a chain of layers is then one task. Step `new_output`
+/// (Trace::sole_unread_writer, or Trace::none) writes a new buffer, which is
+/// returned.
+inline std::shared_ptr<Buffer> replay(Trace& trace, std::shared_ptr<Task> refill, const std::shared_ptr<Buffer>& input,
                                       std::size_t new_output = Trace::none) {
-  const auto& steps = trace.steps();
-  std::vector<std::shared_ptr<Task>> fresh(steps.size());
+  const auto& plan = trace.plan();
+  auto& tasks = trace.last_replay();
+  for (const auto& t : tasks)
+    if (!t->finished()) refill->deps.push_back(t);
+  if (const auto& p = input->producer; p && !p->finished()) refill->deps.push_back(p);
+  tasks.clear();
+  const bool fold = plan->rooted && !refill->hand_off && !plan->chains.front().hand_off;
+  std::shared_ptr<Task> head = refill;  // every chain waits for it (directly or through the first chain)
+  if (!fold) {
+    refill->output = input;
+    tasks.push_back(refill);
+  }
+  const std::size_t first_chain = tasks.size();
   std::shared_ptr<Buffer> made;
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    const auto& s = steps[i];
-    if (!s.output) continue;  // nobody could read it when traced: dead work
-    auto t = s.prototype->clone();
-    t->deps.push_back(first);
-    for (std::size_t j : s.inner)
-      if (fresh[j]) t->deps.push_back(fresh[j]);
-    for (const auto& w : s.outer)
-      if (auto d = w.lock(); d && !d->finished()) t->deps.push_back(std::move(d));
-    if (i == new_output) {
-      made = std::make_shared<Buffer>(s.output->bytes, s.output->device);
+  for (std::size_t ci = 0; ci < plan->chains.size(); ++ci) {
+    const auto& c = plan->chains[ci];
+    const bool with_refill = fold && ci == 0;
+    auto t = std::make_shared<ChainTask>(plan, ci, with_refill ? refill : nullptr, input);
+    if (with_refill) {
+      for (const auto& d : refill->deps) t->deps.push_back(d);
+      t->inherited_error = refill->inherited_error;
+      refill->deps.clear();
+      head = t;
+    } else {
+      t->deps.push_back(head);
+    }
+    for (std::size_t a : c.after)
+      if (tasks[first_chain + a] != head) t->deps.push_back(tasks[first_chain + a]);
+    for (std::size_t i : c.steps)
+      for (const auto& w : plan->steps[i].outer)
+        if (auto d = w.lock(); d && !d->finished()) t->deps.push_back(std::move(d));
+    const std::size_t last = c.steps.back();
+    if (last == new_output) {
+      made = std::make_shared<Buffer>(plan->steps[last].output->bytes, plan->steps[last].output->device);
       t->output = made;
     } else {
-      t->output = s.output;
+      t->output = plan->steps[last].output;
     }
-    fresh[i] = std::move(t);
+    tasks.push_back(std::move(t));
   }
-  std::erase(fresh, nullptr);
-  Engine::get().record_all(fresh);
+  Engine::get().record_all(tasks);
   // Producers are set once recorded (see Tensor::write); the buffers are the
   // trace's own, read by no task outside this replay but the next one's.
-  for (const auto& t : fresh) t->output.lock()->producer = t;
-  trace.last_replay() = std::move(fresh);
+  input->producer = fold ? tasks[first_chain] : refill;
+  for (std::size_t ci = 0; ci < plan->chains.size(); ++ci)
+    for (std::size_t i : plan->chains[ci].steps)
+      (i == new_output ? made : plan->steps[i].output)->producer = tasks[first_chain + ci];
   return made;
 }
 }  // namespace detail

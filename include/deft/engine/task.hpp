@@ -83,7 +83,8 @@ class TaskImpl final : public Task {
   template <class K>
   TaskImpl(const char* task_name, std::size_t out_bytes, K&& k)
       : Task(task_name, out_bytes), kernel_(std::in_place, std::forward<K>(k)) {}
-  void execute(Buffer& out) override { (*kernel_)(out); }
+  // Const: a trace's prototype runs in every replay in flight (ChainTask).
+  void execute(Buffer& out) override { std::as_const(*kernel_)(out); }
   void release_closure() noexcept override { kernel_.reset(); }
   std::shared_ptr<Task> clone() const override {
     auto t = std::make_shared<TaskImpl>(name, bytes, *kernel_);

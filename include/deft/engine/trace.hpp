@@ -1,9 +1,13 @@
 // Trace: the tasks one thread records while a trace is active, kept as
-// prototypes that can be recorded again (hybridize). A replay re-records a
-// copy of every traced task with the same kernel, reading and writing the
-// same buffers, so intermediate storage is allocated once and the front end
-// (building expressions, checking shapes, autograd) is skipped.
+// prototypes that can run again (hybridize). The steps are grouped into
+// chains, runs of steps each reading the one before; a replay records one
+// task per chain, running its steps' kernels on the same buffers, so
+// intermediate storage is allocated once, the front end (building
+// expressions, checking shapes, autograd) is skipped, and the engine's
+// per-task cost is paid per chain, not per step. Steps on different chains
+// (independent branches) still run in parallel.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <unordered_map>
@@ -24,10 +28,27 @@ inline Trace*& active_trace() {
 class Trace {
  public:
   struct Step {
-    std::shared_ptr<Task> prototype;  // never run: a copy is recorded per replay
-    std::shared_ptr<Buffer> output;
-    std::vector<std::size_t> inner;               // traced tasks it waits for
-    std::vector<std::weak_ptr<Task>> outer;       // tasks recorded before the trace
+    std::shared_ptr<Task> prototype;  // never recorded: its kernel runs in each replay's chain task
+    std::shared_ptr<Buffer> output;   // null: nobody could read it when traced (dead work, not replayed)
+    std::vector<std::size_t> inner;          // traced tasks it waits for
+    std::vector<std::weak_ptr<Task>> outer;  // tasks recorded before the trace
+  };
+  /// Steps one replay task runs in order. Each step after the first reads the
+  /// step before it and nothing outside the chain, so running them on one
+  /// thread loses no parallelism. Steps that must run on a worker (hand_off:
+  /// GPU work, a user's map function) are chains of one.
+  struct Chain {
+    std::vector<std::size_t> steps;
+    std::vector<std::size_t> after;  // the chains it reads from
+    std::size_t bytes = 0, work = 0;
+    bool hand_off = false;
+  };
+  /// What a replay task reads: shared, so a trace dropped (re-traced) while
+  /// a replay is in flight stays alive until that replay ran.
+  struct Plan {
+    std::vector<Step> steps;
+    std::vector<Chain> chains;
+    bool rooted = false;  // every chain waits, directly or not, for the first
   };
 
   /// Called by Engine::record for every task recorded while this trace is active.
@@ -40,36 +61,129 @@ class Trace {
       if (it != index_.end()) s.inner.push_back(it->second);
       else s.outer.push_back(d);
     }
-    index_.emplace(&t, steps_.size());
-    steps_.push_back(std::move(s));
+    index_.emplace(&t, plan_->steps.size());
+    plan_->steps.push_back(std::move(s));
   }
 
-  const std::vector<Step>& steps() const { return steps_; }
+  const std::vector<Step>& steps() const { return plan_->steps; }
+  const std::vector<Chain>& chains() const { return plan_->chains; }
+  const std::shared_ptr<const Plan>& plan() const { return shared_; }
   static constexpr std::size_t none = std::size_t(-1);
   /// The step writing `b` if it is the only one and no step after it reads
   /// `b`, else `none`. A replay may give that step a new buffer each time:
-  /// a block's output then reaches the caller without a copy.
+  /// a block's output then reaches the caller without a copy. Such a step
+  /// ends its chain (no step reads it).
   std::size_t sole_unread_writer(const Buffer* b) const {
+    const auto& steps = plan_->steps;
     std::size_t found = none;
-    for (std::size_t i = 0; i < steps_.size(); ++i)
-      if (steps_[i].output.get() == b) {
+    for (std::size_t i = 0; i < steps.size(); ++i)
+      if (steps[i].output.get() == b) {
         if (found != none) return none;
         found = i;
       }
-    for (const auto& s : steps_)
+    for (const auto& s : steps)
       for (std::size_t j : s.inner)
         if (j == found) return none;
     return found;
   }
   /// The tasks of the latest replay: the next one must not overwrite a buffer they still read.
   std::vector<std::shared_ptr<Task>>& last_replay() { return last_; }
-  /// Forgets the task identities of the tracing run (they are only needed while capturing).
-  void seal() { index_.clear(); }
+  /// Ends the capture: forgets the tracing run's task identities and groups the steps into chains.
+  void seal() {
+    index_.clear();
+    plan_chains();
+    shared_ = plan_;
+  }
 
  private:
-  std::vector<Step> steps_;
+  // A step extends the latest chain when it reads that chain's last step,
+  // is that step's only reader, and reads nothing from other chains: a
+  // value read twice ends its chain, so its readers can run in parallel.
+  void plan_chains() {
+    auto& steps = plan_->steps;
+    auto& chains = plan_->chains;
+    std::vector<std::size_t> chain_of(steps.size(), none), readers(steps.size(), 0);
+    for (const auto& s : steps)
+      if (s.output)
+        for (std::size_t j : s.inner) ++readers[j];
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const Step& s = steps[i];
+      if (!s.output) continue;
+      const bool handed_off = s.prototype->hand_off;
+      bool extend = !handed_off && !chains.empty() && !chains.back().hand_off;
+      if (extend) {
+        const std::size_t last = chains.back().steps.back();
+        extend = readers[last] == 1 && std::ranges::find(s.inner, last) != s.inner.end() &&
+                 std::ranges::all_of(s.inner, [&](std::size_t j) { return !steps[j].output || chain_of[j] == chain_of[last]; });
+      }
+      if (!extend) chains.emplace_back();
+      Chain& c = chains.back();
+      const std::size_t ci = chains.size() - 1;
+      c.steps.push_back(i);
+      c.bytes += s.prototype->bytes;
+      c.work += s.prototype->work;
+      c.hand_off = handed_off;
+      chain_of[i] = ci;
+      for (std::size_t j : s.inner)
+        if (steps[j].output && chain_of[j] != ci && std::ranges::find(c.after, chain_of[j]) == c.after.end())
+          c.after.push_back(chain_of[j]);
+    }
+    // Every chain waits for the first one, directly or not: the input's
+    // refill can then run in the first chain's task without delaying a branch.
+    std::vector<bool> reaches(chains.size(), false);
+    plan_->rooted = !chains.empty();
+    for (std::size_t ci = 1; ci < chains.size(); ++ci) {
+      for (std::size_t a : chains[ci].after) reaches[ci] = reaches[ci] || a == 0 || reaches[a];
+      plan_->rooted = plan_->rooted && reaches[ci];
+    }
+  }
+
+  std::shared_ptr<Plan> plan_ = std::make_shared<Plan>();
+  std::shared_ptr<const Plan> shared_;  // set by seal()
   std::unordered_map<const Task*, std::size_t> index_;
   std::vector<std::shared_ptr<Task>> last_;
+};
+
+/// One chain of a replay as one engine task: the kernels of the chain's
+/// steps, in order, each on its step's buffer; the last writes the task's
+/// output. The first chain may also refill the traced input (`refill`).
+class ChainTask final : public Task {
+ public:
+  ChainTask(std::shared_ptr<const Trace::Plan> plan, std::size_t chain, std::shared_ptr<Task> refill,
+            std::shared_ptr<Buffer> input)
+      : Task("hybridized", plan->chains[chain].bytes), plan_(std::move(plan)), chain_(chain), refill_(std::move(refill)),
+        input_(std::move(input)) {
+    const auto& c = plan_->chains[chain_];
+    work = c.work + (refill_ ? refill_->work : 0);
+    hand_off = c.hand_off || (refill_ && refill_->hand_off);
+  }
+  void execute(Buffer& out) override {
+    if (refill_) {
+      input_->allocate();
+      refill_->execute(*input_);
+    }
+    const auto& steps = plan_->chains[chain_].steps;
+    for (std::size_t k = 0; k < steps.size(); ++k) {
+      const auto& s = plan_->steps[steps[k]];
+      Buffer& b = k + 1 == steps.size() ? out : *s.output;
+      b.allocate();
+      s.prototype->execute(b);
+    }
+  }
+  void release_closure() noexcept override {
+    plan_.reset();
+    refill_.reset();
+    input_.reset();
+  }
+  std::shared_ptr<Task> clone() const override {
+    return std::make_shared<ChainTask>(plan_, chain_, refill_ ? refill_->clone() : nullptr, input_);
+  }
+
+ private:
+  std::shared_ptr<const Trace::Plan> plan_;
+  std::size_t chain_;
+  std::shared_ptr<Task> refill_;
+  std::shared_ptr<Buffer> input_;
 };
 
 /// Makes the calling thread record into `t` for the scope's lifetime.

@@ -211,12 +211,14 @@ class Block {
   struct CachedGraph {
     detail::Trace trace;
     Tensor<float> input, output;
+    std::shared_ptr<detail::Buffer> input_buffer;   // the placeholder's storage, refilled per call
+    std::int64_t output_offset = 0;                  // where the output starts in its buffer
     std::size_t output_step = detail::Trace::none;  // the step a replay gives a new output buffer
     std::vector<std::pair<Parameter*, const detail::Buffer*>> params;
     bool stale(const Shape& x) const {
       if (!(x == input.shape())) return true;
       for (const auto& [p, version] : params)
-        if (!p->initialized() || !p->holds(input.device()) || p->data(input.device()).leaf().source != version)
+        if (!p->initialized() || !p->holds(input.device()) || p->data(input.device()).storage() != version)
           return true;
       return false;
     }
@@ -230,21 +232,14 @@ class Block {
       if (c->input.device() == x.device()) slot = &c;
     if (slot && !(*slot)->stale(x.shape())) {
       CachedGraph* cache = slot->get();
-      // Refill the input placeholder, after the previous replay's last reads.
-      const auto in = cache->input.leaf();
-      auto fill = detail::make_task("hybridized input", in.buffer->bytes, detail::EvaluateInto<detail::Leaf<float>>(x.leaf()));
-      detail::add_leaf_inputs(*fill);
-      for (const auto& t : cache->trace.last_replay())
-        if (!t->finished()) fill->deps.push_back(t);
-      if (auto p = in.buffer->producer; p && !p->finished()) fill->deps.push_back(std::move(p));
-      fill->output = in.buffer;
-      in.buffer->producer = fill;
-      detail::Engine::get().record(fill);
+      // Refill the input placeholder (after the previous replay's last reads).
+      auto refill = detail::make_task("hybridized input", cache->input_buffer->bytes,
+                                      detail::EvaluateInto<detail::Leaf<float>>(x.leaf()));
+      detail::add_leaf_inputs(*refill);
       // The caller gets its own value: a new buffer written by the output's
       // step, or else a copy (the next replay overwrites the output buffer).
-      const auto traced = cache->output.leaf();
-      if (auto own = detail::replay(cache->trace, fill, cache->output_step))
-        return detail::tensor_from_buffer<float>(std::move(own), traced.extent, traced.offset);
+      if (auto own = detail::replay(cache->trace, std::move(refill), cache->input_buffer, cache->output_step))
+        return detail::tensor_from_buffer<float>(std::move(own), cache->output.shape(), cache->output_offset);
       Tensor<float> out = cache->output.clone();
       cache->trace.last_replay().push_back(out.leaf().buffer->producer);
       return out;
@@ -258,8 +253,10 @@ class Block {
       detail::TraceScope scope(graph->trace);
       graph->output = forward(graph->input);
     }
-    for (auto* p : collect_params()) graph->params.emplace_back(p, p->data(x.device()).leaf().source);
-    graph->output_step = graph->trace.sole_unread_writer(graph->output.leaf().source);
+    for (auto* p : collect_params()) graph->params.emplace_back(p, p->data(x.device()).storage());
+    graph->input_buffer = graph->input.leaf().buffer;
+    graph->output_offset = graph->output.leaf().offset;
+    graph->output_step = graph->trace.sole_unread_writer(graph->output.storage());
     ++traces_;
     Tensor<float> out = graph->output.clone();
     graph->trace.last_replay().push_back(out.leaf().buffer->producer);

@@ -81,12 +81,21 @@ class Dense : public Block {
 
     template <class Ex>
     void apply(Ex ex, detail::Buffer& out, const Shape& shape) const {
+      // Leaves that own nothing: the task keeps both buffers alive while it
+      // runs, and a reference taken per call costs atomics for nothing.
       detail::Leaf<float> y;  // reads the output it overwrites, element by element
       y.source = &out;
       y.extent = shape;
       auto write = [&](auto&& e) { ex.evaluate(e, out.as<float>()); };
-      if (bias) with_activation(act, y + *bias, write);
-      else if (act != Act::none) with_activation(act, y, write);
+      if (bias) {
+        detail::Leaf<float> b;
+        b.source = bias->source;
+        b.offset = bias->offset;
+        b.extent = bias->extent;
+        with_activation(act, y + b, write);
+      } else if (act != Act::none) {
+        with_activation(act, y, write);
+      }
     }
     void add_inputs(detail::Task& t) const {
       if (bias) t.add_input(bias->buffer);

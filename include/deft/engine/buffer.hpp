@@ -34,9 +34,9 @@ struct Buffer {
   void allocate() {
     if (data || bytes == 0) return;
     // Rounding up must not wrap around for sizes near SIZE_MAX.
-    if (bytes > std::numeric_limits<std::size_t>::max() - thresholds::alignment) throw std::bad_alloc();
+    if (bytes > std::numeric_limits<std::size_t>::max() - thresholds::page_alignment) throw std::bad_alloc();
     auto alloc = device.type == DeviceType::cpu ? AllocatorSlot::get().current() : backend_of(device).memory(device.index);
-    data = static_cast<std::byte*>(alloc->allocate(rounded_bytes(), thresholds::alignment));
+    data = static_cast<std::byte*>(alloc->allocate(rounded_bytes(), alignment()));
     if (!data) throw std::bad_alloc();
     allocator = std::move(alloc);
     counters().add_allocated(bytes);
@@ -62,11 +62,16 @@ struct Buffer {
  private:
   std::shared_ptr<engine::HostAllocator> allocator;  // the one `data` came from
 
-  // Whole cache lines, as std::aligned_alloc requires a multiple of the alignment.
-  std::size_t rounded_bytes() const { return (bytes + thresholds::alignment - 1) / thresholds::alignment * thresholds::alignment; }
+  // A cache line, or a page for large host buffers (thresholds::page_align_min_bytes).
+  std::size_t alignment() const {
+    return device.type == DeviceType::cpu && bytes >= thresholds::page_align_min_bytes ? thresholds::page_alignment
+                                                                                       : thresholds::alignment;
+  }
+  // A multiple of the alignment, as std::aligned_alloc requires.
+  std::size_t rounded_bytes() const { return (bytes + alignment() - 1) / alignment() * alignment(); }
   void release_memory() {
     if (!data) return;
-    allocator->deallocate(data, rounded_bytes(), thresholds::alignment);
+    allocator->deallocate(data, rounded_bytes(), alignment());
     allocator.reset();
     counters().sub_allocated(bytes);
     data = nullptr;

@@ -47,6 +47,22 @@ class CountingAllocator final : public engine::HostAllocator {
 constexpr std::size_t align = 64;
 constexpr std::size_t big = std::size_t(1) << 20;
 
+/// Installs an allocator for new tensors for the scope's lifetime; the
+/// previous one comes back once the work recorded meanwhile has run.
+class Installed {
+ public:
+  explicit Installed(std::shared_ptr<engine::HostAllocator> a) : previous_(engine::set_host_allocator(std::move(a))) {}
+  ~Installed() {
+    settle();
+    engine::set_host_allocator(previous_);
+  }
+  Installed(const Installed&) = delete;
+  Installed& operator=(const Installed&) = delete;
+
+ private:
+  std::shared_ptr<engine::HostAllocator> previous_;
+};
+
 }  // namespace
 
 BOOST_FIXTURE_TEST_SUITE(host_memory, EngineFixture)
@@ -188,14 +204,7 @@ BOOST_AUTO_TEST_CASE(concurrent_use) {
 
 BOOST_AUTO_TEST_CASE(tensors_reuse_cached_blocks) {
   auto cache = std::make_shared<engine::CachingHostAllocator>();
-  const auto previous = engine::set_host_allocator(cache);
-  struct Restore {
-    std::shared_ptr<engine::HostAllocator> p;
-    ~Restore() {
-      settle();
-      engine::set_host_allocator(p);
-    }
-  } restore{previous};
+  const Installed installed(cache);
   std::mt19937 g(611);
   const i64 n = 1 << 18;  // 1 MiB of float32: cached
   const auto xv = random_values<float>(g, n, -1, 1);
@@ -220,14 +229,7 @@ BOOST_AUTO_TEST_CASE(tensors_reuse_cached_blocks) {
 // for, and frees with, the same alignment and size.
 BOOST_AUTO_TEST_CASE(large_buffers_start_on_a_page) {
   auto up = std::make_shared<CountingAllocator>();
-  const auto previous = engine::set_host_allocator(up);
-  struct Restore {
-    std::shared_ptr<engine::HostAllocator> p;
-    ~Restore() {
-      settle();
-      engine::set_host_allocator(p);
-    }
-  } restore{previous};
+  const Installed installed(up);
   std::mt19937 g(612);
   for (const i64 n : {i64(1) << 12, i64(5000), i64(3), i64(1000)}) {  // 16 KiB, 20000 B, 12 B, 4000 B
     std::vector<Tensor<float>> ts;

@@ -545,9 +545,9 @@ inline std::shared_ptr<Buffer> replay(Trace& trace, std::shared_ptr<Task> refill
     const bool with_refill = fold && ci == 0;
     auto t = std::make_shared<ChainTask>(plan, ci, with_refill ? refill : nullptr, input);
     if (with_refill) {
-      for (const auto& d : refill->deps) t->deps.push_back(d);
-      t->inherited_error = refill->inherited_error;
+      for (auto& d : refill->deps) t->deps.push_back(std::move(d));
       refill->deps.clear();
+      t->inherited_error = refill->inherited_error;
       head = t;
     } else {
       t->deps.push_back(head);

@@ -65,8 +65,6 @@ class Trace {
     plan_->steps.push_back(std::move(s));
   }
 
-  const std::vector<Step>& steps() const { return plan_->steps; }
-  const std::vector<Chain>& chains() const { return plan_->chains; }
   const std::shared_ptr<const Plan>& plan() const { return shared_; }
   static constexpr std::size_t none = std::size_t(-1);
   /// The step writing `b` if it is the only one and no step after it reads

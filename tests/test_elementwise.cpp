@@ -213,5 +213,41 @@ BOOST_AUTO_TEST_CASE(results_too_large_for_the_caches) {
   BOOST_TEST(bad == 0u, bad << " wrong elements in a streamed write into rows(1, " << r << ")");
 }
 
+// A statement whose every operand reads exactly the output's shape takes the
+// flat path (eval/cpu/elementwise.hpp: reads_flat, flat_view). Operands here
+// are views at odd offsets into larger storage, lengths straddle the SIMD
+// widths, and one operand that broadcasts sends the same tree down the
+// strided path: both must match the double reference.
+BOOST_AUTO_TEST_CASE_TEMPLATE(flat_statements_on_views_and_odd_lengths, T, FloatTypes) {
+  std::mt19937 g(177);
+  for (const i64 n : {i64(1), i64(3), i64(7), i64(8), i64(15), i64(16), i64(17), i64(33), i64(1000), i64(4099)}) {
+    const i64 rows = 5;
+    const auto av = random_values<T>(g, std::size_t(rows * n), -2, 2);
+    const auto bv = random_values<T>(g, std::size_t(rows * n), -2, 2);
+    const auto sv = random_values<T>(g, std::size_t(n), -2, 2);
+    const Tensor<T> a = make(av, Shape{rows, n}), b = make(bv, Shape{rows, n}), s = make(sv, Shape{n});
+    // rows(1, 4) of a and rows(2, 5) of b: leaves at offsets n and 2n.
+    const Tensor<T> x = a.rows(1, 4), y = b.rows(2, 5);
+    const Tensor<T> flat = x * y + x * T(2) - deft::maximum(y, T(0));
+    const Tensor<T> strided = x * y + s * T(2) - deft::maximum(y, T(0));  // s broadcasts along rows
+    Tensor<T> chain = x * T(1);
+    for (int k = 0; k < 3; ++k) chain = chain * T(0.5) + y;  // in place, reads itself
+    std::vector<double> want_flat, want_strided, want_chain;
+    for (i64 r = 0; r < 3; ++r)
+      for (i64 j = 0; j < n; ++j) {
+        const double xv = double(av[std::size_t((r + 1) * n + j)]), yv = double(bv[std::size_t((r + 2) * n + j)]);
+        want_flat.push_back(xv * yv + xv * 2 - std::max(yv, 0.0));
+        want_strided.push_back(xv * yv + double(sv[std::size_t(j)]) * 2 - std::max(yv, 0.0));
+        double c = xv;
+        for (int k = 0; k < 3; ++k) c = c * 0.5 + yv;
+        want_chain.push_back(c);
+      }
+    const double rtol = std::is_same_v<T, float> ? 1e-6 : 1e-14, atol = 4 * rtol;
+    check_tensor(flat, {3, n}, want_flat, rtol, atol, "flat, n = " + std::to_string(n));
+    check_tensor(strided, {3, n}, want_strided, rtol, atol, "broadcast operand, n = " + std::to_string(n));
+    check_tensor(chain, {3, n}, want_chain, rtol, atol, "in-place chain, n = " + std::to_string(n));
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 

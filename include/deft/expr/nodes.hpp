@@ -2,6 +2,9 @@
 // Building one computes its shape (throwing on mismatch) and nothing else.
 // Leaves share ownership of the storage version they read, so an expression
 // may be kept, copied and evaluated long after its operands went away.
+// view(out) gives a kernel the tree as raw pointers and strides; flat_view(),
+// where every node has one (no cast, no map), gives it as bare pointers for
+// the common case of every leaf reading the whole output contiguously.
 #pragma once
 #include <array>
 #include <concepts>
@@ -90,6 +93,8 @@ struct Leaf : ExprTag {
     }
     return v;
   }
+  /// The view when this leaf reads the whole output contiguously (see flat_view).
+  DenseLeafView<T> flat_view() const { return {source->as<const T>() + offset}; }
 };
 
 /// A number broadcast to any shape.
@@ -109,6 +114,7 @@ struct Constant : ExprTag {
   template <class F>
   void for_each_leaf(F&&) {}
   ConstantView<T> view(const Shape&) const { return {value}; }
+  ConstantView<T> flat_view() const { return {value}; }
 };
 
 template <class E>
@@ -155,6 +161,11 @@ struct Unary : ExprTag {
   template <class F>
   void for_each_leaf(F&& f) { a.for_each_leaf(f); }
   auto view(const Shape& out) const { return UnaryView<Op, decltype(a.view(out))>{a.view(out)}; }
+  auto flat_view() const
+    requires requires { a.flat_view(); }
+  {
+    return UnaryView<Op, decltype(a.flat_view())>{a.flat_view()};
+  }
 };
 
 template <class Op, class A, class B>
@@ -189,6 +200,11 @@ struct Binary : ExprTag {
   }
   auto view(const Shape& out) const {
     return BinaryView<Op, decltype(a.view(out)), decltype(b.view(out))>{a.view(out), b.view(out)};
+  }
+  auto flat_view() const
+    requires requires { a.flat_view(); b.flat_view(); }
+  {
+    return BinaryView<Op, decltype(a.flat_view()), decltype(b.flat_view())>{a.flat_view(), b.flat_view()};
   }
 };
 
@@ -231,6 +247,12 @@ struct Select : ExprTag {
   auto view(const Shape& out) const {
     return SelectView<decltype(c.view(out)), decltype(a.view(out)), decltype(b.view(out))>{c.view(out), a.view(out),
                                                                                           b.view(out)};
+  }
+  auto flat_view() const
+    requires requires { c.flat_view(); a.flat_view(); b.flat_view(); }
+  {
+    return SelectView<decltype(c.flat_view()), decltype(a.flat_view()), decltype(b.flat_view())>{
+        c.flat_view(), a.flat_view(), b.flat_view()};
   }
 };
 
@@ -314,6 +336,11 @@ struct BroadcastTo : ExprTag {
   template <class F>
   void for_each_leaf(F&& f) { a.for_each_leaf(f); }
   auto view(const Shape& out) const { return a.view(out); }
+  auto flat_view() const
+    requires requires { a.flat_view(); }
+  {
+    return a.flat_view();
+  }
 };
 
 }  // namespace detail

@@ -48,10 +48,28 @@ DEFT_ALWAYS_INLINE inline void store_batch(const B& x, T* p, bool stream) {
   x.store_unaligned(p);
 }
 
-/// out[j - c0] = v(j) for j in [c0, c1) of the current row. With `stream` the
-/// aligned middle of a dense row is written with non-temporal stores: for an
-/// output far larger than the caches this saves reading every destination
-/// line before writing it (a sixth of the traffic of a 4-input expression).
+/// out[j - c0] = d(j) for j in [c0, c1), d a row whose leaves are all
+/// contiguous (DenseLeafView). With `stream` the aligned middle is written
+/// with non-temporal stores: for an output far larger than the caches this
+/// saves reading every destination line before writing it (a sixth of the
+/// traffic of a 4-input expression). Returns where it stopped (the tail of
+/// fewer than two batches is left to the caller).
+template <class B, class Dense, class T>
+DEFT_ALWAYS_INLINE inline std::int64_t eval_dense(const Dense& d, std::int64_t c0, std::int64_t c1, T* out, bool stream) {
+  constexpr std::int64_t W = B::size;
+  std::int64_t j = c0;
+  if (stream)
+    for (; j < c1 && reinterpret_cast<std::uintptr_t>(out + (j - c0)) % sizeof(B) != 0; ++j) out[j - c0] = d.at(j);
+  for (; j + 2 * W <= c1; j += 2 * W) {
+    const B x0 = d.template batch_dense<B>(j);
+    const B x1 = d.template batch_dense<B>(j + W);
+    store_batch(x0, out + (j - c0), stream);
+    store_batch(x1, out + (j - c0) + W, stream);
+  }
+  return j;
+}
+
+/// out[j - c0] = v(j) for j in [c0, c1) of the current row.
 /// Each loop below holds a copy of the whole expression tree (its batch
 /// reads are always inlined), so there are as few loops as the paths need.
 template <class View, class T>
@@ -61,17 +79,7 @@ inline void eval_row(const View& v, std::int64_t c0, std::int64_t c1, T* out, bo
   if constexpr (View::simd && std::is_same_v<typename View::value_type, T>) {
     using B = simd_batch<T>;
     constexpr std::int64_t W = B::size;
-    if (v.dense()) {  // every leaf contiguous along the row: plain loads, no stride tests
-      const auto d = v.dense_row();
-      if (stream)
-        for (; j < c1 && reinterpret_cast<std::uintptr_t>(out + (j - c0)) % sizeof(B) != 0; ++j) out[j - c0] = d.at(j);
-      for (; j + 2 * W <= c1; j += 2 * W) {
-        const B x0 = d.template batch_dense<B>(j);
-        const B x1 = d.template batch_dense<B>(j + W);
-        store_batch(x0, out + (j - c0), stream);
-        store_batch(x1, out + (j - c0) + W, stream);
-      }
-    }
+    if (v.dense()) j = eval_dense<B>(v.dense_row(), c0, c1, out, stream);  // plain loads, no stride tests
     for (; j + 2 * W <= c1; j += 2 * W) {
       const B x0 = v.template batch<B>(j);
       const B x1 = v.template batch<B>(j + W);
@@ -139,16 +147,58 @@ inline void parallel_range(std::int64_t total, std::int64_t cost_per_element, st
   eng.parallel_for(pieces, [&](std::int64_t i) { body(i * len, std::min(total, (i + 1) * len)); });
 }
 
+/// An expression whose every node has a flat_view() (no cast, no map).
+template <class E>
+concept HasFlatView = requires(const E& e) { e.flat_view(); };
+
+/// Whether every leaf of `e` reads exactly `out` (no broadcast) from
+/// contiguous storage, so that flat_view() describes the whole evaluation.
+template <class Expr>
+inline bool reads_flat(const Expr& e, const Shape& out) {
+  bool flat = true;
+  e.for_each_leaf([&](const auto& leaf) { flat = flat && leaf.extent == out; });
+  return flat;
+}
+
+/// Writes the flat view `d` of an expression (see reads_flat) into out[0, total).
+template <class Dense, class T>
+inline void evaluate_flat(const Dense& d, std::int64_t total, std::int64_t cost, T* out) {
+  const bool stream = total * std::int64_t(sizeof(T)) >= thresholds::stream_store_min_bytes;
+  parallel_range(total, cost, 64, [&](std::int64_t lo, std::int64_t hi) {
+    std::int64_t j = lo;
+#if DEFT_CPU_SIMD
+    if constexpr (Dense::simd && std::is_same_v<typename Dense::value_type, T>) {
+      using B = simd_batch<T>;
+      constexpr std::int64_t W = B::size;
+      j = eval_dense<B>(d, lo, hi, out + lo, stream);
+      for (; j + W <= hi; j += W) d.template batch_dense<B>(j).store_unaligned(out + j);
+    }
+#endif
+    for (; j < hi; ++j) out[j] = d.at(j);
+#if defined(__SSE2__)
+    if (stream) _mm_sfence();  // non-temporal stores are visible before the task reports completion
+#endif
+  });
+}
+
 /// Evaluates expression `e` into the contiguous destination `out`
 /// (which has e's shape).
 template <class Expr, class T>
 inline void evaluate(const Expr& e, T* out) {
-  auto v = e.view(e.shape());
+  const Shape& shape = e.shape();
+  const std::int64_t cost = Expr::cost + 1;
+  if constexpr (HasFlatView<Expr>) {
+    if (reads_flat(e, shape)) {  // the usual statement: one flat row, no strides to set up
+      evaluate_flat(e.flat_view(), shape.size(), cost, out);
+      return;
+    }
+  }
+  auto v = e.view(shape);
   static_assert(std::is_trivially_copy_constructible_v<decltype(v)> && std::is_trivially_destructible_v<decltype(v)>, "kernel views must be trivially copyable (device-ready)");
-  const Shape s = collapse(v, e.shape());
+  const Shape s = collapse(v, shape);
   const std::int64_t total = s.size();
   const bool stream = total * std::int64_t(sizeof(T)) >= thresholds::stream_store_min_bytes;
-  parallel_range(total, Expr::cost + 1, 64,
+  parallel_range(total, cost, 64,
                  [&](std::int64_t lo, std::int64_t hi) { eval_range(v, s, lo, hi, out + lo, stream); });
 }
 

@@ -504,6 +504,37 @@ BOOST_AUTO_TEST_CASE(sync_points) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+// Task memory (engine/task_memory.hpp): a block freed on a thread serves that
+// thread's next task of the same size class, and only that class; sizes past
+// the largest class pass through to the heap.
+BOOST_AUTO_TEST_CASE(task_blocks_are_reused_by_size_class_on_the_freeing_thread) {
+  using deft::detail::TaskBlocks;
+  const std::size_t g = TaskBlocks::granule;
+  void* a = TaskBlocks::allocate(7 * g + 10);
+  TaskBlocks::deallocate(a, 7 * g + 10);
+  void* other_class = TaskBlocks::allocate(3 * g);
+  void* same_class = TaskBlocks::allocate(8 * g);  // (7g, 8g] is one class
+  BOOST_TEST(other_class != a);
+  BOOST_TEST(same_class == a);
+  // Freed on another thread: that thread's next task of the class reuses it.
+  void* there = nullptr;
+  std::thread([&] {
+    TaskBlocks::deallocate(same_class, 8 * g);
+    there = TaskBlocks::allocate(7 * g + 1);
+    TaskBlocks::deallocate(there, 7 * g + 1);
+  }).join();  // the thread's exit frees what it kept (LeakSanitizer checks)
+  BOOST_TEST(there == a);
+  TaskBlocks::deallocate(other_class, 3 * g);
+  const std::size_t huge = std::size_t(TaskBlocks::classes) * g + 1;
+  void* big = TaskBlocks::allocate(huge);
+  TaskBlocks::deallocate(big, huge);
+  void* big_again = TaskBlocks::allocate(huge);  // not cached: any address the heap gives
+  TaskBlocks::deallocate(big_again, huge);
+  void* small_again = TaskBlocks::allocate(3 * g);
+  BOOST_TEST(small_again == other_class);
+  TaskBlocks::deallocate(small_again, 3 * g);
+}
+
 // =============================================================================
 BOOST_FIXTURE_TEST_SUITE(exceptions, DeferredFixture)
 

@@ -401,64 +401,68 @@ class Tensor {
   template <class Build>
   void write(Build&& build, const char* op) {
     auto& v = var();
-    {
-      std::lock_guard lk(v.m);
-      std::shared_ptr<detail::Buffer> cur = v.current;
-      auto&& e = build(detail::Leaf<T>(cur, offset_, shape_));  // a node, or a reference to one we may consume
-      if (!(e.shape() == shape_))
-        detail::raise(op, ": the result has shape ", e.shape().to_string(), " but the tensor being written has shape ",
-                      shape_.to_string());
-      detail::require_backend(cur->device, op);
-      if (autograd::is_recording() && (grad_meta_ || detail::tracked(e)))
-        detail::raise<std::logic_error>(op, ": in-place update of a value autograd is recording (shape ",
-                                        shape_.to_string(), "); write `y = y + x` instead of `y += x` inside autograd::record");
-      if (!(e.device() == cur->device))
-        detail::raise(op, ": cannot write a value on ", e.device(), " into a tensor on ", cur->device);
-      // The task's own reads of `cur` stop owning it (see Leaf); it is
-      // ordered after cur's producer and keeps cur alive itself.
-      bool reads_cur = false, overlaps = false;
-      e.for_each_leaf([&](auto& l) {
-        if (l.source != cur.get()) return;
-        reads_cur = true;
-        if (l.offset != offset_ || !(l.extent == shape_)) overlaps = true;
-        l.buffer.reset();
-      });
-      const bool whole = offset_ == 0 && covers_storage();
-      // use_count: `cur` here and v.current. More means a reader we cannot order.
-      const bool in_place = !overlaps && cur.use_count() == 2;
-      using Kernel = detail::EvaluateInto<std::remove_cvref_t<decltype(e)>>;
-      std::shared_ptr<detail::TaskImpl<Kernel>> t;
-      if (in_place) {
-        // Nobody else can see this version: write it where it is. use_count()
-        // is a relaxed read and does not order the write of cur->producer
-        // below after the reads of it by the tasks that held `cur` until now
-        // (TSan saw that race); those reads preceded their Engine::record,
-        // so taking the engine's lock once (supersede does) orders them.
-        t = detail::make_task(op, std::size_t(size()) * sizeof(T), Kernel{std::move(e), offset_});
-        if (!reads_cur && whole) {
-          detail::Engine::get().supersede(cur->producer, *t);
-        } else {
-          detail::Engine::get().sync_with_recorders();
-          t->add_input(cur);
-        }
-        t->output = cur;
-        cur->producer = t;
-      } else {
-        // Copy-on-write: pending readers keep the old version; a task still
-        // reading it (or copying the part it does not write) keeps it alive.
-        auto fresh = std::make_shared<detail::Buffer>(cur->bytes, cur->device);
-        const bool keeps_cur = reads_cur || !whole;
-        t = detail::make_task(op, cur->bytes, Kernel{std::move(e), offset_, keeps_cur ? cur : nullptr, !whole});
-        if (keeps_cur) t->add_input(cur);
-        t->output = fresh;
-        fresh->producer = t;
-        v.current = std::move(fresh);
-      }
+    std::lock_guard lk(v.m);
+    const std::shared_ptr<detail::Buffer>& cur = v.current;
+    // The leaf of the current value owns nothing: the task's own reads of
+    // `cur` never do (see Leaf), it is ordered after cur's producer and keeps
+    // cur alive itself.
+    detail::Leaf<T> self;
+    self.source = cur.get();
+    self.offset = offset_;
+    self.extent = shape_;
+    auto&& e = build(std::move(self));  // a node, or a reference to one we may consume
+    if (!(e.shape() == shape_))
+      detail::raise(op, ": the result has shape ", e.shape().to_string(), " but the tensor being written has shape ",
+                    shape_.to_string());
+    detail::require_backend(cur->device, op);
+    if (autograd::is_recording() && (grad_meta_ || detail::tracked(e)))
+      detail::raise<std::logic_error>(op, ": in-place update of a value autograd is recording (shape ",
+                                      shape_.to_string(), "); write `y = y + x` instead of `y += x` inside autograd::record");
+    if (!(e.device() == cur->device))
+      detail::raise(op, ": cannot write a value on ", e.device(), " into a tensor on ", cur->device);
+    // Other leaves reading `cur` (the caller's snapshots) stop owning it too,
+    // so that they do not count as foreign readers of the next version.
+    bool reads_cur = false, overlaps = false;
+    e.for_each_leaf([&](auto& l) {
+      if (l.source != cur.get()) return;
+      reads_cur = true;
+      if (l.offset != offset_ || !(l.extent == shape_)) overlaps = true;
+      l.buffer.reset();
+    });
+    const bool whole = offset_ == 0 && covers_storage();
+    // use_count 1: v.current is the only owner. More means a reader we cannot order.
+    const bool in_place = !overlaps && cur.use_count() == 1;
+    using Kernel = detail::EvaluateInto<std::remove_cvref_t<decltype(e)>>;
+    if (in_place) {
+      // Nobody else can see this version: write it where it is. use_count()
+      // is a relaxed read and does not order the write of cur->producer
+      // below after the reads of it by the tasks that held `cur` until now
+      // (TSan saw that race); those reads preceded their Engine::record, so
+      // recording this task (under the engine's lock) first orders them.
+      auto t = detail::make_task(op, std::size_t(size()) * sizeof(T), Kernel{std::move(e), offset_});
+      const bool overwrites = !reads_cur && whole;
+      if (!overwrites) t->add_input(cur);
+      t->output = cur;
       detail::add_leaf_inputs(*t);
       if (cur->device.type != DeviceType::cpu) t->hand_off = true;
       // Recorded before the storage's lock is released: once another thread
       // can see it as the producer it must be recorded, or that thread's
-      // supersede() could cancel it first and count its bytes out before in.
+      // overwrite could cancel it first and count its bytes out before in.
+      if (overwrites) detail::Engine::get().record(t, cur->producer);
+      else detail::Engine::get().record(t);
+      cur->producer = std::move(t);
+    } else {
+      // Copy-on-write: pending readers keep the old version; a task still
+      // reading it (or copying the part it does not write) keeps it alive.
+      auto fresh = std::make_shared<detail::Buffer>(cur->bytes, cur->device);
+      const bool keeps_cur = reads_cur || !whole;
+      auto t = detail::make_task(op, cur->bytes, Kernel{std::move(e), offset_, keeps_cur ? cur : nullptr, !whole});
+      if (keeps_cur) t->add_input(cur);
+      t->output = fresh;
+      fresh->producer = t;
+      detail::add_leaf_inputs(*t);
+      if (cur->device.type != DeviceType::cpu) t->hand_off = true;
+      v.current = std::move(fresh);  // `cur` now refers to the new version
       detail::Engine::get().record(std::move(t));
     }
   }

@@ -63,12 +63,22 @@ class Engine {
 
   /// Takes a newly built task. In deferred mode it returns at once (unless a
   /// bound makes it wait); in synchronous mode the task has run when it returns.
-  void record(std::shared_ptr<Task> t) {
+  /// `overwritten`: t fully overwrites the buffer this task writes, without
+  /// reading it. Its unsubmitted writers (it, and the earlier in-place
+  /// writers it waits for) are then dead work and cancelled; t waits for the
+  /// submitted ones, which would otherwise finish after it and leave a stale
+  /// value. A caller that writes an existing buffer in place publishes t as
+  /// its producer only after this returns: every thread records its tasks
+  /// under the engine's lock after reading their inputs' producers, so that
+  /// write is ordered after those reads.
+  void record(std::shared_ptr<Task> t, const std::shared_ptr<Task>& overwritten = nullptr) {
     if (Trace* trace = active_trace()) trace->capture(*t);
     auto& c = counters();
+    TaskList<4> cancelled;  // in place: a tiny op's overwrite allocates nothing
     if (mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) {  // run it here, now
       {
         std::lock_guard lk(m_);
+        if (overwritten) cancel_overwritten_locked(overwritten, *t, cancelled);
         c.count_recorded(t->bytes);
         t->counted = true;
       }
@@ -80,11 +90,15 @@ class Engine {
       }
       return;
     }
-    Ready ready;
-    std::unique_lock lk(m_);
-    const bool small = add_recorded_locked(t, ready);
-    dispatch_locked(lk, ready, small);
-    throttle_locked(lk);
+    {
+      Ready ready;
+      std::unique_lock lk(m_);
+      if (overwritten) cancel_overwritten_locked(overwritten, *t, cancelled);
+      const bool small = add_recorded_locked(t, ready);
+      dispatch_locked(lk, ready, small);
+      throttle_locked(lk);
+    }
+    for (auto& w : cancelled) w->release_closure();  // outside the lock: it may free a chain of tasks
   }
 
   /// record() for each of `tasks`, in order, under one lock: a hybridized
@@ -111,6 +125,11 @@ class Engine {
     Ready ready;
     std::unique_lock lk(m_);
     submit_locked(t, ready);
+    // The usual sync point waits for the task recorded last: drop its entry
+    // now, or its weak reference would keep the task's memory (shared with
+    // its control block) from the allocator until compact_recorded().
+    if (!recorded_.empty() && !recorded_.back().owner_before(t) && !t.owner_before(recorded_.back()))
+      recorded_.pop_back();
     help_locked(lk, ready, [&] { return t->finished(); });
     if (t->finished()) return;
     t->awaited = true;
@@ -125,50 +144,6 @@ class Engine {
     lk.unlock();
     if (e) std::rethrow_exception(e);
   }
-
-  /// `next` fully overwrites the buffer `prev` writes. Unsubmitted writers of
-  /// that buffer (prev, and the earlier in-place writers it waits for) are
-  /// dead work and are cancelled; `next` waits for the submitted ones, which
-  /// would otherwise finish after it and leave a stale value.
-  /// Takes the engine's lock even when there is nothing to cancel: the
-  /// caller's next write of the buffer's producer is then ordered after the
-  /// reads of it by every task recorded so far (see sync_with_recorders).
-  void supersede(const std::shared_ptr<Task>& prev, Task& next) {
-    if (!prev || prev->finished()) {
-      sync_with_recorders();
-      return;
-    }
-    const auto out = prev->output.lock();
-    TaskList<4> cancelled;  // lists in place: a tiny op's supersede allocates nothing
-    {
-      std::lock_guard lk(m_);
-      auto& c = counters();
-      TaskList<4> writers;
-      writers.push_back(prev);
-      while (!writers.empty()) {
-        auto w = std::move(writers.back());
-        writers.pop_back();
-        if (w->finished()) continue;
-        if (w->state.load(std::memory_order_relaxed) != Task::State::recorded) {
-          next.deps.push_back(std::move(w));
-          continue;
-        }
-        w->state.store(Task::State::cancelled, std::memory_order_release);
-        c.count_left_recorded(w->bytes);
-        c.count_finished(w->bytes);
-        c.discarded.add(1);
-        for (const auto& d : w->deps)
-          if (out && d->output.lock() == out) writers.push_back(d);
-        cancelled.push_back(std::move(w));
-      }
-    }
-    for (auto& w : cancelled) w->release_closure();  // outside the lock: it may free a chain of tasks
-  }
-
-  /// An empty critical section on the engine's lock. Every thread records
-  /// its tasks under that lock after reading its inputs' producers, so a
-  /// caller that takes it afterwards is ordered after those reads.
-  void sync_with_recorders() { std::lock_guard lk(m_); }
 
   /// Calls f(recorded_) under the engine's lock: no recorded task is submitted
   /// (nor its deps changed) meanwhile, so f may walk their graph (graph_dump.hpp).
@@ -337,6 +312,32 @@ class Engine {
   // Where a recording thread held back by over_inflight_bound() goes on.
   bool below_resume_mark() const {
     return inflight_tasks_ <= limits_.max_inflight_tasks / 2 && inflight_bytes_ <= limits_.max_inflight_bytes / 2;
+  }
+
+  // record()'s `overwritten`: cancels the unsubmitted writers of the buffer
+  // `prev` writes and makes `next` wait for the submitted ones.
+  void cancel_overwritten_locked(const std::shared_ptr<Task>& prev, Task& next, TaskList<4>& cancelled) {
+    if (prev->finished()) return;
+    const auto out = prev->output.lock();
+    auto& c = counters();
+    TaskList<4> writers;
+    writers.push_back(prev);
+    while (!writers.empty()) {
+      auto w = std::move(writers.back());
+      writers.pop_back();
+      if (w->finished()) continue;
+      if (w->state.load(std::memory_order_relaxed) != Task::State::recorded) {
+        next.deps.push_back(std::move(w));
+        continue;
+      }
+      w->state.store(Task::State::cancelled, std::memory_order_release);
+      c.count_left_recorded(w->bytes);
+      c.count_finished(w->bytes);
+      c.discarded.add(1);
+      for (const auto& d : w->deps)
+        if (out && d->output.lock() == out) writers.push_back(d);
+      cancelled.push_back(std::move(w));
+    }
   }
 
   void compact_recorded() {

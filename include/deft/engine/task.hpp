@@ -15,6 +15,7 @@
 #include "buffer.hpp"
 #include "stats.hpp"
 #include "task_list.hpp"
+#include "task_memory.hpp"
 
 namespace deft::detail {
 
@@ -87,7 +88,7 @@ class TaskImpl final : public Task {
   void execute(Buffer& out) override { std::as_const(*kernel_)(out); }
   void release_closure() noexcept override { kernel_.reset(); }
   std::shared_ptr<Task> clone() const override {
-    auto t = std::make_shared<TaskImpl>(name, bytes, *kernel_);
+    auto t = std::allocate_shared<TaskImpl>(TaskAllocator<TaskImpl>{}, name, bytes, *kernel_);
     t->work = work;
     t->hand_off = hand_off;
     return t;
@@ -126,7 +127,8 @@ inline void bury(std::shared_ptr<Task>&& t) noexcept {
 /// the whole expression tree, and each extra move of it costs a statement.
 template <class K>
 std::shared_ptr<TaskImpl<std::decay_t<K>>> make_task(const char* name, std::size_t bytes, K&& kernel) {
-  return std::make_shared<TaskImpl<std::decay_t<K>>>(name, bytes, std::forward<K>(kernel));
+  using Impl = TaskImpl<std::decay_t<K>>;
+  return std::allocate_shared<Impl>(TaskAllocator<Impl>{}, name, bytes, std::forward<K>(kernel));
 }
 
 }  // namespace deft::detail

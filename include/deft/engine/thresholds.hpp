@@ -106,6 +106,14 @@ inline constexpr int host_cache_classes_per_octave = 8;
 // Default cap on the bytes held free in the cache; past it blocks are freed.
 inline constexpr std::size_t host_cache_max_bytes = std::size_t(512) << 20;
 
+// --- task memory (engine/task_memory.hpp) ---------------------------------
+// Freed task blocks each thread keeps for reuse, per size class of
+// task_block_granule bytes up to task_block_classes of them (4 KiB): a
+// statement's task holds its expression tree, 1-2 KB for a few operands.
+inline constexpr std::size_t task_block_granule = 128;
+inline constexpr int task_block_classes = 32;
+inline constexpr int task_blocks_kept = 8;
+
 // --- who runs flushed work ---------------------------------------------------
 // Handing a task to a worker costs about 0.5-1 us of cache lines moving
 // between the cores (the task, its buffers, the engine's lock and counters),

@@ -1,0 +1,94 @@
+// Memory for tasks. Every statement allocates a task that holds its whole
+// expression tree (about 1.2 KB with four operands), larger than what the C
+// heap's per-thread cache serves (1032 bytes in glibc), and frees the task of
+// the statement before: each such pair went through the heap's general bins
+// (a tenth of a tiny statement's cost). Here each thread keeps a few freed
+// blocks per size class, so that the pair is a pop and a push.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <new>
+
+#include "thresholds.hpp"
+
+namespace deft::detail {
+
+class TaskBlocks {
+ public:
+  static constexpr std::size_t granule = thresholds::task_block_granule;
+  static constexpr int classes = thresholds::task_block_classes;
+
+  /// A block of at least `bytes` (aligned for any task).
+  static void* allocate(std::size_t bytes) {
+    const std::size_t c = class_of(bytes);
+    if (c < classes) {
+      if (TaskBlocks* mine = local()) {
+        if (Free* f = mine->heads_[c]) {
+          mine->heads_[c] = f->next;
+          --mine->counts_[c];
+          return f;
+        }
+      }
+      return ::operator new((c + 1) * granule);
+    }
+    return ::operator new(bytes);
+  }
+
+  /// Returns a block from allocate(bytes), on any thread.
+  static void deallocate(void* p, std::size_t bytes) noexcept {
+    const std::size_t c = class_of(bytes);
+    if (c < classes) {
+      if (TaskBlocks* mine = local(); mine && mine->counts_[c] < thresholds::task_blocks_kept) {
+        mine->heads_[c] = new (p) Free{mine->heads_[c]};
+        ++mine->counts_[c];
+        return;
+      }
+    }
+    ::operator delete(p);
+  }
+
+  ~TaskBlocks() {
+    gone() = true;  // tasks freed later on this thread (its other thread_locals, statics) go to the heap
+    for (Free* f : heads_)
+      while (f) {
+        Free* next = f->next;
+        ::operator delete(f);
+        f = next;
+      }
+  }
+
+ private:
+  struct Free {
+    Free* next;
+  };
+  static constexpr std::size_t class_of(std::size_t bytes) { return bytes == 0 ? 0 : (bytes - 1) / granule; }
+  // This thread's blocks; null once they were freed at thread exit.
+  static TaskBlocks* local() {
+    if (gone()) return nullptr;
+    thread_local TaskBlocks blocks;
+    return &blocks;
+  }
+  static bool& gone() {
+    thread_local bool flag = false;  // trivially destructible: readable during thread exit
+    return flag;
+  }
+
+  std::array<Free*, classes> heads_{};
+  std::array<int, classes> counts_{};
+};
+
+/// The allocator of make_task's std::allocate_shared (task and control block in one TaskBlocks block).
+template <class T>
+struct TaskAllocator {
+  using value_type = T;
+  static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "deft: a task type needs more than operator new's alignment");
+  TaskAllocator() = default;
+  template <class U>
+  TaskAllocator(const TaskAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(TaskBlocks::allocate(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t n) noexcept { TaskBlocks::deallocate(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const TaskAllocator<U>&) const noexcept { return true; }
+};
+
+}  // namespace deft::detail

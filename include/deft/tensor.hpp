@@ -50,20 +50,28 @@ std::size_t bytes_for(const Shape& s) {
   return std::size_t(s.size()) * sizeof(T);
 }
 
-/// Records a task that writes a new tensor of `shape`: kernel(Buffer&) fills
-/// it; add_inputs(Task&) declares what it reads.
-/// add_inputs is handed the task itself, so it may read the kernel's operands.
-template <Element T, class Kernel, class AddInputs>
-Tensor<T> record_new(const char* name, const Shape& shape, Device dev, Kernel kernel, AddInputs&& add_inputs) {
+/// Records a task that writes a new tensor of `shape`: its kernel, built in
+/// place from kernel_args, fills it (kernel(Buffer&)); add_inputs(Task&)
+/// declares what it reads. add_inputs is handed the task itself, so it may
+/// read the kernel's operands.
+template <Element T, class Kernel, class AddInputs, class... KernelArgs>
+Tensor<T> record_new_emplaced(const char* name, const Shape& shape, Device dev, AddInputs&& add_inputs,
+                              KernelArgs&&... kernel_args) {
   require_backend(dev, name);
   auto buf = std::make_shared<Buffer>(bytes_for<T>(shape), dev);
-  auto task = make_task(name, buf->bytes, std::move(kernel));
+  auto task = emplace_task<Kernel>(name, buf->bytes, std::forward<KernelArgs>(kernel_args)...);
   task->hand_off = dev.type != DeviceType::cpu;
   add_inputs(*task);
   task->output = buf;
   buf->producer = task;
   Engine::get().record(std::move(task));
   return tensor_from_buffer<T>(std::move(buf), shape);
+}
+
+/// record_new_emplaced with a kernel object.
+template <Element T, class Kernel, class AddInputs>
+Tensor<T> record_new(const char* name, const Shape& shape, Device dev, Kernel kernel, AddInputs&& add_inputs) {
+  return record_new_emplaced<T, Kernel>(name, shape, dev, std::forward<AddInputs>(add_inputs), std::move(kernel));
 }
 
 /// An add_inputs callable for record_new: the task reads every leaf of `e`.
@@ -125,13 +133,13 @@ Tensor<value_t<E>> record_expression(E e) {
   const Device dev = e.device();
   if constexpr (Track) {
     if (tracked(e)) {  // autograd keeps the expression to differentiate it
-      auto out = record_new<T>("elementwise", shape, dev, EvaluateInto<E>{e}, [](auto& t) { add_leaf_inputs(t); });
+      auto out = record_new_emplaced<T, EvaluateInto<E>>("elementwise", shape, dev, [](auto& t) { add_leaf_inputs(t); }, e);
       autograd::detail::track_elementwise(out, std::move(e));
       return out;
     }
   }
-  return record_new<T>("elementwise", shape, dev, EvaluateInto<E>{std::move(e)},
-                       [](auto& t) { add_leaf_inputs(t); });
+  return record_new_emplaced<T, EvaluateInto<E>>("elementwise", shape, dev, [](auto& t) { add_leaf_inputs(t); },
+                                                  std::move(e));
 }
 
 }  // namespace detail
@@ -439,7 +447,7 @@ class Tensor {
       // below after the reads of it by the tasks that held `cur` until now
       // (TSan saw that race); those reads preceded their Engine::record, so
       // recording this task (under the engine's lock) first orders them.
-      auto t = detail::make_task(op, std::size_t(size()) * sizeof(T), Kernel{std::move(e), offset_});
+      auto t = detail::emplace_task<Kernel>(op, std::size_t(size()) * sizeof(T), std::move(e), offset_);
       const bool overwrites = !reads_cur && whole;
       if (!overwrites) t->add_input(cur);
       t->output = cur;
@@ -456,7 +464,7 @@ class Tensor {
       // reading it (or copying the part it does not write) keeps it alive.
       auto fresh = std::make_shared<detail::Buffer>(cur->bytes, cur->device);
       const bool keeps_cur = reads_cur || !whole;
-      auto t = detail::make_task(op, cur->bytes, Kernel{std::move(e), offset_, keeps_cur ? cur : nullptr, !whole});
+      auto t = detail::emplace_task<Kernel>(op, cur->bytes, std::move(e), offset_, keeps_cur ? cur : nullptr, !whole);
       if (keeps_cur) t->add_input(cur);
       t->output = fresh;
       fresh->producer = t;

@@ -84,6 +84,10 @@ class TaskImpl final : public Task {
   template <class K>
   TaskImpl(const char* task_name, std::size_t out_bytes, K&& k)
       : Task(task_name, out_bytes), kernel_(std::in_place, std::forward<K>(k)) {}
+  /// The kernel built in place from `args`.
+  template <class... Args>
+  TaskImpl(const char* task_name, std::size_t out_bytes, std::in_place_t, Args&&... args)
+      : Task(task_name, out_bytes), kernel_(std::in_place, std::forward<Args>(args)...) {}
   // Const: a trace's prototype runs in every replay in flight (ChainTask).
   void execute(Buffer& out) override { std::as_const(*kernel_)(out); }
   void release_closure() noexcept override { kernel_.reset(); }
@@ -129,6 +133,15 @@ template <class K>
 std::shared_ptr<TaskImpl<std::decay_t<K>>> make_task(const char* name, std::size_t bytes, K&& kernel) {
   using Impl = TaskImpl<std::decay_t<K>>;
   return std::allocate_shared<Impl>(TaskAllocator<Impl>{}, name, bytes, std::forward<K>(kernel));
+}
+
+/// make_task with the kernel constructed in place from `args`: an
+/// expression moved into its kernel and the kernel into the task would be
+/// moved twice (each leaf's handle and shape, at every statement).
+template <class Kernel, class... Args>
+std::shared_ptr<TaskImpl<Kernel>> emplace_task(const char* name, std::size_t bytes, Args&&... args) {
+  using Impl = TaskImpl<Kernel>;
+  return std::allocate_shared<Impl>(TaskAllocator<Impl>{}, name, bytes, std::in_place, std::forward<Args>(args)...);
 }
 
 }  // namespace deft::detail

@@ -56,6 +56,16 @@ Summary measure_split(const std::function<void()>& timed, const std::function<vo
   return summarise(t);
 }
 
+std::vector<Summary> measure_interleaved(const std::vector<std::function<void()>>& fs) {
+  for (const auto& f : fs) f();
+  std::vector<std::vector<double>> t(fs.size());
+  for (int r = 0; r < opts.repeats; ++r)
+    for (std::size_t i = 0; i < fs.size(); ++i) t[i].push_back(seconds_of(fs[i]));
+  std::vector<Summary> out;
+  for (auto& ti : t) out.push_back(summarise(std::move(ti)));
+  return out;
+}
+
 double find_median(const std::string& group, const std::string& name, const std::string& library, int threads,
                    const std::string& size) {
   const Row* best = nullptr;

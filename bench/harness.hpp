@@ -30,6 +30,11 @@ struct Summary {
 Summary measure(const std::function<void()>& f);
 /// Like measure, but times only `timed` and runs `untimed` after each call.
 Summary measure_split(const std::function<void()>& timed, const std::function<void()>& untimed);
+/// measure() for several calls in alternation: one warm-up of each, then
+/// opts.repeats rounds that time each call once in turn. For rows whose ratio
+/// matters: the VM's slow phases last seconds, longer than a row of small
+/// calls, and would otherwise fall on one library's row and not the next.
+std::vector<Summary> measure_interleaved(const std::vector<std::function<void()>>& fs);
 
 struct Row {
   std::string group, name, library;

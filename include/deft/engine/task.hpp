@@ -81,9 +81,6 @@ class Task {
 template <class Kernel>
 class TaskImpl final : public Task {
  public:
-  template <class K>
-  TaskImpl(const char* task_name, std::size_t out_bytes, K&& k)
-      : Task(task_name, out_bytes), kernel_(std::in_place, std::forward<K>(k)) {}
   /// The kernel built in place from `args`.
   template <class... Args>
   TaskImpl(const char* task_name, std::size_t out_bytes, std::in_place_t, Args&&... args)
@@ -92,7 +89,7 @@ class TaskImpl final : public Task {
   void execute(Buffer& out) override { std::as_const(*kernel_)(out); }
   void release_closure() noexcept override { kernel_.reset(); }
   std::shared_ptr<Task> clone() const override {
-    auto t = std::allocate_shared<TaskImpl>(TaskAllocator<TaskImpl>{}, name, bytes, *kernel_);
+    auto t = std::allocate_shared<TaskImpl>(TaskAllocator<TaskImpl>{}, name, bytes, std::in_place, *kernel_);
     t->work = work;
     t->hand_off = hand_off;
     return t;
@@ -129,12 +126,6 @@ inline void bury(std::shared_ptr<Task>&& t) noexcept {
 /// A task running `kernel(Buffer& out)` that writes `bytes` bytes of output.
 /// The kernel is moved straight into the task: an elementwise kernel holds
 /// the whole expression tree, and each extra move of it costs a statement.
-template <class K>
-std::shared_ptr<TaskImpl<std::decay_t<K>>> make_task(const char* name, std::size_t bytes, K&& kernel) {
-  using Impl = TaskImpl<std::decay_t<K>>;
-  return std::allocate_shared<Impl>(TaskAllocator<Impl>{}, name, bytes, std::forward<K>(kernel));
-}
-
 /// make_task with the kernel constructed in place from `args`: an
 /// expression moved into its kernel and the kernel into the task would be
 /// moved twice (each leaf's handle and shape, at every statement).
@@ -142,6 +133,11 @@ template <class Kernel, class... Args>
 std::shared_ptr<TaskImpl<Kernel>> emplace_task(const char* name, std::size_t bytes, Args&&... args) {
   using Impl = TaskImpl<Kernel>;
   return std::allocate_shared<Impl>(TaskAllocator<Impl>{}, name, bytes, std::in_place, std::forward<Args>(args)...);
+}
+
+template <class K>
+std::shared_ptr<TaskImpl<std::decay_t<K>>> make_task(const char* name, std::size_t bytes, K&& kernel) {
+  return emplace_task<std::decay_t<K>>(name, bytes, std::forward<K>(kernel));
 }
 
 }  // namespace deft::detail

@@ -162,8 +162,7 @@ inline bool reads_flat(const Expr& e, const Shape& out) {
 
 /// Writes the flat view `d` of an expression (see reads_flat) into out[0, total).
 template <class Dense, class T>
-inline void evaluate_flat(const Dense& d, std::int64_t total, std::int64_t cost, T* out) {
-  const bool stream = total * std::int64_t(sizeof(T)) >= thresholds::stream_store_min_bytes;
+inline void evaluate_flat(const Dense& d, std::int64_t total, std::int64_t cost, T* out, bool stream) {
   parallel_range(total, cost, 64, [&](std::int64_t lo, std::int64_t hi) {
     std::int64_t j = lo;
 #if DEFT_CPU_SIMD
@@ -186,18 +185,17 @@ inline void evaluate_flat(const Dense& d, std::int64_t total, std::int64_t cost,
 template <class Expr, class T>
 inline void evaluate(const Expr& e, T* out) {
   const Shape& shape = e.shape();
-  const std::int64_t cost = Expr::cost + 1;
+  const std::int64_t cost = Expr::cost + 1, total = shape.size();
+  const bool stream = total * std::int64_t(sizeof(T)) >= thresholds::stream_store_min_bytes;
   if constexpr (HasFlatView<Expr>) {
     if (reads_flat(e, shape)) {  // the usual statement: one flat row, no strides to set up
-      evaluate_flat(e.flat_view(), shape.size(), cost, out);
+      evaluate_flat(e.flat_view(), total, cost, out, stream);
       return;
     }
   }
   auto v = e.view(shape);
   static_assert(std::is_trivially_copy_constructible_v<decltype(v)> && std::is_trivially_destructible_v<decltype(v)>, "kernel views must be trivially copyable (device-ready)");
-  const Shape s = collapse(v, shape);
-  const std::int64_t total = s.size();
-  const bool stream = total * std::int64_t(sizeof(T)) >= thresholds::stream_store_min_bytes;
+  const Shape s = collapse(v, shape);  // as many elements as `shape`, in fewer dimensions
   parallel_range(total, cost, 64,
                  [&](std::int64_t lo, std::int64_t hi) { eval_range(v, s, lo, hi, out + lo, stream); });
 }

@@ -414,11 +414,7 @@ class Tensor {
     // The leaf of the current value owns nothing: the task's own reads of
     // `cur` never do (see Leaf), it is ordered after cur's producer and keeps
     // cur alive itself.
-    detail::Leaf<T> self;
-    self.source = cur.get();
-    self.offset = offset_;
-    self.extent = shape_;
-    auto&& e = build(std::move(self));  // a node, or a reference to one we may consume
+    auto&& e = build(detail::Leaf<T>(cur.get(), offset_, shape_));  // a node, or a reference to one we may consume
     if (!(e.shape() == shape_))
       detail::raise(op, ": the result has shape ", e.shape().to_string(), " but the tensor being written has shape ",
                     shape_.to_string());

@@ -113,10 +113,9 @@ inline std::array<std::int64_t, max_rank> contiguous_strides(const Shape& s) {
   return st;
 }
 
-/// numpy broadcasting of two shapes; throws std::invalid_argument naming both.
-inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* what = "operands") {
-  if (a == b || b.rank() == 0) return a;  // the common cases, on every node built
-  if (a.rank() == 0) return b;
+namespace detail {
+/// broadcast_shapes when the shapes differ and neither is a scalar.
+[[gnu::noinline]] inline Shape broadcast_distinct_shapes(const Shape& a, const Shape& b, const char* what) {
   const int r = a.rank() > b.rank() ? a.rank() : b.rank();
   std::array<std::int64_t, max_rank> out{};
   for (int i = 0; i < r; ++i) {
@@ -127,6 +126,15 @@ inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* what =
     out[i] = da == 1 ? db : da;
   }
   return Shape(std::span<const std::int64_t>(out.data(), r));
+}
+}  // namespace detail
+
+/// numpy broadcasting of two shapes; throws std::invalid_argument naming both.
+/// The common cases (equal shapes, a scalar) inline: one runs per node built.
+DEFT_ALWAYS_INLINE inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* what = "operands") {
+  if (a == b || b.rank() == 0) return a;
+  if (a.rank() == 0) return b;
+  return detail::broadcast_distinct_shapes(a, b, what);
 }
 
 namespace detail {

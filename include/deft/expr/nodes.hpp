@@ -74,6 +74,15 @@ struct Leaf : ExprTag {
        std::shared_ptr<autograd::detail::MetaBase> g = nullptr)
       : buffer(std::move(b)), source(buffer.get()), offset(off), extent(s), grad(std::move(g)) {}
 
+  /// A leaf reading `src` without owning it (a write's own current value).
+  Leaf(const Buffer* src, std::int64_t off, const Shape& s) : source(src), offset(off), extent(s) {}
+  Leaf(Leaf&&) = default;
+  Leaf(const Leaf&) = default;
+  Leaf& operator=(Leaf&&) = default;
+  Leaf& operator=(const Leaf&) = default;
+  // Inline: a tree is moved level by level, and each move leaves a shell to destroy.
+  DEFT_ALWAYS_INLINE ~Leaf() = default;
+
   const Shape& shape() const { return extent; }
   Device device() const { return source->device; }
   template <class F>
@@ -168,6 +177,9 @@ struct Unary : ExprTag {
   }
 };
 
+template <class T, class X>
+decltype(auto) operand(X&& x);
+
 template <class Op, class A, class B>
 struct Binary : ExprTag {
   using value_type = value_t<A>;
@@ -186,6 +198,12 @@ struct Binary : ExprTag {
   Binary(XA&& x, XB&& y)
       : a(std::forward<XA>(x)), b(std::forward<XB>(y)), extent(broadcast_shapes(a.shape(), b.shape(), Op::name)),
         dev(common_device(a, b, Op::name)) {}
+  // From operator arguments: a tensor's leaf (or a number's constant) is
+  // built in place as the member, not built and then moved.
+  template <class T, class X, class Y>
+  Binary(std::type_identity<T>, X&& x, Y&& y)
+      : a(operand<T>(std::forward<X>(x))), b(operand<T>(std::forward<Y>(y))),
+        extent(broadcast_shapes(a.shape(), b.shape(), Op::name)), dev(common_device(a, b, Op::name)) {}
   const Shape& shape() const { return extent; }
   Device device() const { return dev; }
   template <class F>

@@ -19,7 +19,7 @@ auto make_binary(X&& x, Y&& y) {
   using T = element_of<X, Y>;
   using A = std::remove_cvref_t<decltype(operand<T>(std::forward<X>(x)))>;
   using B = std::remove_cvref_t<decltype(operand<T>(std::forward<Y>(y)))>;
-  return Binary<Op, A, B>(operand<T>(std::forward<X>(x)), operand<T>(std::forward<Y>(y)));
+  return Binary<Op, A, B>(std::type_identity<T>{}, std::forward<X>(x), std::forward<Y>(y));
 }
 
 }  // namespace detail

@@ -162,8 +162,11 @@ inline bool reads_flat(const Expr& e, const Shape& out) {
 
 /// Writes the flat view `d` of an expression (see reads_flat) into out[0, total).
 template <class Dense, class T>
-inline void evaluate_flat(const Dense& d, std::int64_t total, std::int64_t cost, T* out, bool stream) {
+inline void evaluate_flat(const Dense& dref, std::int64_t total, std::int64_t cost, T* out, bool stream) {
   parallel_range(total, cost, 64, [&](std::int64_t lo, std::int64_t hi) {
+    // A local copy: through the reference, the stores to `out` might alias
+    // the view, and the constants' broadcasts were reloaded every batch.
+    const Dense d = dref;
     std::int64_t j = lo;
 #if DEFT_CPU_SIMD
     if constexpr (Dense::simd && std::is_same_v<typename Dense::value_type, T>) {

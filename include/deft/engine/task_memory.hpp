@@ -3,13 +3,26 @@
 // heap's per-thread cache serves (1032 bytes in glibc), and frees the task of
 // the statement before: each such pair went through the heap's general bins
 // (a tenth of a tiny statement's cost). Here each thread keeps a few freed
-// blocks per size class, so that the pair is a pop and a push.
+// blocks per size class, so that the pair is a pop and a push. Under
+// AddressSanitizer a cached block is poisoned, so that a task touched after
+// it was freed is still reported although the block skipped ASan's quarantine.
 #pragma once
 #include <array>
 #include <cstddef>
 #include <new>
 
 #include "thresholds.hpp"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define DEFT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DEFT_ASAN 1
+#endif
+#endif
+#if defined(DEFT_ASAN)
+#include <sanitizer/asan_interface.h>
+#endif
 
 namespace deft::detail {
 
@@ -24,12 +37,14 @@ class TaskBlocks {
     if (c < classes) {
       if (TaskBlocks* mine = local()) {
         if (Free* f = mine->heads_[c]) {
+          unpoison(f, sizeof(Free));
           mine->heads_[c] = f->next;
           --mine->counts_[c];
+          unpoison(f, block_bytes(c));
           return f;
         }
       }
-      return ::operator new((c + 1) * granule);
+      return ::operator new(block_bytes(c));
     }
     return ::operator new(bytes);
   }
@@ -41,6 +56,7 @@ class TaskBlocks {
       if (TaskBlocks* mine = local(); mine && mine->counts_[c] < thresholds::task_blocks_kept) {
         mine->heads_[c] = new (p) Free{mine->heads_[c]};
         ++mine->counts_[c];
+        poison(p, block_bytes(c));
         return;
       }
     }
@@ -49,8 +65,9 @@ class TaskBlocks {
 
   ~TaskBlocks() {
     gone() = true;  // tasks freed later on this thread (its other thread_locals, statics) go to the heap
-    for (Free* f : heads_)
-      while (f) {
+    for (int c = 0; c < classes; ++c)
+      for (Free* f = heads_[c]; f;) {
+        unpoison(f, block_bytes(c));
         Free* next = f->next;
         ::operator delete(f);
         f = next;
@@ -62,6 +79,17 @@ class TaskBlocks {
     Free* next;
   };
   static constexpr std::size_t class_of(std::size_t bytes) { return bytes == 0 ? 0 : (bytes - 1) / granule; }
+  static constexpr std::size_t block_bytes(std::size_t c) { return (c + 1) * granule; }
+  static void poison([[maybe_unused]] void* p, [[maybe_unused]] std::size_t n) {
+#if defined(DEFT_ASAN)
+    ASAN_POISON_MEMORY_REGION(p, n);
+#endif
+  }
+  static void unpoison([[maybe_unused]] void* p, [[maybe_unused]] std::size_t n) {
+#if defined(DEFT_ASAN)
+    ASAN_UNPOISON_MEMORY_REGION(p, n);
+#endif
+  }
   // This thread's blocks; null once they were freed at thread exit.
   static TaskBlocks* local() {
     if (gone()) return nullptr;

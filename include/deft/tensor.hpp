@@ -399,8 +399,10 @@ class Tensor {
     requires Operand<X> || Scalar<X>
   Tensor& update(X&& x, const char* op) {
     auto rhs = detail::operand<T>(std::forward<X>(x));
-    write([&](detail::Leaf<T> self) { return detail::Binary<Op, detail::Leaf<T>, decltype(rhs)>(std::move(self), std::move(rhs)); },
-          op);
+    // rhs is read before write() locks this storage: `y += y` reads y too.
+    write([&](detail::Leaf<T> self) {
+      return detail::Binary<Op, detail::Leaf<T>, decltype(rhs)>(std::type_identity<T>{}, std::move(self), std::move(rhs));
+    }, op);
     return *this;
   }
 

@@ -193,13 +193,9 @@ struct Binary : ExprTag {
   Shape extent;
   Device dev;
 
-  // Forwarding: a subtree is moved once per level it climbs, not twice.
-  template <class XA, class XB>
-  Binary(XA&& x, XB&& y)
-      : a(std::forward<XA>(x)), b(std::forward<XB>(y)), extent(broadcast_shapes(a.shape(), b.shape(), Op::name)),
-        dev(common_device(a, b, Op::name)) {}
-  // From operator arguments: a tensor's leaf (or a number's constant) is
-  // built in place as the member, not built and then moved.
+  // From operator arguments of element type T: a tensor's leaf (or a
+  // number's constant) is built in place as the member, not built and then
+  // moved; a subtree is moved once per level it climbs.
   template <class T, class X, class Y>
   Binary(std::type_identity<T>, X&& x, Y&& y)
       : a(operand<T>(std::forward<X>(x))), b(operand<T>(std::forward<Y>(y))),

@@ -824,6 +824,35 @@ BOOST_AUTO_TEST_CASE(concurrent_in_place_updates_of_one_tensor) {
   for (float x : v) BOOST_TEST(x == float(threads * steps));
 }
 
+// A tensor's device, size and shape are read without its lock while another
+// thread writes copies of its storage (a pending reader makes each write
+// copy-on-write, which replaces the current version): ThreadSanitizer
+// checks that no unlocked read touches the version being replaced.
+BOOST_AUTO_TEST_CASE(metadata_reads_do_not_race_with_copy_on_write) {
+  Tensor<float> t = deft::zeros({4, 64});
+  Tensor<float> view = t.rows(1, 3);
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    int cpu_seen = 0;
+    while (!stop.load()) {
+      cpu_seen += t.device() == deft::cpu() && view.device() == deft::cpu();
+      cpu_seen += t.size() == 256 && view.size() == 128;
+    }
+    BOOST_TEST(cpu_seen > 0);
+  });
+  std::vector<Tensor<float>> readers;
+  for (int i = 0; i < 200; ++i) {
+    readers.push_back(t * 1);  // pending: holds the current version
+    if (i % 2) view += 1;      // a write through the view, to a fresh copy
+    else t += 1;
+    if (i % 20 == 19) readers.clear();
+  }
+  stop.store(true);
+  reader.join();
+  const auto v = t.to_vector();
+  for (int i = 0; i < 256; ++i) BOOST_TEST(v[i] == (i >= 64 && i < 192 ? 200.f : 100.f));
+}
+
 BOOST_AUTO_TEST_CASE(four_user_threads) {
   // A shared read-only input, still pending when the threads start.
   std::vector<float> base(300 * 40);

@@ -32,7 +32,11 @@ namespace deft {
 namespace detail {
 
 struct Var {
-  explicit Var(std::shared_ptr<Buffer> b) : current(std::move(b)) {}
+  explicit Var(std::shared_ptr<Buffer> b) : device(b->device), bytes(b->bytes), current(std::move(b)) {}
+  // Every version has the storage's device and size, so these are read
+  // without the lock (another thread may be replacing `current`).
+  const Device device;
+  const std::size_t bytes;
   SpinLock m;  // taken for every read of the tensor (each leaf of each expression)
   std::shared_ptr<Buffer> current;
 };
@@ -226,7 +230,7 @@ class Tensor {
   const Shape& shape() const { return shape_; }
   std::int64_t size() const { return shape_.size(); }
   int rank() const { return shape_.rank(); }
-  Device device() const { return var().current->device; }
+  Device device() const { return var().device; }
   static constexpr DType dtype() { return dtype_of<T>; }
   /// False for a default-constructed handle.
   explicit operator bool() const { return static_cast<bool>(var_); }
@@ -371,7 +375,7 @@ class Tensor {
     std::lock_guard lk(v.m);
     return v.current;
   }
-  bool covers_storage() const { return std::size_t(size()) * sizeof(T) == var().current->bytes; }
+  bool covers_storage() const { return std::size_t(size()) * sizeof(T) == var().bytes; }
 
   static void wait(const std::shared_ptr<detail::Buffer>& b) {
     detail::refuse_sync_in_trace("reading a tensor");

@@ -3,6 +3,7 @@
 // Plain C++ (the CUDA runtime API is a C library): g++ and nvcc both compile
 // it; link CUDA::cudart (deft::cuda does).
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -154,10 +155,13 @@ struct DeviceContext {
   std::vector<cudaEvent_t> free_events_;
 };
 
-/// Every GPU's context, made on first use.
+/// Every GPU's context, made on first use. A context is looked up at every
+/// kernel launch and copy, from any worker: the lookup is one acquire load;
+/// the lock is taken only to make a context.
 struct Contexts {
-  std::mutex m;
-  std::vector<std::unique_ptr<DeviceContext>> list;
+  std::mutex m;  // held while a context is made
+  const int count = device_count();
+  const std::unique_ptr<std::atomic<DeviceContext*>[]> list{new std::atomic<DeviceContext*>[std::size_t(count)]{}};
   static Contexts& get() {
     static auto* contexts = new Contexts;  // leaked, see DeviceContext
     return *contexts;
@@ -168,21 +172,24 @@ struct Contexts {
 /// does not exist (naming how many there are).
 inline DeviceContext& context(int index) {
   auto& c = Contexts::get();
+  if (index < 0 || index >= c.count) raise("no device ", deft::gpu(index), ": this machine has ", c.count, " CUDA GPU(s)");
+  auto& slot = c.list[std::size_t(index)];
+  if (DeviceContext* ctx = slot.load(std::memory_order_acquire)) return *ctx;
   std::lock_guard lk(c.m);
-  const int n = device_count();
-  if (index < 0 || index >= n) raise("no device ", deft::gpu(index), ": this machine has ", n, " CUDA GPU(s)");
-  if (c.list.size() < std::size_t(n)) c.list.resize(n);
-  if (!c.list[index]) c.list[index] = std::make_unique<DeviceContext>(index);
-  return *c.list[index];
+  DeviceContext* ctx = slot.load(std::memory_order_relaxed);  // another thread may have made it meanwhile
+  if (!ctx) {
+    ctx = new DeviceContext(index);  // leaked, see DeviceContext
+    slot.store(ctx, std::memory_order_release);
+  }
+  return *ctx;
 }
 
 /// The contexts made so far (those of GPUs this process used).
 inline std::vector<DeviceContext*> live_contexts() {
   auto& c = Contexts::get();
-  std::lock_guard lk(c.m);
   std::vector<DeviceContext*> live;
-  for (auto& ctx : c.list)
-    if (ctx) live.push_back(ctx.get());
+  for (int i = 0; i < c.count; ++i)
+    if (DeviceContext* ctx = c.list[std::size_t(i)].load(std::memory_order_acquire)) live.push_back(ctx);
   return live;
 }
 

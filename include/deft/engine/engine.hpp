@@ -3,6 +3,7 @@
 // work passes a second bound, and carries failures to the sync points.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -211,17 +212,17 @@ class Engine {
     if (n < 1) raise("set_num_workers: need at least one worker, got ", n);
     std::unique_lock lk(m_);
     drain_locked(lk);
-    auto old = std::move(pool_);
+    auto old = replace_pool_locked(nullptr);
     lk.unlock();
     old.reset();  // joins the old workers
     lk.lock();
-    if (!shut_down_) pool_ = std::make_unique<ThreadPool>(n, &Engine::run);
+    if (!shut_down_) replace_pool_locked(std::make_unique<ThreadPool>(n, &Engine::run));
   }
 
   /// Runs body(i) for i in [0, chunks) on the workers (used by kernels).
   template <class Body>
   void parallel_for(std::int64_t chunks, Body&& body) {
-    ThreadPool* p = pool_.get();
+    ThreadPool* p = running_pool_.load(std::memory_order_acquire);
     if (p && chunks > 1) {
       p->parallel_for(chunks, body);
     } else {
@@ -229,7 +230,7 @@ class Engine {
     }
   }
   int parallelism() const {
-    ThreadPool* p = pool_.get();
+    ThreadPool* p = running_pool_.load(std::memory_order_acquire);
     return p ? p->size() : 1;
   }
 
@@ -246,7 +247,7 @@ class Engine {
       else if (std::strcmp(env, "deferred") != 0)
         std::fprintf(stderr, "deft: ignoring DEFT_ENGINE=%s (want 'deferred' or 'synchronous')\n", env);
     }
-    pool_ = std::make_unique<ThreadPool>(workers < 1 ? 1 : workers, &Engine::run);
+    replace_pool_locked(std::make_unique<ThreadPool>(workers < 1 ? 1 : workers, &Engine::run));
   }
 
   // Finishes submitted work and joins the workers; later work runs inline.
@@ -256,7 +257,7 @@ class Engine {
     done_cv_.wait(lk, [&] { return inflight_tasks_ == 0; });
     --draining_;
     shut_down_ = true;
-    auto old = std::move(pool_);
+    auto old = replace_pool_locked(nullptr);
     lk.unlock();
     old.reset();
   }
@@ -423,6 +424,14 @@ class Engine {
     }
   }
 
+  // Installs `next` as the pool (under m_, or in the constructor) and
+  // returns the old one, to be joined outside the lock.
+  std::unique_ptr<ThreadPool> replace_pool_locked(std::unique_ptr<ThreadPool> next) {
+    running_pool_.store(next.get(), std::memory_order_release);
+    std::swap(pool_, next);
+    return next;
+  }
+
   static void run(std::shared_ptr<Task> t) {
     Engine& e = get();
     Ready ready;
@@ -499,7 +508,10 @@ class Engine {
   std::exception_ptr first_error_;
   engine::Limits limits_;
   std::atomic<engine::Mode> mode_{engine::Mode::deferred};
-  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<ThreadPool> pool_;  // replaced under m_ (replace_pool_locked)
+  // The same pool for kernels, which read it without the lock: the
+  // release store publishes a new pool's construction to them.
+  std::atomic<ThreadPool*> running_pool_{nullptr};
   bool shut_down_ = false;
 };
 

@@ -72,7 +72,7 @@ class Engine {
   /// its producer only after this returns: every thread records its tasks
   /// under the engine's lock after reading their inputs' producers, so that
   /// write is ordered after those reads.
-  void record(std::shared_ptr<Task> t, const std::shared_ptr<Task>& overwritten = nullptr) {
+  void record(const std::shared_ptr<Task>& t, const std::shared_ptr<Task>& overwritten = nullptr) {
     if (Trace* trace = active_trace()) trace->capture(*t);
     auto& c = counters();
     TaskList<4> cancelled;  // in place: a tiny op's overwrite allocates nothing
@@ -125,12 +125,18 @@ class Engine {
     if (t->finished()) return;
     Ready ready;
     std::unique_lock lk(m_);
-    submit_locked(t, ready);
     // The usual sync point waits for the task recorded last: drop its entry
     // now, or its weak reference would keep the task's memory (shared with
     // its control block) from the allocator until compact_recorded().
     if (!recorded_.empty() && !recorded_.back().owner_before(t) && !t.owner_before(recorded_.back()))
       recorded_.pop_back();
+    if (runnable_alone(*t)) {  // the usual case: run it here, without submit_locked's work list
+      start_locked(*t);
+      lk.unlock();
+      execute(t, ready, lk);
+    } else {
+      submit_locked(t, ready);
+    }
     help_locked(lk, ready, [&] { return t->finished(); });
     if (t->finished()) return;
     t->awaited = true;
@@ -370,14 +376,10 @@ class Engine {
       auto t = std::move(stack.back());
       stack.pop_back();
       if (t->state.load(std::memory_order_relaxed) != Task::State::recorded) continue;
-      t->state.store(Task::State::submitted, std::memory_order_relaxed);
-      counters().count_left_recorded(t->bytes);
-      ++inflight_tasks_;
-      inflight_bytes_ += t->bytes;
+      start_locked(*t);
       ++tasks;
       work += t->work;
       hand_off = hand_off || t->hand_off;
-      t->pending = 0;
       for (const auto& d : t->deps) {
         if (d->finished()) continue;
         d->successors.push_back(t);
@@ -386,6 +388,21 @@ class Engine {
       }
       if (t->pending == 0) ready.push_back(std::move(t));
     }
+  }
+  // A recorded task with nothing left to wait for.
+  static bool runnable_alone(const Task& t) {
+    if (t.state.load(std::memory_order_relaxed) != Task::State::recorded) return false;
+    for (const auto& d : t.deps)
+      if (!d->finished()) return false;
+    return true;
+  }
+  // Submits `t` (a recorded task): it now counts as in flight.
+  void start_locked(Task& t) {
+    t.state.store(Task::State::submitted, std::memory_order_relaxed);
+    counters().count_left_recorded(t.bytes);
+    ++inflight_tasks_;
+    inflight_bytes_ += t.bytes;
+    t.pending = 0;
   }
   void submit_locked(const std::shared_ptr<Task>& root, Ready& ready) {
     std::size_t tasks = 0, work = 0;

@@ -13,7 +13,7 @@
 // cpuN are logical devices sharing the CPU's workers: they run the
 // data-parallel path without a GPU, at the speed of one device. gpuN needs
 // this file compiled by nvcc against deft::cuda (train_fashion_mnist_gpu,
-// built with DEFT_CUDA); the MLP only, as conv2d has no GPU kernels yet.
+// built with DEFT_CUDA); both models.
 //
 // Each epoch prints a progress bar, then the mean loss, train and test
 // accuracy and samples per second; --csv writes those rows (plot them with

@@ -212,9 +212,63 @@ inline void errors() {
   const std::string missing = message([] { (void)deft::zeros<float>({4}, deft::gpu(7)); });
   BOOST_TEST(missing.find("no device gpu(7)") != std::string::npos, missing);
   const std::string conv = message([&] {
-    (void)deft::conv2d(deft::ones<float>({1, 1, 4, 4}, deft::gpu(0)), deft::ones<float>({1, 1, 3, 3}, deft::gpu(0)));
+    (void)deft::conv2d(deft::ones<float>({1, 1, 4, 4}, deft::gpu(0)), deft::ones<float>({1, 1, 3, 3}));
   });
   BOOST_TEST(conv.find("gpu(0)") != std::string::npos, conv);
+  BOOST_TEST(conv.find("cpu(0)") != std::string::npos, conv);
+}
+
+/// conv2d (bias, stride, padding), overlapping max pooling and average
+/// pooling on gpu(0), and their gradients, equal the CPU's (which the conv
+/// suites check against double loops). The last case spans two of the GPU's
+/// im2col blocks (its partial sums of dW and db); its dW sums 670,000
+/// float products, in another order on each device (the emulation's
+/// product adds them one by one), hence its wider tolerance.
+inline void convolution_and_pooling() {
+  struct Case {
+    Shape x, w;
+    deft::Size2d stride, padding;
+    double tol;
+  };
+  const i64 per_block = deft::thresholds::gpu_conv_block_elements / (25 * 28 * 28);
+  const Case cases[] = {{{3, 2, 9, 8}, {4, 2, 3, 2}, {2, 1}, {1, 2}, 1e-5},
+                        {{2, 3, 7, 7}, {5, 3, 7, 7}, {1, 1}, {3, 3}, 1e-5},
+                        {{per_block + 2, 1, 28, 28}, {2, 1, 5, 5}, {1, 1}, {2, 2}, 1e-3}};
+  for (const auto& k : cases) {
+    auto run = [&](deft::Device dev) {
+      Tensor<float> x = Tensor<float>(random_values(k.x.size(), 21), k.x).to(dev);
+      Tensor<float> w = Tensor<float>(random_values(k.w.size(), 22), k.w).to(dev);
+      Tensor<float> b = Tensor<float>(random_values(k.w[0], 23), {k.w[0]}).to(dev);
+      x.attach_grad();
+      w.attach_grad();
+      b.attach_grad();
+      Tensor<float> y, m, a, loss;
+      {
+        deft::autograd::record recording;
+        y = deft::conv2d(x, w, b, k.stride, k.padding);
+        m = deft::max_pool2d(y, {2, 2}, {1, 1});  // an element may be the maximum of several windows
+        a = deft::avg_pool2d(y, {2, 1}, {1, 1});
+        const Tensor<float> cm = Tensor<float>(random_values(m.shape().size(), 24), m.shape()).to(dev);
+        const Tensor<float> ca = Tensor<float>(random_values(a.shape().size(), 25), a.shape()).to(dev);
+        loss = deft::sum(m * cm) + deft::sum(a * ca);
+      }
+      loss.backward();
+      std::vector<float> all;
+      for (const Tensor<float>* t : {&y, &m, &a, &loss}) {
+        const auto v = t->to_vector();
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      for (const Tensor<float>& g : {x.grad(), w.grad(), b.grad()}) {
+        const auto v = g.to_vector();
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      return all;
+    };
+    const auto on_cpu = run(deft::cpu());
+    const auto on_gpu = run(deft::gpu(0));
+    expect_near(on_gpu, std::vector<double>(on_cpu.begin(), on_cpu.end()), k.tol,
+                ("conv2d, pooling and their gradients, x " + k.x.to_string()).c_str());
+  }
 }
 
 /// Gradients of a small network computed on the GPU equal the CPU's, and
@@ -262,4 +316,5 @@ inline void autograd_and_sgd() {
   BOOST_AUTO_TEST_CASE(creation_and_random_on_gpu) { gpu_tensors::creation_and_random(exact); } \
   BOOST_AUTO_TEST_CASE(copies_between_devices) { gpu_tensors::copies_between_devices(); }       \
   BOOST_AUTO_TEST_CASE(errors_name_the_devices) { gpu_tensors::errors(); }                      \
+  BOOST_AUTO_TEST_CASE(convolution_and_pooling_on_gpu) { gpu_tensors::convolution_and_pooling(); } \
   BOOST_AUTO_TEST_CASE(autograd_and_sgd_on_gpu) { gpu_tensors::autograd_and_sgd(); }

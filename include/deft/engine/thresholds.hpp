@@ -84,8 +84,8 @@ inline constexpr std::int64_t gemm_parallel_min_work = std::int64_t(1) << 21;
 // (batch-1 inference is all matrix-vector-like products).
 inline constexpr std::int64_t gemm_min_rows_packed = 4;
 
-// --- convolutions (ops/conv.hpp) --------------------------------------------
-// Images per im2col block: as many as keep the block's matrix near this many
+// --- convolutions (eval/cpu/conv.hpp, eval/gpu/conv.hpp) -------------------
+// CPU: images per im2col block: as many as keep the block's matrix near this many
 // elements (at least one image)...
 inline constexpr std::int64_t conv_block_elements = std::int64_t(1) << 16;
 // ...but at least min(N, this many) blocks, so that small batches still split.
@@ -93,6 +93,10 @@ inline constexpr std::int64_t conv_min_blocks = 8;
 // The weight gradient sums one partial (O x C*KH*KW) per group of blocks;
 // the partials together hold at most about this many elements.
 inline constexpr std::int64_t conv_partial_elements = std::int64_t(1) << 22;
+// GPU: images per im2col block, as many as keep its matrix within this many
+// elements (64 MiB of float; a LeNet batch of 256 takes one block). Bigger
+// blocks make fewer, larger GEMMs.
+inline constexpr std::int64_t gpu_conv_block_elements = std::int64_t(1) << 24;
 
 // --- host memory cache (engine::CachingHostAllocator) ----------------------
 // Blocks from this size up are kept for reuse when freed: a steady training

@@ -14,6 +14,7 @@
 #include "../core/device.hpp"
 #include "../core/error.hpp"
 #include "../engine/device_backend.hpp"
+#include "cpu/conv.hpp"
 #include "cpu/elementwise.hpp"
 #include "cpu/gemm.hpp"
 #include "cpu/permute.hpp"
@@ -57,6 +58,26 @@ struct Executor<DeviceType::cpu> {
   static void parallel_range(std::int64_t total, std::int64_t cost, std::int64_t align, Body&& body) {
     cpu::parallel_range(total, cost, align, std::forward<Body>(body));
   }
+  template <class T>
+  static void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* bias, T* y) {
+    cpu::conv2d_forward(g, x, w, bias, y);
+  }
+  template <class T>
+  static void conv2d_backward_input(const ConvGeom& g, const T* dy, const T* w, T* dx) {
+    cpu::conv2d_backward_input(g, dy, w, dx);
+  }
+  template <class T>
+  static void conv2d_backward_weight(const ConvGeom& g, const T* dy, const T* x, T* dw) {
+    cpu::conv2d_backward_weight(g, dy, x, dw);
+  }
+  template <class T>
+  static void conv2d_backward_bias(const ConvGeom& g, const T* dy, T* db) { cpu::conv2d_backward_bias(g, dy, db); }
+  template <PoolKind Kind, class T>
+  static void pool2d_forward(const PoolGeom& g, const T* x, T* y) { cpu::pool2d_forward<Kind>(g, x, y); }
+  template <PoolKind Kind, class T>
+  static void pool2d_backward(const PoolGeom& g, const T* dy, const T* x, T* dx) {
+    cpu::pool2d_backward<Kind>(g, dy, x, dx);
+  }
   /// The numbers of one deft::random call (the GPU's draws the same ones).
   template <class T, Distribution D>
   static void fill_random(T* out, std::int64_t n, std::uint64_t key, std::uint64_t stream, double a, double b) {
@@ -84,18 +105,6 @@ inline void require_backend(Device d, const char* op) {
   if (!b) raise(op, ": tensors on ", d, " need deft's CUDA backend, which this build does not include");
   const int n = b->device_count();
   if (d.index < 0 || d.index >= n) raise(op, ": no device ", d, ": this machine has ", n, " ", b->name(), " GPU(s)");
-}
-
-/// Raises std::invalid_argument for an operation only the CPU has kernels for.
-inline void require_cpu(Device d, const char* op) {
-  if (d.type != DeviceType::cpu) raise(op, ": not available for tensors on ", d, " yet (CPU only); copy them with .to(deft::cpu())");
-}
-
-/// Calls f(the CPU's executor) for work only the CPU has kernels for.
-template <class F>
-decltype(auto) on_cpu(Device d, const char* op, F&& f) {
-  require_cpu(d, op);
-  return std::forward<F>(f)(Executor<DeviceType::cpu>{});
 }
 
 /// Calls f(executor) with the executor of device d.

@@ -18,7 +18,9 @@
 #include "../../engine/device_backend.hpp"
 #include "../../engine/thresholds.hpp"
 #include "../random_draw.hpp"
+#include "conv.hpp"
 #include "kernels.hpp"
+#include "scratch.hpp"
 
 #if defined(DEFT_GPU_EMULATION)
 #include "emulation.hpp"
@@ -28,29 +30,6 @@
 
 namespace deft::detail {
 
-namespace gpu {
-
-/// n elements of device memory from the device's pool, returned when this
-/// goes: later work on the same stream may reuse them, as it runs after the
-/// kernels queued now.
-template <class T>
-class Scratch {
- public:
-  Scratch(int device, std::int64_t n)
-      : pool_(backend_of(deft::gpu(device)).memory(device)), bytes_(std::size_t(n > 0 ? n : 1) * sizeof(T)),
-        data_(static_cast<T*>(pool_->allocate(bytes_, thresholds::alignment))) {}
-  ~Scratch() { pool_->deallocate(data_, bytes_, thresholds::alignment); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  T* get() const { return data_; }
-
- private:
-  std::shared_ptr<engine::HostAllocator> pool_;
-  std::size_t bytes_;
-  T* data_;
-};
-
-}  // namespace gpu
 
 template <DeviceType D>
 struct Executor;
@@ -101,6 +80,30 @@ struct Executor<DeviceType::gpu> {
   void fill_random(T* out, std::int64_t n, std::uint64_t key, std::uint64_t stream, double a, double b) const {
     gpu::Launch on(device);
     gpu::fill_random<T, D>(on.policy(), out, n, key, stream, a, b);
+  }
+  template <class T>
+  void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* bias, T* y) const {
+    gpu::conv2d_forward(gpu::Launch(device), device, g, x, w, bias, y);
+  }
+  template <class T>
+  void conv2d_backward_input(const ConvGeom& g, const T* dy, const T* w, T* dx) const {
+    gpu::conv2d_backward_input(gpu::Launch(device), device, g, dy, w, dx);
+  }
+  template <class T>
+  void conv2d_backward_weight(const ConvGeom& g, const T* dy, const T* x, T* dw) const {
+    gpu::conv2d_backward_weight(gpu::Launch(device), device, g, dy, x, dw);
+  }
+  template <class T>
+  void conv2d_backward_bias(const ConvGeom& g, const T* dy, T* db) const {
+    gpu::conv2d_backward_bias(gpu::Launch(device), device, g, dy, db);
+  }
+  template <PoolKind Kind, class T>
+  void pool2d_forward(const PoolGeom& g, const T* x, T* y) const {
+    gpu::pool2d_forward<Kind>(gpu::Launch(device), g, x, y);
+  }
+  template <PoolKind Kind, class T>
+  void pool2d_backward(const PoolGeom& g, const T* dy, const T* x, T* dx) const {
+    gpu::pool2d_backward<Kind>(gpu::Launch(device), g, dy, x, dx);
   }
   /// out[i] = f(i) for i in [0, n); f must be callable on the device (DEFT_HD).
   template <class T, class F>

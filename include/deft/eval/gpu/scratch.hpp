@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 
 #include "../../core/device.hpp"
 #include "../../engine/device_backend.hpp"
@@ -17,9 +18,14 @@ namespace deft::detail::gpu {
 template <class T>
 class Scratch {
  public:
+  // HostAllocator takes a multiple of the alignment (aligned_alloc's rule).
   Scratch(int device, std::int64_t n)
-      : pool_(backend_of(deft::gpu(device)).memory(device)), bytes_(std::size_t(n > 0 ? n : 1) * sizeof(T)),
-        data_(static_cast<T*>(pool_->allocate(bytes_, thresholds::alignment))) {}
+      : pool_(backend_of(deft::gpu(device)).memory(device)),
+        bytes_((std::size_t(n > 0 ? n : 1) * sizeof(T) + thresholds::alignment - 1) / thresholds::alignment *
+               thresholds::alignment),
+        data_(static_cast<T*>(pool_->allocate(bytes_, thresholds::alignment))) {
+    if (!data_) throw std::bad_alloc();
+  }
   ~Scratch() { pool_->deallocate(data_, bytes_, thresholds::alignment); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;

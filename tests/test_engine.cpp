@@ -407,6 +407,61 @@ BOOST_AUTO_TEST_CASE(thousand_overwrites_run_once) {
   check_tensor(y, {64, 64}, to_double(iota_values(4096, 1)), 0, 0, "y");
 }
 
+// A statement overwriting its tensor in place with the kind of expression it
+// wrote before reuses that statement's finished task (Engine::record_again):
+// the task must still wait for its inputs' pending producers, count as
+// recorded and run, and not be reused while it failed or a reader holds it.
+BOOST_AUTO_TEST_CASE(a_loop_body_reuses_its_finished_task) {
+  std::mt19937 g(1907);
+  const i64 n = 1000;
+  auto acur = random_values<float>(g, n, -1, 1);
+  const auto bv = random_values<float>(g, n, -1, 1);
+  Tensor<float> a = make(acur, Shape{n});
+  const Tensor<float> b = make(bv, Shape{n});
+  Tensor<float> y = a * b;
+  y.wait_to_read();
+  const auto producer = [](const Tensor<float>& t) { return t.leaf().buffer->producer.get(); };
+  const deft::detail::Task* task = producer(y);
+  engine::reset_stats();
+  std::vector<double> ref(n);
+  for (int it = 1; it <= 20; ++it) {
+    a = a + 1;  // pending when y's statement is recorded
+    y = a * b;
+    BOOST_TEST(producer(y) == task, "iteration " << it << ": y's statement got a new task");
+    BOOST_TEST(!y.is_ready());
+    for (i64 i = 0; i < n; ++i) ref[i] = double(acur[i] += 1.f) * bv[i];
+    check_tensor(y, {n}, ref, 1e-6, 0, "y = a * b after a = a + 1");
+  }
+  auto s = engine::stats();
+  BOOST_TEST(s.tasks_recorded == 40u);
+  BOOST_TEST(s.tasks_run == 40u);
+
+  // A pending reader holds y's version: the next statement writes a fresh
+  // buffer with a task of its own, and the reader sees the old value.
+  const Tensor<float> reader = y + 1;
+  a = a + 1;
+  y = a * b;
+  BOOST_TEST(producer(y) != task);
+  check_tensor(reader, {n}, [&] { auto r = ref; for (auto& v : r) v += 1; return r; }(), 1e-6, 1e-6,
+               "reader of the old y");  // atol: y + 1 cancels to near zero where y is near -1
+
+  // A failed statement is not reused, and the next one computes its value.
+  std::atomic<bool> fail{true};
+  const auto f = [&fail](float v) {
+    if (fail.load()) throw std::runtime_error("flagged");
+    return 2 * v;
+  };
+  Tensor<float> z = deft::map(f, b);
+  expect_throw<std::runtime_error>([&] { z.wait_to_read(); }, "flagged", "first map");
+  const deft::detail::Task* failed = producer(z);
+  fail = false;
+  z = deft::map(f, b);
+  BOOST_TEST(producer(z) != failed);
+  std::vector<double> twice(n);
+  for (i64 i = 0; i < n; ++i) twice[i] = 2.0 * bv[i];
+  check_tensor(z, {n}, twice, 0, 0, "map after a failure");
+}
+
 BOOST_AUTO_TEST_CASE(dropped_handles_discard_their_work) {
   const Tensor<float> x = make(iota_values(5000), Shape{5000});
   engine::reset_stats();

@@ -379,7 +379,7 @@ class Tensor {
 
   static void wait(const std::shared_ptr<detail::Buffer>& b) {
     detail::refuse_sync_in_trace("reading a tensor");
-    if (b->producer && !b->producer->finished()) detail::Engine::get().wait(b->producer);
+    if (b->producer && !b->producer->finished()) detail::Engine::get().wait(b->producer, b.get());
     if (b->error) std::rethrow_exception(b->error);
   }
 
@@ -449,12 +449,27 @@ class Tensor {
       // below after the reads of it by the tasks that held `cur` until now
       // (TSan saw that race); those reads preceded their Engine::record, so
       // recording this task (under the engine's lock) first orders them.
-      auto t = detail::emplace_task<Kernel>(op, std::size_t(size()) * sizeof(T), std::move(e), offset_);
       const bool overwrites = !reads_cur && whole;
-      if (!overwrites) t->add_input(cur);
+      const std::size_t bytes = std::size_t(size()) * sizeof(T);
+      auto declare = [&](detail::TaskImpl<Kernel>& t) {
+        if (!overwrites) t.add_input(cur);
+        detail::add_leaf_inputs(t);
+        if (cur->device.type != DeviceType::cpu) t.hand_off = true;
+      };
+      // A loop body writes its tensor with the same kind of expression each
+      // time: the task of the time before, finished, takes the new kernel.
+      if (const auto& p = cur->producer;
+          p && p->kind == &detail::TaskImpl<Kernel>::kind_tag && !p->output.owner_before(cur) &&
+          !cur.owner_before(p->output) && detail::Engine::get().record_again(p, [&](detail::Task& task) {
+            auto& t = static_cast<detail::TaskImpl<Kernel>&>(task);
+            t.reset_for_reuse(op, bytes);
+            t.rebuild(std::move(e), offset_);
+            declare(t);
+          }))
+        return;
+      auto t = detail::emplace_task<Kernel>(op, bytes, std::move(e), offset_);
       t->output = cur;
-      detail::add_leaf_inputs(*t);
-      if (cur->device.type != DeviceType::cpu) t->hand_off = true;
+      declare(*t);
       // Recorded before the storage's lock is released: once another thread
       // can see it as the producer it must be recorded, or that thread's
       // overwrite could cancel it first and count its bytes out before in.

@@ -19,6 +19,7 @@
 #include "../core/error.hpp"
 #include "allocator.hpp"
 #include "device_backend.hpp"
+#include "light_mutex.hpp"
 #include "profiler.hpp"
 #include "stats.hpp"
 #include "task.hpp"
@@ -50,6 +51,7 @@ class Engine {
   // Tasks ready to run. In place: a sync point and a worker's run each
   // collect one or two, and a heap list cost a malloc/free per statement.
   using Ready = ReadyList;
+  using Lock = std::unique_lock<LightMutex>;
 
   /// The process-wide engine. Never destroyed (tensors may outlive main);
   /// its workers are drained and joined at exit.
@@ -102,6 +104,30 @@ class Engine {
     for (auto& w : cancelled) w->release_closure();  // outside the lock: it may free a chain of tasks
   }
 
+  /// Records `t` again, a task that ran and that nobody but the caller's one
+  /// reference holds: `rebuild(Task&)` gives it its new kernel and declares
+  /// its reads, under the lock, as for a task just built. A loop writing a
+  /// tensor in place (`y = a * b + c; y.wait_to_read();`) then reuses one
+  /// task instead of building and freeing one per statement. False, with
+  /// nothing done, when t cannot be reused (it failed, is still pending, is
+  /// shared, or a trace or synchronous mode wants the plain record()).
+  template <class Rebuild>
+  bool record_again(const std::shared_ptr<Task>& t, Rebuild&& rebuild) {
+    if (active_trace() || mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) return false;
+    Ready ready;
+    std::unique_lock lk(m_);
+    // Under the lock: the holders t had (a worker, a reader's deps) all let
+    // it go after their last critical section on it, and the weak references
+    // (recorded_, a trace's) read only its state until it is recorded again.
+    if (t.use_count() != 1 || t->state.load(std::memory_order_relaxed) != Task::State::done || t->error) return false;
+    rebuild(*t);
+    t->state.store(Task::State::recorded, std::memory_order_release);
+    const bool small = add_recorded_locked(t, ready);
+    dispatch_locked(lk, ready, small);
+    throttle_locked(lk);
+    return true;
+  }
+
   /// record() for each of `tasks`, in order, under one lock: a hybridized
   /// replay records a whole forward at once.
   void record_all(const std::vector<std::shared_ptr<Task>>& tasks) {
@@ -120,8 +146,9 @@ class Engine {
   /// Blocks until `t` finished, submitting it and what it needs first. The
   /// waiting thread works instead of sleeping: it runs the ready tasks on
   /// the way to `t` one at a time and hands the others to the workers, so a
-  /// chain of small tasks costs no hand-off between threads.
-  void wait(const std::shared_ptr<Task>& t) {
+  /// chain of small tasks costs no hand-off between threads. `output`: t's
+  /// output buffer, when the caller holds it (it then need not be locked).
+  void wait(const std::shared_ptr<Task>& t, Buffer* output = nullptr) {
     if (t->finished()) return;
     Ready ready;
     std::unique_lock lk(m_);
@@ -133,7 +160,7 @@ class Engine {
     if (runnable_alone(*t)) {  // the usual case: run it here, without submit_locked's work list
       start_locked(*t);
       lk.unlock();
-      execute(t, ready, lk);
+      execute(t, ready, lk, output);
     } else {
       submit_locked(t, ready);
     }
@@ -275,7 +302,7 @@ class Engine {
 
   // Submits every recorded task and waits until no task is in flight,
   // running tasks here meanwhile (all of them when they are small).
-  void drain_locked(std::unique_lock<std::mutex>& lk) {
+  void drain_locked(Lock& lk) {
     Ready ready;
     if (submit_all_locked(ready)) dispatch_locked(lk, ready, true);
     else help_locked(lk, ready, [] { return false; });
@@ -305,7 +332,7 @@ class Engine {
 
   // Holds a recording thread back while in-flight work passes its bound, until
   // it falls to half of it (one wake-up per many tasks, not one per task).
-  void throttle_locked(std::unique_lock<std::mutex>& lk) {
+  void throttle_locked(Lock& lk) {
     if (!over_inflight_bound()) return;
     counters().backpressure_waits.add(1);
     ++throttled_;
@@ -413,7 +440,7 @@ class Engine {
   // Runs ready tasks on this thread one at a time, handing the others to the
   // workers, until done() or nothing is ready here. Returns holding lk.
   template <class Done>
-  void help_locked(std::unique_lock<std::mutex>& lk, Ready& ready, Done done) {
+  void help_locked(Lock& lk, Ready& ready, Done done) {
     while (!done() && !ready.empty()) {
       auto next = std::move(ready.back());
       ready.pop_back();
@@ -427,7 +454,7 @@ class Engine {
   // Hands ready tasks to the workers; or runs them, and the successors they
   // make ready, on this thread: when `here` (work too small to hand off) or
   // once the pool is gone. Successors of tasks on the workers stay there.
-  void dispatch_locked(std::unique_lock<std::mutex>& lk, Ready& ready, bool here = false) {
+  void dispatch_locked(Lock& lk, Ready& ready, bool here = false) {
     if (ready.empty()) return;
     if (pool_ && !here) {
       pool_->push(ready);
@@ -466,13 +493,16 @@ class Engine {
 
   // Runs one task (or skips it) and collects the successors it made ready.
   // Called with `lk` (on m_) unlocked; returns with it locked, so that a
-  // caller that goes on under the lock does not take it twice.
-  void execute(const std::shared_ptr<Task>& t, Ready& ready, std::unique_lock<std::mutex>& lk) {
+  // caller that goes on under the lock does not take it twice. `held`: t's
+  // output, kept alive by the caller.
+  void execute(const std::shared_ptr<Task>& t, Ready& ready, Lock& lk, Buffer* held = nullptr) {
     enum class Outcome { run, failed, skipped, discarded } outcome = Outcome::run;
     std::exception_ptr err = t->inherited_error;
     for (const auto& d : t->deps)
       if (!err && d->error) err = d->error;
-    if (auto out = t->output.lock()) {
+    // The output, locked unless the caller holds it; released before the
+    // engine's lock is taken (the last reference frees the buffer).
+    if (std::shared_ptr<Buffer> kept; Buffer* out = held ? held : (kept = t->output.lock()).get()) {
       if (err) {
         outcome = Outcome::skipped;
       } else {
@@ -515,8 +545,8 @@ class Engine {
       done_cv_.notify_all();
   }
 
-  std::mutex m_;
-  std::condition_variable done_cv_;  // a task finished that someone waits for (see execute)
+  LightMutex m_;
+  std::condition_variable_any done_cv_;  // a task finished that someone waits for (see execute)
   int draining_ = 0;                 // threads waiting for every submitted task
   int throttled_ = 0;                // recording threads held back by the in-flight bound
   std::vector<std::weak_ptr<Task>> recorded_;

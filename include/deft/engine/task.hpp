@@ -23,7 +23,8 @@ class Task {
  public:
   enum class State : std::uint8_t { recorded, submitted, done, cancelled };
 
-  Task(const char* task_name, std::size_t out_bytes) : name(task_name), bytes(out_bytes), work(out_bytes) {}
+  Task(const char* task_name, std::size_t out_bytes, const void* kernel_kind = nullptr)
+      : name(task_name), bytes(out_bytes), work(out_bytes), kind(kernel_kind) {}
   Task(const Task&) = delete;
   Task& operator=(const Task&) = delete;
   virtual ~Task() {
@@ -56,9 +57,20 @@ class Task {
     }
   }
 
+  /// For Engine::record_again, which reuses a finished task: the task as if
+  /// just built (its kernel is set apart, then its reads declared).
+  void reset_for_reuse(const char* task_name, std::size_t out_bytes) {
+    name = task_name;
+    bytes = work = out_bytes;
+    hand_off = false;
+    inherited_error = nullptr;
+    awaited = counted = false;
+  }
+
   const char* name;
   std::size_t bytes;
   std::size_t work;  // bytes written and read: the engine's estimate of its cost (see thresholds::inline_task_work)
+  const void* kind;  // identifies the kernel's type (TaskImpl<K>::kind_tag): what a reuse may put in it
   // Always run on a worker, never on a recording thread: GPU work (a copy
   // may block), and a user's map() function (it may wait for that thread).
   bool hand_off = false;
@@ -84,7 +96,8 @@ class TaskImpl final : public Task {
   /// The kernel built in place from `args`.
   template <class... Args>
   TaskImpl(const char* task_name, std::size_t out_bytes, std::in_place_t, Args&&... args)
-      : Task(task_name, out_bytes), kernel_(std::in_place, std::forward<Args>(args)...) {}
+      : Task(task_name, out_bytes, &kind_tag), kernel_(std::in_place, std::forward<Args>(args)...) {}
+  static constexpr char kind_tag = 0;  // its address is the Task::kind of this kernel type
   // Const: a trace's prototype runs in every replay in flight (ChainTask).
   void execute(Buffer& out) override { std::as_const(*kernel_)(out); }
   void release_closure() noexcept override { kernel_.reset(); }
@@ -96,6 +109,11 @@ class TaskImpl final : public Task {
   }
   /// The closure, for declaring its reads while recording (before it runs).
   const Kernel& kernel() const { return *kernel_; }
+  /// A new closure for a finished task being reused (Engine::record_again).
+  template <class... Args>
+  void rebuild(Args&&... args) {
+    kernel_.emplace(std::forward<Args>(args)...);
+  }
 
  private:
   std::optional<Kernel> kernel_;

@@ -156,6 +156,13 @@ class CachingHostAllocator final : public HostAllocator {
 
 namespace deft::detail {
 
+/// `bytes` rounded up to a multiple of `alignment` (a power of two): the sizes
+/// HostAllocator::allocate takes, as std::aligned_alloc requires. Every
+/// caller of an allocator rounds with this one function.
+constexpr std::size_t aligned_size(std::size_t bytes, std::size_t alignment) {
+  return (bytes + alignment - 1) & ~(alignment - 1);
+}
+
 /// The installed allocator. Every buffer keeps the allocator that gave it its
 /// memory, so replacing the allocator never frees memory with the wrong one.
 class AllocatorSlot {

@@ -67,8 +67,7 @@ struct Buffer {
     return device.type == DeviceType::cpu && bytes >= thresholds::page_align_min_bytes ? thresholds::page_alignment
                                                                                        : thresholds::alignment;
   }
-  // A multiple of the alignment, as std::aligned_alloc requires.
-  std::size_t rounded_bytes() const { return (bytes + alignment() - 1) / alignment() * alignment(); }
+  std::size_t rounded_bytes() const { return aligned_size(bytes, alignment()); }
   void release_memory() {
     if (!data) return;
     allocator->deallocate(data, rounded_bytes(), alignment());

@@ -28,9 +28,7 @@ namespace deft::detail::cpu {
 template <class T>
 struct AlignedScratch {
   explicit AlignedScratch(std::size_t n)
-      : p(static_cast<T*>(std::aligned_alloc(thresholds::alignment,
-                                             (n * sizeof(T) + thresholds::alignment - 1) / thresholds::alignment *
-                                                 thresholds::alignment))) {
+      : p(static_cast<T*>(std::aligned_alloc(thresholds::alignment, aligned_size(n * sizeof(T), thresholds::alignment)))) {
     if (!p) throw std::bad_alloc();
   }
   ~AlignedScratch() { std::free(p); }

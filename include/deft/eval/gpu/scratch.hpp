@@ -18,11 +18,9 @@ namespace deft::detail::gpu {
 template <class T>
 class Scratch {
  public:
-  // HostAllocator takes a multiple of the alignment (aligned_alloc's rule).
   Scratch(int device, std::int64_t n)
       : pool_(backend_of(deft::gpu(device)).memory(device)),
-        bytes_((std::size_t(n > 0 ? n : 1) * sizeof(T) + thresholds::alignment - 1) / thresholds::alignment *
-               thresholds::alignment),
+        bytes_(aligned_size(std::size_t(n > 0 ? n : 1) * sizeof(T), thresholds::alignment)),
         data_(static_cast<T*>(pool_->allocate(bytes_, thresholds::alignment))) {
     if (!data_) throw std::bad_alloc();
   }

@@ -462,6 +462,54 @@ BOOST_AUTO_TEST_CASE(a_loop_body_reuses_its_finished_task) {
   check_tensor(z, {n}, twice, 0, 0, "map after a failure");
 }
 
+// The engine holds the output of the task it runs. A statement recorded
+// meanwhile that writes the same tensor must still write in place (it waits
+// for that task), while a pending reader must still make it copy.
+BOOST_AUTO_TEST_CASE(a_write_while_the_producer_runs_stays_in_place) {
+  std::mt19937 g(2011);
+  const i64 n = 4096;
+  const auto y0 = random_values<float>(g, n, -1, 1);
+  Tensor<float> y = make(y0, Shape{n}), other = make(y0, Shape{n});
+  deft::wait_all();
+  std::atomic<bool> started{false}, release{false};
+  const auto blocking = [&](float v) {
+    started = true;
+    while (!release.load()) std::this_thread::yield();
+    return 2 * v;
+  };
+  LimitsGuard limits(engine::Limits{.max_recorded_tasks = 1});  // the second recorded task submits both
+  const auto run_blocking_producer = [&] {
+    started = release = false;
+    y = deft::map(blocking, y);  // the producer, in place
+    const Tensor<float> flush = other + 1;
+    while (!started.load()) std::this_thread::yield();  // running now, holding y's buffer
+  };
+  const auto buffer = [](const Tensor<float>& t) { return t.leaf().buffer.get(); };
+
+  run_blocking_producer();
+  const auto* before = buffer(y);
+  y += 1;
+  BOOST_TEST(buffer(y) == before, "y += 1 copied y while its producer ran");
+  release = true;
+  std::vector<double> ref(n);
+  for (i64 i = 0; i < n; ++i) ref[i] = 2.0 * y0[i] + 1;
+  check_tensor(y, {n}, ref, 1e-6, 1e-6, "2y + 1");
+
+  // A pending reader besides the running producer: the write copies.
+  run_blocking_producer();
+  const Tensor<float> reader = y * 3;
+  y += 1;
+  BOOST_TEST(buffer(y) != before, "y += 1 wrote in place under a pending reader");
+  release = true;
+  std::vector<double> old(n);
+  for (i64 i = 0; i < n; ++i) {
+    old[i] = 3.0 * (2.0 * float(ref[i]));
+    ref[i] = 2.0 * float(ref[i]) + 1;
+  }
+  check_tensor(reader, {n}, old, 1e-6, 1e-6, "reader of the producer's value");
+  check_tensor(y, {n}, ref, 1e-6, 1e-6, "2(2y + 1) + 1");
+}
+
 BOOST_AUTO_TEST_CASE(dropped_handles_discard_their_work) {
   const Tensor<float> x = make(iota_values(5000), Shape{5000});
   engine::reset_stats();

@@ -440,11 +440,10 @@ class Tensor {
       l.buffer.reset();
     });
     const bool whole = offset_ == 0 && covers_storage();
-    // use_count 1: v.current is the only owner. More means a reader we cannot order.
-    const bool in_place = !overlaps && cur.use_count() == 1;
+    const bool in_place = !overlaps && detail::Buffer::unshared(cur);
     using Kernel = detail::EvaluateInto<std::remove_cvref_t<decltype(e)>>;
     if (in_place) {
-      // Nobody else can see this version: write it where it is. use_count()
+      // Nobody but its running writer can see this version: write it where it is. use_count()
       // is a relaxed read and does not order the write of cur->producer
       // below after the reads of it by the tasks that held `cur` until now
       // (TSan saw that race); those reads preceded their Engine::record, so

@@ -7,11 +7,13 @@
 #include <exception>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <new>
 
 #include "../core/device.hpp"
 #include "allocator.hpp"
 #include "device_backend.hpp"
+#include "spin_lock.hpp"
 #include "stats.hpp"
 #include "thresholds.hpp"
 
@@ -45,6 +47,19 @@ struct Buffer {
   template <class T>
   T* as() const { return reinterpret_cast<T*>(data); }
 
+  /// Whether the caller's reference `b` (a tensor's current version) is the
+  /// only one, not counting that of a task writing it right now (WriterHold):
+  /// a write recorded meanwhile waits for that task, so it may still write in
+  /// place. Another reference is a reader that the write cannot order.
+  static bool unshared(const std::shared_ptr<Buffer>& b) {
+    if (b.use_count() == 1) return true;
+    // Under the lock a counted hold is in use_count (taken before, released
+    // after): no reader hides behind it. Readers cannot appear meanwhile
+    // without the caller's reference or another reader to copy.
+    std::lock_guard lk(b->hold_lock_);
+    return b.use_count() == 1 + b->writer_holds_;
+  }
+
   std::size_t bytes;
   Device device;
   std::byte* data = nullptr;
@@ -60,7 +75,10 @@ struct Buffer {
   std::shared_ptr<void> ready_mark;
 
  private:
+  friend class WriterHold;
   std::shared_ptr<engine::HostAllocator> allocator;  // the one `data` came from
+  SpinLock hold_lock_;   // guards writer_holds_ (see unshared)
+  int writer_holds_ = 0;  // WriterHolds alive now
 
   // A cache line, or a page for large host buffers (thresholds::page_align_min_bytes).
   std::size_t alignment() const {
@@ -75,6 +93,38 @@ struct Buffer {
     counters().sub_allocated(bytes);
     data = nullptr;
   }
+};
+
+/// The engine's reference to the output of the task it runs, so that the
+/// buffer outlives the kernel. Buffer::unshared() does not count it: a loop
+/// that records `y += 1` while the previous one runs writes y in place
+/// instead of copying it (which cost a 16 MB buffer and a slower pass each
+/// time the recording thread caught a running producer).
+class WriterHold {
+ public:
+  /// Takes `output` unless the caller holds it already (`held`).
+  WriterHold(const std::weak_ptr<Buffer>& output, Buffer* held) : held_(held) {
+    if (held_) return;
+    buffer_ = output.lock();
+    if (buffer_) {
+      std::lock_guard lk(buffer_->hold_lock_);
+      ++buffer_->writer_holds_;
+    }
+  }
+  WriterHold(const WriterHold&) = delete;
+  WriterHold& operator=(const WriterHold&) = delete;
+  ~WriterHold() {
+    if (!buffer_) return;
+    std::lock_guard lk(buffer_->hold_lock_);
+    --buffer_->writer_holds_;
+  }  // buffer_ lets go after the count: unshared() never sees the hold uncounted
+
+  /// The output, or null when nobody holds it any more.
+  Buffer* get() const { return held_ ? held_ : buffer_.get(); }
+
+ private:
+  Buffer* held_;
+  std::shared_ptr<Buffer> buffer_;
 };
 
 }  // namespace deft::detail

@@ -502,7 +502,7 @@ class Engine {
       if (!err && d->error) err = d->error;
     // The output, locked unless the caller holds it; released before the
     // engine's lock is taken (the last reference frees the buffer).
-    if (std::shared_ptr<Buffer> kept; Buffer* out = held ? held : (kept = t->output.lock()).get()) {
+    if (WriterHold hold(t->output, held); Buffer* out = hold.get()) {
       if (err) {
         outcome = Outcome::skipped;
       } else {

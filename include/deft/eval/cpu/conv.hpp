@@ -24,6 +24,18 @@ inline void valid_range(std::int64_t off, std::int64_t s, std::int64_t in, std::
   lo = std::min(lo, hi);
 }
 
+/// The output rows [r0, r1) and columns [c0, c1) whose input pixel under the
+/// kernel tap (i, j) lies inside the image; the others read padding.
+struct TapRange {
+  std::int64_t r0, r1, c0, c1;
+};
+inline TapRange tap_range(const ConvGeom& g, std::int64_t i, std::int64_t j) {
+  TapRange t;
+  valid_range(i - g.ph, g.sh, g.h, g.oh, t.r0, t.r1);
+  valid_range(j - g.pw, g.sw, g.w, g.ow, t.c0, t.c1);
+  return t;
+}
+
 template <class T>
 using Scratch = AlignedScratch<T>;
 
@@ -35,12 +47,9 @@ template <class T>
 void im2col(const ConvGeom& g, const T* x, std::int64_t images, T* out) {
   const std::int64_t P = g.p(), ld = images * P, plane = g.h * g.w;
   for (std::int64_t c = 0; c < g.c; ++c)
-    for (std::int64_t i = 0; i < g.kh; ++i) {
-      std::int64_t r0, r1;
-      valid_range(i - g.ph, g.sh, g.h, g.oh, r0, r1);
+    for (std::int64_t i = 0; i < g.kh; ++i)
       for (std::int64_t j = 0; j < g.kw; ++j) {
-        std::int64_t c0, c1;
-        valid_range(j - g.pw, g.sw, g.w, g.ow, c0, c1);
+        const auto [r0, r1, c0, c1] = tap_range(g, i, j);
         T* dst = out + ((c * g.kh + i) * g.kw + j) * ld;
         for (std::int64_t b = 0; b < images; ++b) {
           const T* xc = x + (b * g.c + c) * plane;
@@ -60,7 +69,6 @@ void im2col(const ConvGeom& g, const T* x, std::int64_t images, T* out) {
           std::fill(d + r1 * g.ow, d + P, T(0));
         }
       }
-    }
 }
 
 /// C (m x n) (+)= A (m x k) · Bᵀ, B being (n x k): every C element is the
@@ -110,12 +118,9 @@ void col2im(const ConvGeom& g, const T* dcols, std::int64_t images, T* dx) {
   for (std::int64_t b = 0; b < images; ++b)
     for (std::int64_t c = 0; c < g.c; ++c) {
       T* xc = dx + (b * g.c + c) * plane;
-      for (std::int64_t i = 0; i < g.kh; ++i) {
-        std::int64_t r0, r1;
-        valid_range(i - g.ph, g.sh, g.h, g.oh, r0, r1);
+      for (std::int64_t i = 0; i < g.kh; ++i)
         for (std::int64_t j = 0; j < g.kw; ++j) {
-          std::int64_t c0, c1;
-          valid_range(j - g.pw, g.sw, g.w, g.ow, c0, c1);
+          const auto [r0, r1, c0, c1] = tap_range(g, i, j);
           const T* src = dcols + ((c * g.kh + i) * g.kw + j) * ld + b * P;
           for (std::int64_t oh = r0; oh < r1; ++oh) {
             T* xrow = xc + (oh * g.sh - g.ph + i) * g.w;  // input column ow*sw + j - pw
@@ -127,7 +132,6 @@ void col2im(const ConvGeom& g, const T* dcols, std::int64_t images, T* dx) {
             }
           }
         }
-      }
     }
 }
 

@@ -31,3 +31,13 @@
 #else
 #define DEFT_ALWAYS_INLINE
 #endif
+
+// The rare path of a function that is called everywhere, kept out of line
+// so that the common path stays small enough to inline at every call.
+#if defined(__GNUC__)
+#define DEFT_NOINLINE [[gnu::noinline]]
+#elif defined(_MSC_VER)
+#define DEFT_NOINLINE __declspec(noinline)
+#else
+#define DEFT_NOINLINE
+#endif

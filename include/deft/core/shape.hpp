@@ -115,7 +115,7 @@ inline std::array<std::int64_t, max_rank> contiguous_strides(const Shape& s) {
 
 namespace detail {
 /// broadcast_shapes when the shapes differ and neither is a scalar.
-[[gnu::noinline]] inline Shape broadcast_distinct_shapes(const Shape& a, const Shape& b, const char* what) {
+DEFT_NOINLINE inline Shape broadcast_distinct_shapes(const Shape& a, const Shape& b, const char* what) {
   const int r = a.rank() > b.rank() ? a.rank() : b.rank();
   std::array<std::int64_t, max_rank> out{};
   for (int i = 0; i < r; ++i) {

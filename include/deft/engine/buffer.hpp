@@ -51,8 +51,10 @@ struct Buffer {
   /// only one, not counting that of a task writing it right now (WriterHold):
   /// a write recorded meanwhile waits for that task, so it may still write in
   /// place. Another reference is a reader that the write cannot order.
-  static bool unshared(const std::shared_ptr<Buffer>& b) {
-    if (b.use_count() == 1) return true;
+  static bool unshared(const std::shared_ptr<Buffer>& b) { return b.use_count() == 1 || unshared_but_held(b); }
+
+ private:
+  DEFT_NOINLINE static bool unshared_but_held(const std::shared_ptr<Buffer>& b) {
     // Under the lock a counted hold is in use_count (taken before, released
     // after): no reader hides behind it. Readers cannot appear meanwhile
     // without the caller's reference or another reader to copy.
@@ -60,6 +62,7 @@ struct Buffer {
     return b.use_count() == 1 + b->writer_holds_;
   }
 
+ public:
   std::size_t bytes;
   Device device;
   std::byte* data = nullptr;

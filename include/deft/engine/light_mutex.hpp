@@ -29,7 +29,7 @@ class LightMutex {
  private:
   static constexpr int free = 0, held = 1, held_with_sleepers = 2;
 
-  [[gnu::noinline]] void lock_contended() noexcept {
+  DEFT_NOINLINE void lock_contended() noexcept {
     for (int spins = 0; spins < 100; ++spins) {
       cpu_relax();
       int expected = free;

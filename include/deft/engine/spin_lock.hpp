@@ -6,6 +6,8 @@
 #include <atomic>
 #include <thread>
 
+#include "../core/config.hpp"
+
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -24,6 +26,17 @@ inline void cpu_relax() noexcept {
 class SpinLock {
  public:
   void lock() noexcept {
+    if (!held_.exchange(true, std::memory_order_acquire)) [[likely]] return;
+    lock_contended();
+  }
+  bool try_lock() noexcept {
+    return !held_.load(std::memory_order_relaxed) && !held_.exchange(true, std::memory_order_acquire);
+  }
+  void unlock() noexcept { held_.store(false, std::memory_order_release); }
+
+ private:
+  // Out of line: lock() is taken for every leaf of every statement.
+  DEFT_NOINLINE void lock_contended() noexcept {
     while (held_.exchange(true, std::memory_order_acquire)) {
       // Read-only spinning keeps the line shared until the holder releases it.
       // A holder may sleep (a write waits for in-flight work while holding
@@ -34,12 +47,7 @@ class SpinLock {
       }
     }
   }
-  bool try_lock() noexcept {
-    return !held_.load(std::memory_order_relaxed) && !held_.exchange(true, std::memory_order_acquire);
-  }
-  void unlock() noexcept { held_.store(false, std::memory_order_release); }
 
- private:
   std::atomic<bool> held_{false};
 };
 

@@ -65,6 +65,10 @@ class Task {
     hand_off = false;
     inherited_error = nullptr;
     awaited = counted = false;
+    if (!deps.empty()) [[unlikely]] {  // empty after a run; not after a reuse whose declaring threw midway
+      for (auto& d : deps) bury(std::move(d));
+      deps.clear();
+    }
   }
 
   const char* name;

@@ -443,11 +443,12 @@ class Tensor {
     const bool in_place = !overlaps && detail::Buffer::unshared(cur);
     using Kernel = detail::EvaluateInto<std::remove_cvref_t<decltype(e)>>;
     if (in_place) {
-      // Nobody but its running writer can see this version: write it where it is. use_count()
-      // is a relaxed read and does not order the write of cur->producer
-      // below after the reads of it by the tasks that held `cur` until now
-      // (TSan saw that race); those reads preceded their Engine::record, so
-      // recording this task (under the engine's lock) first orders them.
+      // Nobody but its running writer can see this version: write it where
+      // it is. use_count() is a relaxed read and does not order the write of
+      // cur->producer below after the reads of it by the tasks that held
+      // `cur` until now (TSan saw that race); those reads preceded their
+      // Engine::record, so recording this task (under the engine's lock)
+      // first orders them.
       const bool overwrites = !reads_cur && whole;
       const std::size_t bytes = std::size_t(size()) * sizeof(T);
       auto declare = [&](detail::TaskImpl<Kernel>& t) {
@@ -458,8 +459,8 @@ class Tensor {
       // A loop body writes its tensor with the same kind of expression each
       // time: the task of the time before, finished, takes the new kernel.
       if (const auto& p = cur->producer;
-          p && p->kind == &detail::TaskImpl<Kernel>::kind_tag && !p->output.owner_before(cur) &&
-          !cur.owner_before(p->output) && detail::Engine::get().record_again(p, [&](detail::Task& task) {
+          p && p->kind == &detail::TaskImpl<Kernel>::kind_tag && detail::same_owner(p->output, cur) &&
+          detail::Engine::get().record_again(p, [&](detail::Task& task) {
             auto& t = static_cast<detail::TaskImpl<Kernel>&>(task);
             t.reset_for_reuse(op, bytes);
             t.rebuild(std::move(e), offset_);

@@ -99,10 +99,9 @@ struct Buffer {
 };
 
 /// The engine's reference to the output of the task it runs, so that the
-/// buffer outlives the kernel. Buffer::unshared() does not count it: a loop
-/// that records `y += 1` while the previous one runs writes y in place
-/// instead of copying it (which cost a 16 MB buffer and a slower pass each
-/// time the recording thread caught a running producer).
+/// buffer outlives the kernel. Buffer::unshared() does not count it: a
+/// `y += 1` recorded while the previous one runs still writes y in place
+/// instead of copying it (docs/engine.md, section 5).
 class WriterHold {
  public:
   /// Takes `output` unless the caller holds it already (`held`).

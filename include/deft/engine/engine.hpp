@@ -155,7 +155,7 @@ class Engine {
     // The usual sync point waits for the task recorded last: drop its entry
     // now, or its weak reference would keep the task's memory (shared with
     // its control block) from the allocator until compact_recorded().
-    if (!recorded_.empty() && !recorded_.back().owner_before(t) && !t.owner_before(recorded_.back()))
+    if (!recorded_.empty() && same_owner(recorded_.back(), t))
       recorded_.pop_back();
     if (runnable_alone(*t)) {  // the usual case: run it here, without submit_locked's work list
       start_locked(*t);

@@ -19,6 +19,13 @@
 
 namespace deft::detail {
 
+/// Whether a weak and a shared reference name the same object (its control
+/// block), without locking the weak one.
+template <class A, class B>
+bool same_owner(const std::weak_ptr<A>& w, const std::shared_ptr<B>& s) noexcept {
+  return !w.owner_before(s) && !s.owner_before(w);
+}
+
 class Task {
  public:
   enum class State : std::uint8_t { recorded, submitted, done, cancelled };

@@ -1119,10 +1119,14 @@ namespace {
 constexpr i64 kChainElems = 1 << 18;  // 1 MiB of float per step
 constexpr std::size_t kChainBytes = kChainElems * sizeof(float);
 
-/// 200 dependent steps x = x + 1 with no sync; returns x's values.
+/// 200 dependent steps x = x + 1 with no sync, each into new storage (as
+/// when the old value is still read elsewhere); returns x's values.
 std::vector<float> chain(const std::vector<float>& x0) {
   Tensor<float> x = make(x0, Shape{kChainElems});
-  for (int i = 0; i < 200; ++i) x = x + 1;
+  for (int i = 0; i < 200; ++i) {
+    Tensor<float> next = x + 1;
+    x = next;
+  }
   return x.to_vector();
 }
 
@@ -1156,7 +1160,10 @@ BOOST_AUTO_TEST_CASE(unbounded_chain_holds_all_steps) {
   const auto x0 = random_values<float>(g, kChainElems / 16, -1, 1);
   engine::reset_stats();
   Tensor<float> x = make(x0, Shape{kChainElems / 16});
-  for (int i = 0; i < 200; ++i) x = x + 1;
+  for (int i = 0; i < 200; ++i) {
+    Tensor<float> next = x + 1;
+    x = next;
+  }
   const auto mid = engine::stats();
   BOOST_TEST(mid.flushes == 0u);
   BOOST_TEST(mid.tasks_run == 0u);
@@ -1174,6 +1181,45 @@ BOOST_AUTO_TEST_CASE(recorded_bytes_bound_flushes) {
   BOOST_TEST(s.flushes > 0u);
   BOOST_TEST(s.peak_bytes_pending <= 16 * kChainBytes, "peak pending " << s.peak_bytes_pending);
   check_chain(x0, got);
+}
+
+BOOST_AUTO_TEST_CASE(in_place_steps_hold_no_bytes) {
+  // Writing existing storage in place allocates nothing, so byte bounds far
+  // below one step's output neither flush nor hold back an in-place chain;
+  // the task bounds still do.
+  std::mt19937 g(1105);
+  const auto x0 = random_values<float>(g, kChainElems, -1, 1);
+  LimitsGuard limits(engine::Limits{.max_recorded_bytes = kChainBytes / 2, .max_inflight_bytes = kChainBytes / 2});
+  Tensor<float> x = make(x0, Shape{kChainElems});
+  const auto storage = x.storage();
+  engine::reset_stats();
+  for (int i = 0; i < 200; ++i) x += 1;
+  const auto mid = engine::stats();
+  BOOST_TEST(mid.flushes == 0u);
+  BOOST_TEST(mid.backpressure_waits == 0u);
+  BOOST_TEST(mid.tasks_pending == 200u);
+  BOOST_TEST(mid.bytes_pending == 0u);
+  check_chain(x0, x.to_vector());
+  BOOST_TEST(x.storage() == storage, "the chain wrote x in place");
+}
+
+BOOST_AUTO_TEST_CASE(an_overwrite_counts_the_storage_of_the_writer_it_cancels) {
+  // y's first writer would allocate y's storage; the overwrite cancels it
+  // and allocates the storage itself, so it takes over the count.
+  std::mt19937 g(1106);
+  const auto x0 = random_values<float>(g, kChainElems, -1, 1);
+  Tensor<float> x = make(x0, Shape{kChainElems});
+  engine::reset_stats();
+  Tensor<float> y = x * 2;
+  BOOST_TEST(engine::stats().bytes_pending == kChainBytes);
+  y = x + 3;
+  const auto s = engine::stats();
+  BOOST_TEST(s.tasks_discarded == 1u);
+  BOOST_TEST(s.tasks_pending == 1u);
+  BOOST_TEST(s.bytes_pending == kChainBytes);
+  const auto got = y.to_vector();
+  for (std::size_t i = 0; i < x0.size(); i += 997) BOOST_TEST(got[i] == x0[i] + 3.0f);
+  BOOST_TEST(engine::stats().bytes_pending == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(inflight_bound_applies_backpressure) {

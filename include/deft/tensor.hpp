@@ -451,6 +451,12 @@ class Tensor {
       // first orders them.
       const bool overwrites = !reads_cur && whole;
       const std::size_t bytes = std::size_t(size()) * sizeof(T);
+      // The bounds on deferred work count the storage a task allocates
+      // (Task::bytes). Writing in place allocates none, unless this overwrite
+      // cancels the still-recorded writer that would have allocated it.
+      const auto& before = cur->producer;
+      const std::size_t allocates =
+          overwrites && before && before->state.load(std::memory_order_relaxed) == detail::Task::State::recorded ? bytes : 0;
       auto declare = [&](detail::TaskImpl<Kernel>& t) {
         if (!overwrites) t.add_input(cur);
         detail::add_leaf_inputs(t);
@@ -463,11 +469,13 @@ class Tensor {
           detail::Engine::get().record_again(p, [&](detail::Task& task) {
             auto& t = static_cast<detail::TaskImpl<Kernel>&>(task);
             t.reset_for_reuse(op, bytes);
+            t.bytes = 0;  // its storage exists: it is the previous writer's output
             t.rebuild(std::move(e), offset_);
             declare(t);
           }))
         return;
       auto t = detail::emplace_task<Kernel>(op, bytes, std::move(e), offset_);
+      t->bytes = allocates;
       t->output = cur;
       declare(*t);
       // Recorded before the storage's lock is released: once another thread

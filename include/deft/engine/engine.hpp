@@ -37,9 +37,9 @@ enum class Mode {
 /// Bounds on the work deferral may hold (see docs/engine.md).
 struct Limits {
   std::size_t max_recorded_tasks = thresholds::max_recorded_tasks;  ///< recorded tasks before they go to the workers
-  std::size_t max_recorded_bytes = thresholds::max_recorded_bytes;  ///< their output bytes before they go to the workers
+  std::size_t max_recorded_bytes = thresholds::max_recorded_bytes;  ///< storage they will allocate (Task::bytes) before they go to the workers
   std::size_t max_inflight_tasks = thresholds::max_inflight_tasks;  ///< submitted tasks before recording waits
-  std::size_t max_inflight_bytes = thresholds::max_inflight_bytes;  ///< their output bytes before recording waits
+  std::size_t max_inflight_bytes = thresholds::max_inflight_bytes;  ///< storage they allocate before recording waits
 };
 
 }  // namespace deft::engine

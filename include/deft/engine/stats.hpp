@@ -19,7 +19,7 @@ struct Stats {
   std::uint64_t backpressure_waits = 0;  ///< times a recording thread waited for in-flight work
   std::size_t tasks_pending = 0;      ///< recorded or in-flight tasks now (not yet run or discarded)
   std::size_t peak_tasks_pending = 0; ///< the most tasks unfinished work ever held at once
-  std::size_t bytes_pending = 0;      ///< output bytes of recorded or in-flight tasks now
+  std::size_t bytes_pending = 0;      ///< storage that recorded or in-flight tasks allocate (none for in-place writes)
   std::size_t peak_bytes_pending = 0; ///< the most bytes unfinished work ever held at once
   std::size_t bytes_allocated = 0;    ///< bytes of tensor storage alive now
   std::size_t peak_bytes_allocated = 0; ///< the most tensor storage ever alive at once

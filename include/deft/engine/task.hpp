@@ -79,6 +79,8 @@ class Task {
   }
 
   const char* name;
+  // The storage it allocates (its output's size; 0 when it writes existing
+  // storage in place): what the engine's bounds count as held by deferral.
   std::size_t bytes;
   std::size_t work;  // bytes written and read: the engine's estimate of its cost (see thresholds::inline_task_work)
   const void* kind;  // identifies the kernel's type (TaskImpl<K>::kind_tag): what a reuse may put in it

@@ -468,8 +468,7 @@ class Tensor {
           p && p->kind == &detail::TaskImpl<Kernel>::kind_tag && detail::same_owner(p->output, cur) &&
           detail::Engine::get().record_again(p, [&](detail::Task& task) {
             auto& t = static_cast<detail::TaskImpl<Kernel>&>(task);
-            t.reset_for_reuse(op, bytes);
-            t.bytes = 0;  // its storage exists: it is the previous writer's output
+            t.reset_for_reuse(op, 0, bytes);  // allocates nothing: its storage is its previous run's output
             t.rebuild(std::move(e), offset_);
             declare(t);
           }))

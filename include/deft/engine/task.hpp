@@ -66,9 +66,10 @@ class Task {
 
   /// For Engine::record_again, which reuses a finished task: the task as if
   /// just built (its kernel is set apart, then its reads declared).
-  void reset_for_reuse(const char* task_name, std::size_t out_bytes) {
+  void reset_for_reuse(const char* task_name, std::size_t allocated_bytes, std::size_t written_bytes) {
     name = task_name;
-    bytes = work = out_bytes;
+    bytes = allocated_bytes;
+    work = written_bytes;
     hand_off = false;
     inherited_error = nullptr;
     awaited = counted = false;

@@ -451,12 +451,6 @@ class Tensor {
       // first orders them.
       const bool overwrites = !reads_cur && whole;
       const std::size_t bytes = std::size_t(size()) * sizeof(T);
-      // The bounds on deferred work count the storage a task allocates
-      // (Task::bytes). Writing in place allocates none, unless this overwrite
-      // cancels the still-recorded writer that would have allocated it.
-      const auto& before = cur->producer;
-      const std::size_t allocates =
-          overwrites && before && before->state.load(std::memory_order_relaxed) == detail::Task::State::recorded ? bytes : 0;
       auto declare = [&](detail::TaskImpl<Kernel>& t) {
         if (!overwrites) t.add_input(cur);
         detail::add_leaf_inputs(t);
@@ -464,8 +458,8 @@ class Tensor {
       };
       // A loop body writes its tensor with the same kind of expression each
       // time: the task of the time before, finished, takes the new kernel.
-      if (const auto& p = cur->producer;
-          p && p->kind == &detail::TaskImpl<Kernel>::kind_tag && detail::same_owner(p->output, cur) &&
+      const auto& p = cur->producer;
+      if (p && p->kind == &detail::TaskImpl<Kernel>::kind_tag && detail::same_owner(p->output, cur) &&
           detail::Engine::get().record_again(p, [&](detail::Task& task) {
             auto& t = static_cast<detail::TaskImpl<Kernel>&>(task);
             t.reset_for_reuse(op, 0, bytes);  // allocates nothing: its storage is its previous run's output
@@ -474,13 +468,16 @@ class Tensor {
           }))
         return;
       auto t = detail::emplace_task<Kernel>(op, bytes, std::move(e), offset_);
-      t->bytes = allocates;
+      // The bounds on deferred work count the storage a task allocates
+      // (Task::bytes). Writing in place allocates none, unless this overwrite
+      // cancels the still-recorded writer `p` that would have allocated it.
+      if (!(overwrites && p && p->state.load(std::memory_order_relaxed) == detail::Task::State::recorded)) t->bytes = 0;
       t->output = cur;
       declare(*t);
       // Recorded before the storage's lock is released: once another thread
       // can see it as the producer it must be recorded, or that thread's
       // overwrite could cancel it first and count its bytes out before in.
-      if (overwrites) detail::Engine::get().record(t, cur->producer);
+      if (overwrites) detail::Engine::get().record(t, p);
       else detail::Engine::get().record(t);
       cur->producer = std::move(t);
     } else {

@@ -156,6 +156,48 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(nan_and_infinity, T, FloatTypes) {
   check_tensor(Tensor<T>(deft::exp(a)), {4}, {NAN, std::exp(1.0), std::exp(2.0), 0}, transc_rtol<T>, 0, "exp");
 }
 
+// maximum and minimum on SIMD batches, not only the scalar tail: every pair
+// of special values (NaN, infinities, signed zeros) in every lane position,
+// tensor-tensor and with a constant on either side. NaN from either side
+// wins; otherwise a tie (+0 against -0 included) gives the second operand.
+BOOST_AUTO_TEST_CASE_TEMPLATE(maximum_and_minimum_of_special_values_in_every_lane, T, FloatTypes) {
+  const T nan = std::numeric_limits<T>::quiet_NaN(), inf = std::numeric_limits<T>::infinity();
+  const std::vector<T> specials = {nan, -inf, T(-1.5), T(-0.0), T(0.0), T(2), inf};
+  std::vector<T> av, bv;
+  for (int rep = 0; rep < 3; ++rep)  // 49 pairs (coprime with every batch width) three times, then a tail
+    for (T x : specials)
+      for (T y : specials) av.push_back(x), bv.push_back(y);
+  av.push_back(-0.0), bv.push_back(0.0);
+  const i64 n = i64(av.size());
+  const Tensor<T> a = make(av, Shape{n}), b = make(bv, Shape{n});
+  auto max_ref = [](T x, T y) { return (x > y || std::isnan(x)) ? x : y; };
+  auto min_ref = [](T x, T y) { return (x < y || std::isnan(x)) ? x : y; };
+  // got[i] against ref(x(i), y(i)), bit for bit but for NaN's payload.
+  auto expect = [&](const Tensor<T>& got, auto x, auto y, auto ref, const char* what) {
+    const auto g = got.to_vector();
+    int wrong = 0;
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const T r = ref(x(i), y(i));
+      const bool same = std::isnan(r) ? std::isnan(g[i]) : (g[i] == r && std::signbit(g[i]) == std::signbit(r));
+      if (!same && ++wrong <= 3)
+        BOOST_ERROR(what << " at " << i << " of (" << x(i) << ", " << y(i) << "): got " << g[i] << ", want " << r);
+    }
+    BOOST_TEST(wrong == 0, what << ": " << wrong << " of " << n << " elements differ");
+  };
+  auto a_at = [&](std::size_t i) { return av[i]; };
+  auto b_at = [&](std::size_t i) { return bv[i]; };
+  expect(deft::maximum(a, b), a_at, b_at, max_ref, "maximum(a, b)");
+  expect(deft::minimum(a, b), a_at, b_at, min_ref, "minimum(a, b)");
+  for (T c : specials) {
+    auto c_at = [c](std::size_t) { return c; };
+    expect(deft::maximum(a, c), a_at, c_at, max_ref, "maximum(a, constant)");
+    expect(deft::maximum(c, a), c_at, a_at, max_ref, "maximum(constant, a)");
+    expect(deft::minimum(a, c), a_at, c_at, min_ref, "minimum(a, constant)");
+    expect(deft::minimum(c, a), c_at, a_at, min_ref, "minimum(constant, a)");
+  }
+  expect(deft::relu(a), a_at, [](std::size_t) { return T(0); }, max_ref, "relu");
+}
+
 // cast<U> between every pair of element types used here.
 BOOST_AUTO_TEST_CASE(cast_between_types) {
   std::mt19937 g(107);

@@ -30,6 +30,28 @@ xsimd::batch<T, A> choose(const xsimd::batch_bool<T, A>& c, const xsimd::batch<T
 template <class T, class A>
 xsimd::batch_bool<T, A> is_nan(const xsimd::batch<T, A>& a) { return xsimd::isnan(a); }
 
+// a > b ? a : b and a < b ? a : b, lane by lane. On x86, maxps and minps
+// compute exactly these (NaN and signed zeros included) in one instruction,
+// where the compare and blend take two.
+template <class V>
+DEFT_HD V greater_of(const V& a, const V& b) { return a > b ? a : b; }
+template <class V>
+DEFT_HD V lesser_of(const V& a, const V& b) { return a < b ? a : b; }
+template <class T, class A>
+xsimd::batch<T, A> greater_of(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
+#if defined(__SSE2__) || defined(_M_X64)
+  if constexpr (std::is_floating_point_v<T>) return xsimd::max(a, b);
+#endif
+  return xsimd::select(a > b, a, b);
+}
+template <class T, class A>
+xsimd::batch<T, A> lesser_of(const xsimd::batch<T, A>& a, const xsimd::batch<T, A>& b) {
+#if defined(__SSE2__) || defined(_M_X64)
+  if constexpr (std::is_floating_point_v<T>) return xsimd::min(a, b);
+#endif
+  return xsimd::select(a < b, a, b);
+}
+
 // Recomputes the lanes of r selected by `fix` with the scalar f: for the IEEE
 // special cases that xsimd 8's kernels get wrong (rare lanes, so cheap).
 template <class T, class A, class F>
@@ -180,13 +202,13 @@ struct Maximum {
   static constexpr int cost = 1;
   static constexpr const char* name = "maximum";
   template <class V>
-  DEFT_HD V operator()(const V& a, const V& b) const { return choose((a > b) | is_nan(a), a, b); }
+  DEFT_HD V operator()(const V& a, const V& b) const { return choose(is_nan(a), a, greater_of(a, b)); }
 };
 struct Minimum {
   static constexpr int cost = 1;
   static constexpr const char* name = "minimum";
   template <class V>
-  DEFT_HD V operator()(const V& a, const V& b) const { return choose((a < b) | is_nan(a), a, b); }
+  DEFT_HD V operator()(const V& a, const V& b) const { return choose(is_nan(a), a, lesser_of(a, b)); }
 };
 struct Pow {
   static constexpr int cost = 16;

@@ -64,9 +64,8 @@ void fused_rows(std::int64_t n) {
     // The same statement with its expression built once, outside the loop:
     // the difference to deft's row is what building the tree costs (each
     // leaf a snapshot of its tensor, each node moved into its parent).
-    auto prebuilt = ta * tb + tc * 2 - maximum(td, 0);
     if (small && t == 1)
-      runs.push_back({"deft-prebuilt", [&] {
+      runs.push_back({"deft-prebuilt", [&, prebuilt = ta * tb + tc * 2 - maximum(td, 0)] {
                         for (int i = 0; i < inner; ++i) {
                           ty = prebuilt;
                           ty.wait_to_read();

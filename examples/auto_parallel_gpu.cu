@@ -12,10 +12,10 @@
 //
 //   auto_parallel_gpu [--cpu-size N] [--gpu-size N] [--copy-size N] [--rounds N]
 //
-// The copies land in pageable host memory: their speed is the host's (page
-// faults of fresh tensors included), so part 2 uses products small enough
-// (--copy-size, 2048: 16 MiB each) for the host's cache to hand the same
-// blocks back every round.
+// The copies land in page-locked host tensors (to(cpu()) from a GPU
+// allocates them from deft's pinned pool), written by DMA at the link's
+// rate. Pinning is slow, so the pool keeps the blocks: part 2's products
+// (--copy-size, 2048: 16 MiB each) get the same blocks back every round.
 #include <deft/deft.hpp>
 
 #include <algorithm>

@@ -54,15 +54,25 @@ std::size_t bytes_for(const Shape& s) {
   return std::size_t(s.size()) * sizeof(T);
 }
 
+/// Where a new tensor's storage goes: its device and, on the host, whether in
+/// page-locked memory (Buffer::pinned_host). A Device converts to it.
+struct Placement {
+  Device device;
+  bool pinned_host = false;
+  Placement(Device d, bool pinned = false) : device(d), pinned_host(pinned) {}  // NOLINT: implicit on purpose
+};
+
 /// Records a task that writes a new tensor of `shape`: its kernel, built in
 /// place from kernel_args, fills it (kernel(Buffer&)); add_inputs(Task&)
 /// declares what it reads. add_inputs is handed the task itself, so it may
 /// read the kernel's operands.
 template <Element T, class Kernel, class AddInputs, class... KernelArgs>
-Tensor<T> record_new_emplaced(const char* name, const Shape& shape, Device dev, AddInputs&& add_inputs,
+Tensor<T> record_new_emplaced(const char* name, const Shape& shape, Placement where, AddInputs&& add_inputs,
                               KernelArgs&&... kernel_args) {
+  const Device dev = where.device;
   require_backend(dev, name);
   auto buf = std::make_shared<Buffer>(bytes_for<T>(shape), dev);
+  buf->pinned_host = where.pinned_host;
   auto task = emplace_task<Kernel>(name, buf->bytes, std::forward<KernelArgs>(kernel_args)...);
   task->hand_off = dev.type != DeviceType::cpu;
   add_inputs(*task);
@@ -74,8 +84,8 @@ Tensor<T> record_new_emplaced(const char* name, const Shape& shape, Device dev, 
 
 /// record_new_emplaced with a kernel object.
 template <Element T, class Kernel, class AddInputs>
-Tensor<T> record_new(const char* name, const Shape& shape, Device dev, Kernel kernel, AddInputs&& add_inputs) {
-  return record_new_emplaced<T, Kernel>(name, shape, dev, std::forward<AddInputs>(add_inputs), std::move(kernel));
+Tensor<T> record_new(const char* name, const Shape& shape, Placement where, Kernel kernel, AddInputs&& add_inputs) {
+  return record_new_emplaced<T, Kernel>(name, shape, where, std::forward<AddInputs>(add_inputs), std::move(kernel));
 }
 
 /// An add_inputs callable for record_new: the task reads every leaf of `e`.
@@ -234,6 +244,14 @@ class Tensor {
   static constexpr DType dtype() { return dtype_of<T>; }
   /// False for a default-constructed handle.
   explicit operator bool() const { return static_cast<bool>(var_); }
+  /// Whether the storage is page-locked host memory, which GPUs copy to and
+  /// from by DMA (where to(cpu()) puts a GPU tensor's value, when the CUDA
+  /// backend can pin it). Waits for the value.
+  bool is_pinned() const {
+    auto b = buffer();
+    wait(b);
+    return b->page_locked();
+  }
   /// True when the value is computed (or failed); never blocks.
   bool is_ready() const {
     auto b = buffer();
@@ -285,12 +303,15 @@ class Tensor {
   /// This value on `device` (MXNet's as_in_context): a copy recorded like
   /// any task, which runs once the value is computed and only if the copy is
   /// needed; this same tensor when it already lives there. Gradients flow
-  /// back to this device.
+  /// back to this device. A copy from a GPU to the host lands in page-locked
+  /// memory (see is_pinned), written by DMA; one to a GPU is staged through
+  /// page-locked blocks and returns before its DMA is done.
   Tensor to(Device device) const {
     var();  // an empty handle is the first thing wrong
     if (device == this->device()) return *this;
     const detail::Leaf<T> from = leaf();
-    Tensor out = detail::record_new<T>("to", shape_, device, detail::CopyAcross<T>{from},
+    const bool pinned = device.type == DeviceType::cpu;  // the source is on a GPU
+    Tensor out = detail::record_new<T>("to", shape_, detail::Placement(device, pinned), detail::CopyAcross<T>{from},
                                        [](auto& t) { t.add_input(t.kernel().from.buffer); });
     if (from.grad) autograd::detail::track_copy(out, from);
     return out;

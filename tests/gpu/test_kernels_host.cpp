@@ -5,7 +5,10 @@
 #define BOOST_TEST_MODULE deft_gpu_kernels_host
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include <thrust/system/cpp/execution_policy.h>
@@ -81,6 +84,115 @@ BOOST_AUTO_TEST_CASE(device_pool_is_reused_in_a_steady_loop) {
   }
   BOOST_TEST(pool.stats().misses == misses);  // every buffer came from the cache
   BOOST_TEST(pool.stats().hits > 0u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// StagingArea (eval/gpu/staging.hpp), which stages CUDA's copies to a GPU
+// through pinned blocks, with a queue whose DMAs run only when the test (or
+// a wait) lets them: a block handed out again before its DMA ran would be
+// overwritten, and the DMA would then deliver the wrong bytes.
+namespace {
+
+struct DeferredQueue {
+  struct Dma {
+    void* to;
+    const void* from;
+    std::size_t n;
+  };
+  using Mark = long;  // the DMAs queued up to the mark
+  static inline std::vector<Dma> queued;
+  static inline long ran = 0, waits = 0;
+
+  void copy(void* to, const void* staged, std::size_t n) { queued.push_back({to, staged, n}); }
+  static Mark mark() { return long(queued.size()); }
+  static bool finished(Mark m) { return ran >= m; }
+  static void wait(Mark m) {
+    ++waits;
+    run_until(m);
+  }
+  static void run_until(long m) {
+    for (; ran < m; ++ran) std::memcpy(queued[std::size_t(ran)].to, queued[std::size_t(ran)].from, queued[std::size_t(ran)].n);
+  }
+  static void reset() { queued.clear(), ran = 0, waits = 0; }
+};
+
+std::vector<unsigned char> random_bytes(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::vector<unsigned char> v(n);
+  for (auto& b : v) b = static_cast<unsigned char>(gen());
+  return v;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(gpu_staging)
+
+using Area = deft::detail::gpu::StagingArea<DeferredQueue>;
+constexpr std::size_t chunk = 8 << 10, bound = 32 << 10;
+
+BOOST_AUTO_TEST_CASE(uploads_arrive_whole_within_the_bound) {
+  DeferredQueue::reset();
+  auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<deft::engine::DefaultHostAllocator>(),
+                                                                   std::size_t(1) << 20, 256);
+  Area area(pool, chunk, bound);
+  const std::vector<std::size_t> sizes{0, 1, 7, 4095, 4096, 8191, 8192, 8193, 3 * 8192 + 5, 100000, 33};
+  std::vector<std::vector<unsigned char>> src, dst;
+  DeferredQueue queue;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    src.push_back(random_bytes(sizes[i], unsigned(i) + 1));
+    dst.emplace_back(sizes[i], 0);
+    area.upload(dst.back().data(), src.back().data(), sizes[i], queue);
+    BOOST_TEST(area.bytes_in_flight() <= bound);
+    std::fill(src.back().begin(), src.back().end(), 0xAB);  // the source may be reused on return
+  }
+  BOOST_TEST(DeferredQueue::waits > 0);  // 100000 bytes cannot wait at once within 32 KiB
+  DeferredQueue::run_until(DeferredQueue::mark());
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    BOOST_TEST((dst[i] == random_bytes(sizes[i], unsigned(i) + 1)), "upload " << i << " of " << sizes[i] << " bytes");
+  area.drain();
+  BOOST_TEST(area.bytes_in_flight() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(blocks_return_to_the_pool_once_their_dma_ran) {
+  DeferredQueue::reset();
+  auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<deft::engine::DefaultHostAllocator>(),
+                                                                   std::size_t(1) << 20, 256);
+  Area area(pool, chunk, bound);
+  DeferredQueue queue;
+  const auto a = random_bytes(5000, 7), b = random_bytes(5000, 8);
+  std::vector<unsigned char> da(5000), db(5000);
+  area.upload(da.data(), a.data(), a.size(), queue);
+  area.upload(db.data(), b.data(), b.size(), queue);  // a's block is still in flight: a second block
+  BOOST_TEST(pool->stats().misses == 2u);
+  BOOST_TEST(area.bytes_in_flight() == 2 * 8192u);  // 5000 bytes take an 8 KiB block
+  DeferredQueue::run_until(DeferredQueue::mark());
+  BOOST_TEST((da == a));
+  BOOST_TEST((db == b));
+  std::vector<unsigned char> dc(5000);
+  area.upload(dc.data(), a.data(), a.size(), queue);  // reclaims both finished blocks, reuses one
+  BOOST_TEST(pool->stats().misses == 2u);
+  BOOST_TEST(pool->stats().hits == 1u);
+  BOOST_TEST(area.bytes_in_flight() == 8192u);
+  BOOST_TEST(DeferredQueue::waits == 0);
+  area.drain();  // waits for the last DMA
+  BOOST_TEST((dc == a));
+}
+
+// The emulated backend stages every copy to a device in 16 KiB chunks; a
+// copy from a device lands in its stand-in for pinned memory.
+BOOST_AUTO_TEST_CASE(tensors_copied_to_a_device_are_staged_and_back_pinned) {
+  auto& backend = deft::detail::gpu::emulated_backend();
+  const long uploads = backend.staged_uploads;
+  const auto pinned_misses = backend.pinned_pool().stats().misses, pinned_hits = backend.pinned_pool().stats().hits;
+  const auto v = gpu_tensors::random_values(10000, 41);  // 40 KB: three chunks
+  deft::Tensor<float> g = deft::Tensor<float>(v, {100, 100}).to(deft::gpu(1));
+  deft::Tensor<float> back = g.to(deft::cpu());
+  BOOST_TEST(back.is_pinned());
+  BOOST_TEST(backend.staged_uploads == uploads + 1);
+  const auto stats = backend.pinned_pool().stats();
+  BOOST_TEST(stats.misses + stats.hits > pinned_misses + pinned_hits + 1);  // staging blocks and `back`
+  gpu_tensors::expect_near(back.to_vector(), std::vector<double>(v.begin(), v.end()), 0, "round trip");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

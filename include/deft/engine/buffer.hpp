@@ -37,12 +37,16 @@ struct Buffer {
     if (data || bytes == 0) return;
     // Rounding up must not wrap around for sizes near SIZE_MAX.
     if (bytes > std::numeric_limits<std::size_t>::max() - thresholds::page_alignment) throw std::bad_alloc();
+    if (pinned_host && allocate_pinned()) return;
     auto alloc = device.type == DeviceType::cpu ? AllocatorSlot::get().current() : backend_of(device).memory(device.index);
     data = static_cast<std::byte*>(alloc->allocate(rounded_bytes(), alignment()));
     if (!data) throw std::bad_alloc();
     allocator = std::move(alloc);
     counters().add_allocated(bytes);
   }
+  /// Whether the storage is page-locked host memory (see pinned_host); known
+  /// once the buffer was allocated.
+  bool page_locked() const { return locked_; }
 
   template <class T>
   T* as() const { return reinterpret_cast<T*>(data); }
@@ -71,6 +75,10 @@ struct Buffer {
   std::shared_ptr<Task> producer;
   // Set when the producer failed or was skipped; a sync point rethrows it.
   std::exception_ptr error;
+  // On the host: asks for page-locked memory from the GPU backend (a copy
+  // from a GPU lands there by DMA, without the driver's staging); pageable
+  // memory when there is none or it runs out. Set before the buffer is shared.
+  bool pinned_host = false;
   // On a GPU: the backend's mark of the point on the device's queue after
   // which the latest writer's kernels are done (see DeviceBackend::mark).
   // Set by the engine after each writer ran; copies out and waits order
@@ -82,6 +90,23 @@ struct Buffer {
   std::shared_ptr<engine::HostAllocator> allocator;  // the one `data` came from
   SpinLock hold_lock_;   // guards writer_holds_ (see unshared)
   int writer_holds_ = 0;  // WriterHolds alive now
+  bool locked_ = false;   // data is page-locked (allocate_pinned succeeded)
+
+  bool allocate_pinned() {
+    DeviceBackend* b = gpu_backend();
+    std::shared_ptr<engine::HostAllocator> alloc = b ? b->pinned_memory() : nullptr;
+    if (!alloc) return false;
+    try {
+      data = static_cast<std::byte*>(alloc->allocate(rounded_bytes(), alignment()));
+    } catch (...) {  // pinned memory is a scarce resource: fall back to pageable
+      data = nullptr;
+    }
+    if (!data) return false;
+    allocator = std::move(alloc);
+    locked_ = true;
+    counters().add_allocated(bytes);
+    return true;
+  }
 
   // A cache line, or a page for large host buffers (thresholds::page_align_min_bytes).
   std::size_t alignment() const {

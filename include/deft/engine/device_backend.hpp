@@ -24,6 +24,10 @@ class DeviceBackend {
   virtual int device_count() = 0;
   /// The pool that buffers on device `index` are allocated from.
   virtual std::shared_ptr<engine::HostAllocator> memory(int index) = 0;
+  /// Page-locked host memory, which the devices copy to and from by DMA (a
+  /// host tensor copied from a GPU is allocated there); null where the
+  /// backend has none.
+  virtual std::shared_ptr<engine::HostAllocator> pinned_memory() { return nullptr; }
   /// A mark of the work queued on device `index` so far, which copies and
   /// waits can be ordered after (the engine marks every GPU buffer after its
   /// writer ran); null where the backend has no such marks, and then they
@@ -33,8 +37,10 @@ class DeviceBackend {
   /// after the work already queued on the devices involved, or, for a copy
   /// from a GPU with `after` (the source's mark), after the marked work only:
   /// work queued later keeps running while the copy does. A host
-  /// destination holds the bytes on return; a failure of earlier queued work
-  /// on the source device is raised here, with the device's error text.
+  /// destination holds the bytes on return; a host source may be reused on
+  /// return (the copy may still be running from a staged copy of it). A
+  /// failure of earlier queued work on the source device is raised here,
+  /// with the device's error text.
   virtual void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
                     const void* after) = 0;
   /// Blocks until the work queued on device `index` finished; raises its failure.

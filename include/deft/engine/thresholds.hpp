@@ -98,6 +98,18 @@ inline constexpr std::int64_t conv_partial_elements = std::int64_t(1) << 22;
 // blocks make fewer, larger GEMMs.
 inline constexpr std::int64_t gpu_conv_block_elements = std::int64_t(1) << 24;
 
+// --- pinned host memory (eval/gpu/staging.hpp) -----------------------------
+// A copy to a GPU is staged through page-locked blocks of at most this size:
+// the worker copies one chunk while the DMA of the previous one runs.
+inline constexpr std::size_t gpu_staging_chunk_bytes = std::size_t(4) << 20;
+// At most this many bytes of staging blocks wait for their DMA at once; an
+// upload past it waits for the oldest (a bound, like the engine's).
+inline constexpr std::size_t gpu_staging_max_bytes = std::size_t(64) << 20;
+// Free page-locked bytes kept for reuse (staging blocks, and host tensors
+// that copies from a GPU land in). Pinning is slow (cudaHostAlloc maps and
+// locks every page), so they are cached; past the cap they are unpinned.
+inline constexpr std::size_t pinned_cache_max_bytes = std::size_t(1) << 30;
+
 // --- host memory cache (engine::CachingHostAllocator) ----------------------
 // Blocks from this size up are kept for reuse when freed: a steady training
 // loop then allocates no new pages (the C heap returns large blocks to the

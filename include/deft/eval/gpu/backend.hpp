@@ -1,5 +1,6 @@
 // The CUDA backend of deft's engine: GPU buffers from each device's caching
-// pool, copies between the host and GPUs ordered on the devices' streams,
+// pool, copies between the host and GPUs ordered on the devices' streams
+// (to a GPU staged through pinned blocks, staging.hpp),
 // and waits that raise the CUDA error text. Plain C++ over the CUDA runtime
 // (g++ and nvcc both compile it); including it registers the backend.
 #pragma once
@@ -10,6 +11,7 @@
 
 #include "../../engine/device_backend.hpp"
 #include "runtime.hpp"
+#include "staging.hpp"
 
 namespace deft::detail::gpu {
 
@@ -33,6 +35,35 @@ class OneShotEvent {
   cudaEvent_t event_ = nullptr;
 };
 
+/// A GPU's side of a staged copy to it (StagingArea's Queue): DMAs on the
+/// device's stream, marked by the context's events.
+struct UploadQueue {
+  using Mark = std::shared_ptr<void>;
+  DeviceContext& ctx;
+
+  void copy(void* to, const void* staged, std::size_t n) {
+    check(cudaMemcpyAsync(to, staged, n, cudaMemcpyHostToDevice, ctx.stream), "a copy to the device", ctx.device);
+  }
+  Mark mark() { return ctx.mark(); }
+  static bool finished(const Mark& m) {
+    const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(m.get()));
+    if (status == cudaErrorNotReady) return false;
+    // A failure here belongs to a kernel; its sync point reports it. The
+    // DMA will not run any more: its block may be reused.
+    if (status != cudaSuccess) (void)cudaGetLastError();
+    return true;
+  }
+  static void wait(const Mark& m) {
+    if (cudaEventSynchronize(static_cast<cudaEvent_t>(m.get())) != cudaSuccess) (void)cudaGetLastError();
+  }
+};
+
+/// The process's staging area for copies to GPUs (over pinned_pool()).
+inline StagingArea<UploadQueue>& staging() {
+  static auto* area = new StagingArea<UploadQueue>(pinned_pool());  // leaked, see DeviceContext
+  return *area;
+}
+
 class CudaBackend final : public DeviceBackend {
   static cudaEvent_t event_of(const void* mark) { return static_cast<cudaEvent_t>(const_cast<void*>(mark)); }
 
@@ -40,6 +71,7 @@ class CudaBackend final : public DeviceBackend {
   const char* name() const override { return "CUDA"; }
   int device_count() override { return gpu::device_count(); }
   std::shared_ptr<engine::HostAllocator> memory(int index) override { return context(index).memory; }
+  std::shared_ptr<engine::HostAllocator> pinned_memory() override { return pinned_pool(); }
   void synchronize(int index) override { context(index).synchronize(); }
   std::shared_ptr<void> mark(int index) override {
     DeviceContext& ctx = context(index);
@@ -62,9 +94,8 @@ class CudaBackend final : public DeviceBackend {
     if (from_host) {  // on the destination's stream, after the kernels that last used this block
       DeviceContext& dst = context(to_device.index);
       DeviceGuard on(dst.device);
-      // From pageable host memory the call returns once the source was staged,
-      // so the host buffer may be reused at once.
-      check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, dst.stream), "a copy to the device", dst.device);
+      UploadQueue queue{dst};
+      staging().upload(to, from, bytes, queue);  // returns once the source was read
       return;
     }
     DeviceContext& src = context(from_device.index);

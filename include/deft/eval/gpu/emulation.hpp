@@ -19,12 +19,25 @@
 #include "../../engine/allocator.hpp"
 #include "../../engine/device_backend.hpp"
 #include "kernels.hpp"
+#include "staging.hpp"
 
 namespace deft::detail::gpu {
+
+/// The emulated devices' side of a staged copy: the "DMA" is a memcpy, done
+/// at once. (tests/gpu checks StagingArea with DMAs that finish later.)
+struct EmulatedUploadQueue {
+  using Mark = int;
+  void copy(void* to, const void* staged, std::size_t n) { std::memcpy(to, staged, n); }
+  static Mark mark() { return 0; }
+  static bool finished(Mark) { return true; }
+  static void wait(Mark) {}
+};
 
 class EmulatedBackend final : public DeviceBackend {
  public:
   static constexpr int devices = 2;
+  // Small chunks, so that the tests' tensors take several (CUDA's are 4 MiB).
+  static constexpr std::size_t staging_chunk_bytes = std::size_t(16) << 10;
 
   const char* name() const override { return "emulated"; }
   int device_count() override { return devices; }
@@ -32,9 +45,17 @@ class EmulatedBackend final : public DeviceBackend {
   /// A mark that names its device, so a copy or wait ordered after another
   /// device's mark (a wrong buffer's) is caught.
   std::shared_ptr<void> mark(int index) override { return std::make_shared<int>(index); }
-  void copy(void* to, Device, const void* from, Device from_device, std::size_t bytes, const void* after) override {
+  std::shared_ptr<engine::HostAllocator> pinned_memory() override { return pinned_; }
+  void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
+            const void* after) override {
     if (after) check_mark(from_device.index, after), ++marked_copies;
-    if (bytes) std::memcpy(to, from, bytes);
+    if (from_device.type == DeviceType::cpu && to_device.type != DeviceType::cpu) {
+      EmulatedUploadQueue queue;
+      staging_.upload(to, from, bytes, queue);
+      ++staged_uploads;
+    } else if (bytes) {
+      std::memcpy(to, from, bytes);
+    }
   }
   void synchronize(int) override {}
   void wait_for(int index, const void* mark) override {
@@ -42,8 +63,9 @@ class EmulatedBackend final : public DeviceBackend {
   }
   void synchronize_all() override {}
 
-  /// Copies from a device and waits that were ordered by a buffer's mark.
-  std::atomic<long> marked_copies{0}, marked_waits{0};
+  /// Copies from a device and waits that were ordered by a buffer's mark;
+  /// copies to a device (each staged through pinned blocks).
+  std::atomic<long> marked_copies{0}, marked_waits{0}, staged_uploads{0};
 
   static void check_mark(int device, const void* mark) {
     if (*static_cast<const int*>(mark) != device)
@@ -53,8 +75,13 @@ class EmulatedBackend final : public DeviceBackend {
 
   /// The pool of emulated device `index`, for tests of its caching.
   engine::CachingHostAllocator& pool(int index) { return *pools_.at(std::size_t(index)); }
+  /// The stand-in for page-locked memory (a pool of its own).
+  engine::CachingHostAllocator& pinned_pool() { return *pinned_; }
 
  private:
+  std::shared_ptr<engine::CachingHostAllocator> pinned_ = std::make_shared<engine::CachingHostAllocator>(
+      std::make_shared<engine::DefaultHostAllocator>(), std::size_t(64) << 20, 256);
+  StagingArea<EmulatedUploadQueue> staging_{pinned_, staging_chunk_bytes};
   std::array<std::shared_ptr<engine::CachingHostAllocator>, devices> pools_{
       std::make_shared<engine::CachingHostAllocator>(), std::make_shared<engine::CachingHostAllocator>()};
 };

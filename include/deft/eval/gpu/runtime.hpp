@@ -16,6 +16,7 @@
 #include "../../core/device.hpp"
 #include "../../core/error.hpp"
 #include "../../engine/allocator.hpp"
+#include "../../engine/thresholds.hpp"
 
 namespace deft::detail::gpu {
 
@@ -86,6 +87,22 @@ class DeviceMemory final : public engine::HostAllocator {
   int device_;
 };
 
+/// cudaHostAlloc / cudaFreeHost: page-locked host memory that every GPU can
+/// copy to and from by DMA (cudaHostAllocPortable).
+class PinnedMemory final : public engine::HostAllocator {
+ public:
+  void* allocate(std::size_t bytes, std::size_t) override {
+    void* p = nullptr;
+    if (const cudaError_t status = cudaHostAlloc(&p, bytes, cudaHostAllocPortable); status != cudaSuccess) {
+      (void)cudaGetLastError();
+      raise<std::runtime_error>("cudaHostAlloc of ", bytes, " bytes of page-locked host memory failed: ",
+                                cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+    }
+    return p;
+  }
+  void deallocate(void* p, std::size_t, std::size_t) noexcept override { cudaFreeHost(p); }
+};
+
 // Device blocks are cached from this size up (every tensor: a steady
 // training loop then calls cudaMalloc only while the cache warms up)...
 inline constexpr std::size_t device_cache_min_bytes = 256;
@@ -154,6 +171,15 @@ struct DeviceContext {
   std::mutex events_m_;
   std::vector<cudaEvent_t> free_events_;
 };
+
+/// The process's page-locked host memory, cached (pinning is slow): staging
+/// blocks and host tensors copied from a GPU.
+inline const std::shared_ptr<engine::CachingHostAllocator>& pinned_pool() {
+  static auto* pool = new std::shared_ptr<engine::CachingHostAllocator>(  // leaked, see DeviceContext
+      std::make_shared<engine::CachingHostAllocator>(std::make_shared<PinnedMemory>(),
+                                                     thresholds::pinned_cache_max_bytes, device_cache_min_bytes));
+  return *pool;
+}
 
 /// Every GPU's context, made on first use. A context is looked up at every
 /// kernel launch and copy, from any worker: the lookup is one acquire load;

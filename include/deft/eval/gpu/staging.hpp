@@ -1,0 +1,178 @@
+// Copies from host memory to a GPU through page-locked ("pinned") staging
+// blocks. cudaMemcpyAsync from pageable memory first waits for the work
+// already queued on the destination's stream, so a worker uploading the next
+// batch would sit idle until the GPU drained. Staged, the worker copies the
+// bytes into a pinned block and queues the DMA from it; the call returns at
+// once and the DMA overlaps the kernels queued before it. A block goes back
+// to the pinned pool only once its DMA is done.
+//
+// Plain C++: `Queue` is the device's side (CUDA's, the emulation's, a
+// test's), so the logic here is checked on machines without a GPU.
+#pragma once
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <utility>
+
+#include "../../engine/allocator.hpp"
+#include "../../engine/thresholds.hpp"
+
+namespace deft::detail::gpu {
+
+/// What StagingArea needs of a destination device's queue:
+///   void copy(void* to, const void* staged, std::size_t n)  queues a DMA of n bytes;
+///   Queue::Mark mark()                  marks the work queued so far;
+///   static bool finished(const Mark&)   whether the marked work is done (does not block);
+///   static void wait(const Mark&)       blocks until it is.
+template <class Queue>
+class StagingArea {
+ public:
+  using Mark = typename Queue::Mark;
+
+  /// Blocks come from `pinned`; a copy is split into chunks of at most
+  /// `chunk_bytes` (a power of two), and at most `max_in_flight_bytes` of
+  /// blocks wait for their DMA at once (past it, an upload waits for the
+  /// oldest), in at most max_in_flight_blocks blocks.
+  StagingArea(std::shared_ptr<engine::HostAllocator> pinned, std::size_t chunk_bytes = thresholds::gpu_staging_chunk_bytes,
+              std::size_t max_in_flight_bytes = thresholds::gpu_staging_max_bytes)
+      : pinned_(std::move(pinned)), chunk_(chunk_bytes), max_bytes_(std::max(max_in_flight_bytes, chunk_bytes)) {}
+  StagingArea(const StagingArea&) = delete;
+  StagingArea& operator=(const StagingArea&) = delete;
+  ~StagingArea() { drain(); }
+
+  static constexpr std::size_t min_block_bytes = std::size_t(4) << 10;
+  static constexpr std::size_t max_in_flight_blocks = 256;
+
+  /// Copies `bytes` from `from` (any host memory) to `to` on q's device. On
+  /// return `from` may be reused; the DMAs may still be running.
+  void upload(void* to, const void* from, std::size_t bytes, Queue& q) {
+    auto* dst = static_cast<std::byte*>(to);
+    const auto* src = static_cast<const std::byte*>(from);
+    for (std::size_t done = 0; done < bytes;) {
+      const std::size_t n = std::min(chunk_, bytes - done);
+      const std::size_t size = block_size(n);
+      void* block = take(size);
+      std::memcpy(block, src + done, n);
+      try {
+        q.copy(dst + done, block, n);
+      } catch (...) {
+        give_back(block, size);  // nothing was queued from it
+        throw;
+      }
+      Mark mark{};
+      try {
+        mark = q.mark();
+      } catch (...) {
+        // The DMA is queued but cannot be waited for: the block is never
+        // reused (a leak, on a device that is failing anyway).
+        unreserve(size);
+        throw;
+      }
+      keep_until(block, size, std::move(mark));
+      done += n;
+    }
+  }
+
+  /// Bytes of blocks reserved or waiting for their DMA now.
+  std::size_t bytes_in_flight() const {
+    std::lock_guard lk(m_);
+    return reserved_;
+  }
+
+  /// Waits for every DMA from a staging block and returns the blocks to the pool.
+  void drain() {
+    for (;;) {
+      InFlight oldest;
+      {
+        std::lock_guard lk(m_);
+        if (in_flight_.empty()) return;
+        oldest = std::move(in_flight_.front());
+        in_flight_.pop_front();
+      }
+      Queue::wait(oldest.mark);
+      give_back(oldest.block, oldest.size);
+    }
+  }
+
+ private:
+  struct InFlight {
+    void* block = nullptr;
+    std::size_t size = 0;
+    Mark mark{};
+  };
+
+  // Powers of two from min_block_bytes: few sizes, so the pool's cache hits.
+  static std::size_t block_size(std::size_t n) { return std::bit_ceil(std::max(n, min_block_bytes)); }
+
+  // A block of `size` bytes, reserved within the bounds: waits for the
+  // oldest DMAs while the new block would pass them.
+  void* take(std::size_t size) {
+    for (;;) {
+      InFlight oldest;
+      {
+        std::lock_guard lk(m_);
+        reclaim_finished();
+        const bool fits = reserved_ + size <= max_bytes_ && in_flight_.size() < max_in_flight_blocks;
+        if (fits || in_flight_.empty()) {
+          reserved_ += size;
+          break;
+        }
+        oldest = std::move(in_flight_.front());
+        in_flight_.pop_front();
+      }
+      Queue::wait(oldest.mark);  // outside the lock: other uploads go on meanwhile
+      give_back(oldest.block, oldest.size);
+    }
+    void* block = nullptr;
+    try {
+      block = pinned_->allocate(size, thresholds::alignment);
+    } catch (...) {
+      unreserve(size);
+      throw;
+    }
+    if (!block) {
+      unreserve(size);
+      throw std::bad_alloc();
+    }
+    return block;
+  }
+
+  void keep_until(void* block, std::size_t size, Mark mark) {
+    std::lock_guard lk(m_);
+    in_flight_.push_back({block, size, std::move(mark)});
+  }
+
+  // Returns the finished blocks at the front (DMAs to one device finish in
+  // the order they were queued; one to another device may hold the front
+  // until the next upload, which is all a bound needs).
+  void reclaim_finished() {
+    while (!in_flight_.empty() && Queue::finished(in_flight_.front().mark)) {
+      pinned_->deallocate(in_flight_.front().block, in_flight_.front().size, thresholds::alignment);
+      reserved_ -= in_flight_.front().size;
+      in_flight_.pop_front();
+    }
+  }
+
+  void give_back(void* block, std::size_t size) {
+    pinned_->deallocate(block, size, thresholds::alignment);
+    unreserve(size);
+  }
+  void unreserve(std::size_t size) {
+    std::lock_guard lk(m_);
+    reserved_ -= size;
+  }
+
+  std::shared_ptr<engine::HostAllocator> pinned_;
+  std::size_t chunk_;
+  std::size_t max_bytes_;
+  mutable std::mutex m_;
+  std::size_t reserved_ = 0;  // blocks taken and not yet given back
+  std::deque<InFlight> in_flight_;
+};
+
+}  // namespace deft::detail::gpu

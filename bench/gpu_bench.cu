@@ -4,6 +4,9 @@
 //     kernel, deft's fused tree and the same tree as single-op passes, at
 //     2^26 floats: GB/s counting bytes read and written;
 //   - products: deft's matmul against cublasSgemm called directly;
+//   - copies: the host to the GPU and back, deft's to() against cudaMemcpy
+//     from pageable and from pinned memory (GB/s), and how long a copy to a
+//     busy GPU holds its caller (raw pageable) or deft's worker (staged);
 //   - launch cost per deferred op: a chain of `y += 1` on a small tensor,
 //     against the same number of bare Thrust launches;
 //   - the seeds' MLP step and the batch-1 forward (imperative, hybridized) on
@@ -21,11 +24,13 @@
 #include <thrust/transform.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dense_net.hpp"
@@ -194,6 +199,95 @@ void gemm_rows() {
   cudaStreamDestroy(s);
 }
 
+// --- copies between the host and the GPU -----------------------------------------
+
+/// Page-locked host floats (the hand-written rows' pinned buffers).
+struct PinnedFloats {
+  float* p = nullptr;
+  explicit PinnedFloats(std::size_t n) { cuda_check(cudaHostAlloc(&p, n * sizeof(float), cudaHostAllocDefault), "cudaHostAlloc"); }
+  ~PinnedFloats() { cudaFreeHost(p); }
+  PinnedFloats(const PinnedFloats&) = delete;
+  PinnedFloats& operator=(const PinnedFloats&) = delete;
+};
+
+void copy_rows() {
+  const char* g = "gpu_copy";
+  constexpr std::int64_t n = std::int64_t(1) << 24;  // 64 MiB of float
+  const std::string size = "2^24";
+  const std::size_t bytes = std::size_t(n) * sizeof(float);
+  std::vector<float> pageable = random_floats(n, 7);
+  PinnedFloats pinned(n);
+  std::memcpy(pinned.p, pageable.data(), bytes);
+  DeviceFloats d(n);
+  const Tensor<float> host(pageable, {n});
+  Tensor<float> on_gpu = host.to(gpu(0));
+  on_gpu.wait_to_read();
+
+  // Bandwidth: the driver from pageable and from pinned memory, and deft's
+  // to() (staged through pinned blocks up; a pinned tensor down).
+  const auto up = [&](const void* from) {
+    cuda_check(cudaMemcpy(d.p, from, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  };
+  const auto down = [&](void* to) { cuda_check(cudaMemcpy(to, d.p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy"); };
+  const std::vector<Summary> s = bench::measure_interleaved({
+      [&] { up(pageable.data()); },
+      [&] { up(pinned.p); },
+      [&] { host.to(gpu(0)).wait_to_read(); },
+      [&] { down(pageable.data()); },
+      [&] { down(pinned.p); },
+      [&] { on_gpu.to(cpu()).wait_to_read(); },
+  });
+  const char* libs[] = {"cuda pageable", "cuda pinned", "deft", "cuda pageable", "cuda pinned", "deft"};
+  for (int i = 0; i < 6; ++i)
+    add(g, i < 3 ? "host to device" : "device to host", libs[i], 1, size, "GB/s", double(bytes) / s[i].median / 1e9,
+        double(bytes) / s[i].min / 1e9);
+  std::printf("%-12s host to device GB/s: pageable %.1f, pinned %.1f, deft to() %.1f; device to host: %.1f, %.1f, %.1f\n",
+              g, bytes / s[0].median / 1e9, bytes / s[1].median / 1e9, bytes / s[2].median / 1e9,
+              bytes / s[3].median / 1e9, bytes / s[4].median / 1e9, bytes / s[5].median / 1e9);
+
+  // Behind busy work: 4 MiB sent to a stream that still has ~20 ms of
+  // kernels queued. From pageable memory cudaMemcpyAsync returns only once
+  // the stream drained; staged, deft's copy task is done (its worker free)
+  // long before.
+  constexpr std::int64_t small = std::int64_t(1) << 20;
+  const Tensor<float> a = random::uniform<float>(0, 1, {4096, 4096}, gpu(0)), h_small(random_floats(small, 8), {small});
+  cudaStream_t st;
+  cuda_check(cudaStreamCreate(&st), "cudaStreamCreate");
+  // Every task goes to the workers as soon as the next one is recorded (a
+  // recorded task otherwise waits for a sync point or a bound), so polling
+  // is_ready() sees when the copy task was done.
+  const engine::Limits saved = engine::limits();
+  engine::Limits eager = saved;
+  eager.max_recorded_tasks = 1;
+  engine::set_limits(eager);
+  const Tensor<float> one({1.0f}, {1});
+  std::vector<double> raw, staged;
+  for (int r = 0; r < bench::opts.repeats; ++r) {
+    for (int i = 0; i < 100; ++i) thrust::transform(thrust::cuda::par_nosync.on(st), d.p, d.p + n, d.p, AddOne{});
+    auto t0 = std::chrono::steady_clock::now();
+    cuda_check(cudaMemcpyAsync(d.p, pageable.data(), small * sizeof(float), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
+    raw.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    cuda_check(cudaStreamSynchronize(st), "busy stream");
+
+    std::vector<Tensor<float>> busy;
+    for (int i = 0; i < 8; ++i) busy.push_back(dot(a, a));
+    const Tensor<float> flush_busy = one + 1.0f;
+    while (!busy.back().is_ready()) std::this_thread::yield();  // all queued on the device
+    t0 = std::chrono::steady_clock::now();
+    const Tensor<float> sent = h_small.to(gpu(0));
+    const Tensor<float> flush = one + 1.0f;  // submits the copy
+    while (!sent.is_ready()) std::this_thread::yield();  // the copy task is done: the DMA is queued
+    staged.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    wait_all();
+  }
+  engine::set_limits(saved);
+  cudaStreamDestroy(st);
+  std::sort(raw.begin(), raw.end());
+  std::sort(staged.begin(), staged.end());
+  add(g, "4 MiB up behind busy stream", "cuda pageable", 1, "2^20", "us", raw[raw.size() / 2] * 1e6, raw[0] * 1e6);
+  add(g, "4 MiB up behind busy stream", "deft", 1, "2^20", "us", staged[staged.size() / 2] * 1e6, staged[0] * 1e6);
+}
+
 // --- launch cost ---------------------------------------------------------------------
 
 void launch_rows() {
@@ -324,6 +418,7 @@ int main(int argc, char** argv) try {
   bench::print_header();
   if (bench::selected("gpu_fused")) bandwidth_rows();
   if (bench::selected("gpu_gemm")) gemm_rows();
+  if (bench::selected("gpu_copy")) copy_rows();
   if (bench::selected("gpu_launch")) launch_rows();
   if (bench::selected("gpu_training")) training_rows(torch_script);
   if (!bench::opts.csv.empty()) bench::write_csv(bench::opts.csv);

@@ -80,7 +80,7 @@ class EmulatedBackend final : public DeviceBackend {
 
  private:
   std::shared_ptr<engine::CachingHostAllocator> pinned_ = std::make_shared<engine::CachingHostAllocator>(
-      std::make_shared<engine::DefaultHostAllocator>(), std::size_t(64) << 20, 256);
+      std::make_shared<engine::DefaultHostAllocator>(), std::size_t(64) << 20, 0);
   StagingArea<EmulatedUploadQueue> staging_{pinned_, staging_chunk_bytes};
   std::array<std::shared_ptr<engine::CachingHostAllocator>, devices> pools_{
       std::make_shared<engine::CachingHostAllocator>(), std::make_shared<engine::CachingHostAllocator>()};

@@ -172,12 +172,14 @@ struct DeviceContext {
   std::vector<cudaEvent_t> free_events_;
 };
 
-/// The process's page-locked host memory, cached (pinning is slow): staging
-/// blocks and host tensors copied from a GPU.
+/// The process's page-locked host memory, cached at every size (pinning maps
+/// and locks every page, and CUDA lets no two streams overlap across a
+/// page-locked allocation): staging blocks and host tensors copied from a
+/// GPU, down to a loss copied back each step.
 inline const std::shared_ptr<engine::CachingHostAllocator>& pinned_pool() {
   static auto* pool = new std::shared_ptr<engine::CachingHostAllocator>(  // leaked, see DeviceContext
       std::make_shared<engine::CachingHostAllocator>(std::make_shared<PinnedMemory>(),
-                                                     thresholds::pinned_cache_max_bytes, device_cache_min_bytes));
+                                                     thresholds::pinned_cache_max_bytes, 0));
   return *pool;
 }
 

@@ -37,12 +37,17 @@ struct Buffer {
     if (data || bytes == 0) return;
     // Rounding up must not wrap around for sizes near SIZE_MAX.
     if (bytes > std::numeric_limits<std::size_t>::max() - thresholds::page_alignment) throw std::bad_alloc();
-    if (pinned_host && allocate_pinned()) return;
-    auto alloc = device.type == DeviceType::cpu ? AllocatorSlot::get().current() : backend_of(device).memory(device.index);
-    data = static_cast<std::byte*>(alloc->allocate(rounded_bytes(), alignment()));
+    if (pinned_host) {  // pinned memory is scarce: pageable memory serves without it
+      DeviceBackend* b = gpu_backend();
+      try {
+        take_from(b ? b->pinned_memory() : nullptr);
+      } catch (...) {
+      }
+      locked_ = data != nullptr;
+      if (data) return;
+    }
+    take_from(device.type == DeviceType::cpu ? AllocatorSlot::get().current() : backend_of(device).memory(device.index));
     if (!data) throw std::bad_alloc();
-    allocator = std::move(alloc);
-    counters().add_allocated(bytes);
   }
   /// Whether the storage is page-locked host memory (see pinned_host); known
   /// once the buffer was allocated.
@@ -90,22 +95,15 @@ struct Buffer {
   std::shared_ptr<engine::HostAllocator> allocator;  // the one `data` came from
   SpinLock hold_lock_;   // guards writer_holds_ (see unshared)
   int writer_holds_ = 0;  // WriterHolds alive now
-  bool locked_ = false;   // data is page-locked (allocate_pinned succeeded)
+  bool locked_ = false;   // data is page-locked (from the backend's pinned memory)
 
-  bool allocate_pinned() {
-    DeviceBackend* b = gpu_backend();
-    std::shared_ptr<engine::HostAllocator> alloc = b ? b->pinned_memory() : nullptr;
-    if (!alloc) return false;
-    try {
-      data = static_cast<std::byte*>(alloc->allocate(rounded_bytes(), alignment()));
-    } catch (...) {  // pinned memory is a scarce resource: fall back to pageable
-      data = nullptr;
-    }
-    if (!data) return false;
+  // The storage from `alloc` (none without one, or when it returns null).
+  void take_from(std::shared_ptr<engine::HostAllocator> alloc) {
+    if (!alloc) return;
+    data = static_cast<std::byte*>(alloc->allocate(rounded_bytes(), alignment()));
+    if (!data) return;
     allocator = std::move(alloc);
-    locked_ = true;
     counters().add_allocated(bytes);
-    return true;
   }
 
   // A cache line, or a page for large host buffers (thresholds::page_align_min_bytes).

@@ -32,10 +32,10 @@ struct DeviceMemory {
   std::vector<void*> blocks;
 
   ~DeviceMemory() {
-    cudaStreamSynchronize(ctx.stream);
+    cudaStreamSynchronize(ctx.stream(0));
     for (void* p : blocks) cudaFree(p);
   }
-  auto policy() const { return thrust::cuda::par_nosync.on(ctx.stream); }
+  auto policy() const { return thrust::cuda::par_nosync.on(ctx.stream(0)); }
 
   template <class T>
   T* make(std::int64_t n) {
@@ -117,7 +117,7 @@ void check_blas_products(double tol) {
       T* dc = mem.template make<T>(m * n);
       gk::check(cudaMemcpy(da, a.data(), a.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy", 0);
       gk::check(cudaMemcpy(db, b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy", 0);
-      gk::gemm(mem.ctx, m, n, k, da, db, dc, ta, tb);
+      gk::gemm(mem.ctx, 0, m, n, k, da, db, dc, ta, tb);
       const std::vector<T> c = mem.get(dc, m * n);
       double worst = 0;
       for (std::int64_t i = 0; i < m; ++i)

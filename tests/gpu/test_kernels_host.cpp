@@ -6,6 +6,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -193,6 +194,190 @@ BOOST_AUTO_TEST_CASE(tensors_copied_to_a_device_are_staged_and_back_pinned) {
   const auto stats = backend.pinned_pool().stats();
   BOOST_TEST(stats.misses + stats.hits > pinned_misses + pinned_hits + 1);  // staging blocks and `back`
   gpu_tensors::expect_near(back.to_vector(), std::vector<double>(v.begin(), v.end()), 0, "round trip");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// Lanes (eval/gpu/lanes.hpp): several streams per GPU, ordered by the memory
+// each piece of work uses. Kernels run at once in the emulation, so the
+// waits are checked by LaneClockChecker, which keeps the vector clocks a
+// real GPU's streams would have and counts work not ordered after an
+// earlier conflicting use of its memory (a race on a GPU).
+namespace {
+
+namespace gk = deft::detail::gpu;
+using deft::detail::MemoryUses;
+
+// Every test above and below ran its GPU work through the checker.
+struct NoLaneRaces {
+  void teardown() {
+    auto& checker = gk::emulated_backend().checker();
+    BOOST_TEST(checker.races.load() == 0, "lanes raced: " << checker.first_race());
+  }
+};
+
+// The work queued on gpu(0)'s compute lanes so far.
+std::array<long, gk::EmulatedBackend::compute_lanes> lane_work() {
+  std::array<long, gk::EmulatedBackend::compute_lanes> n{};
+  for (std::size_t k = 0; k < n.size(); ++k) n[k] = gk::emulated_backend().lane_work[k].load();
+  return n;
+}
+// Per lane: how much was queued since `before`.
+std::array<long, gk::EmulatedBackend::compute_lanes> queued_since(
+    const std::array<long, gk::EmulatedBackend::compute_lanes>& before) {
+  auto now = lane_work();
+  for (std::size_t k = 0; k < now.size(); ++k) now[k] -= before[k];
+  return now;
+}
+
+}  // namespace
+
+BOOST_TEST_GLOBAL_FIXTURE(NoLaneRaces);
+
+BOOST_AUTO_TEST_SUITE(gpu_lanes)
+
+BOOST_AUTO_TEST_CASE(checker_sees_work_not_ordered_after_a_conflicting_use) {
+  gk::LaneClockChecker c(3);
+  static char block[256];
+  c.add_block(block, sizeof block);
+  c.queued(0, {{}, {block}});       // written on lane 0
+  c.queued(0, {{block + 8}, {}});   // read on lane 0: after it by the lane's order
+  BOOST_TEST(c.races.load() == 0);
+  c.queued(1, {{block + 16}, {}});  // read on lane 1 without a wait
+  BOOST_TEST(c.races.load() == 1);
+  c.order(0, 1);
+  c.queued(1, {{block}, {}});       // after a wait for lane 0
+  BOOST_TEST(c.races.load() == 1);
+  c.queued(2, {{}, {block}});       // a write on lane 2 after the write and reads on lanes 0 and 1
+  BOOST_TEST(c.races.load() == 4);
+  c.host_waited(2);                 // the host saw lane 2 finish: later work on any lane follows it
+  c.queued(0, {{}, {block + 255}});
+  BOOST_TEST(c.races.load() == 4);
+  BOOST_TEST(!c.first_race().empty());
+}
+
+// Random work on 6 lanes over 5 blocks, with host waits now and then: the
+// tracker's waits leave no race; work on one lane needs none.
+BOOST_AUTO_TEST_CASE(tracker_orders_random_work_on_many_lanes) {
+  constexpr int lanes = 6;
+  gk::LaneClockChecker checker(lanes);
+  gk::LaneTracker<gk::LaneClockChecker::Ref> tracker(lanes, {&checker});
+  static std::array<std::array<char, 64>, 5> memory;
+  for (auto& b : memory) tracker.add_block(b.data(), b.size()), checker.add_block(b.data(), b.size());
+  std::mt19937 rng(7);
+  long work = 0;
+  for (int i = 0; i < 5000; ++i) {
+    const int lane = int(rng() % lanes);
+    if (rng() % 50 == 0) {  // the host waits for a lane
+      const auto queued = tracker.issued(lane);
+      checker.host_waited(lane);
+      tracker.finished(lane, queued);
+      continue;
+    }
+    MemoryUses uses;
+    for (auto& b : memory) {
+      const auto pick = rng() % 6;
+      if (pick == 0) uses.writes.push_back(b.data() + rng() % b.size());
+      else if (pick < 3) uses.reads.push_back(b.data() + rng() % b.size());
+    }
+    const long races = checker.races.load();
+    tracker.before(lane, uses);
+    tracker.after(lane, uses);
+    BOOST_REQUIRE_MESSAGE(checker.races.load() == races, "work " << work << ": " << checker.first_race());
+    ++work;
+  }
+  BOOST_TEST(tracker.waits() > 100u);
+  // The same work on one lane needs no waits at all.
+  gk::LaneClockChecker one_checker(1);
+  gk::LaneTracker<gk::LaneClockChecker::Ref> one(1, {&one_checker});
+  for (auto& b : memory) one.add_block(b.data(), b.size()), one_checker.add_block(b.data(), b.size());
+  for (int i = 0; i < 200; ++i) {
+    const MemoryUses uses{{memory[std::size_t(i) % 5].data()}, {memory[std::size_t(i + 1) % 5].data()}};
+    one.before(0, uses);
+    one.after(0, uses);
+  }
+  BOOST_TEST(one.waits() == 0u);
+  BOOST_TEST(one_checker.races.load() == 0);
+}
+
+// A chain of statements stays on one lane; two chains forked from one
+// tensor run on two lanes, and their join waits for the other lane.
+BOOST_AUTO_TEST_CASE(chains_keep_their_lane_and_forks_spread) {
+  auto& backend = gk::emulated_backend();
+  const auto v = gpu_tensors::random_values(4096, 51);
+  deft::Tensor<float> x = deft::Tensor<float>(v, {4096}).to(deft::gpu(0));
+  x.wait_to_read();
+
+  auto start = lane_work();
+  deft::Tensor<float> y = x * 2.0f;
+  for (int i = 0; i < 10; ++i) y = y * 0.5f + 1.0f;
+  y.wait_to_read();
+  auto n = queued_since(start);
+  BOOST_TEST(std::ranges::count(n, 0) == int(n.size()) - 1);  // one lane did it all
+  BOOST_TEST(std::ranges::max(n) == 11);
+
+  start = lane_work();
+  const auto waits = backend.tracker().waits();
+  deft::Tensor<float> a = x * 2.0f, b = x + 1.0f;  // a fork: two readers of x
+  for (int i = 0; i < 5; ++i) {
+    a = a * 0.5f + 1.0f;
+    b = b * 1.5f - 1.0f;
+  }
+  deft::Tensor<float> joined = a + b;
+  const auto got = joined.to_vector();
+  n = queued_since(start);
+  BOOST_TEST(std::ranges::count(n, 0) == int(n.size()) - 2);  // two lanes
+  BOOST_TEST(std::ranges::max(n) >= 6);
+  BOOST_TEST(backend.tracker().waits() > waits);  // the join waited for the other lane
+  std::vector<double> want(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    double p = double(v[i]) * 2, q = double(v[i]) + 1;
+    for (int k = 0; k < 5; ++k) p = p * 0.5 + 1, q = q * 1.5 - 1;
+    want[i] = p + q;
+  }
+  gpu_tensors::expect_near(got, want, 1e-5, "fork and join");
+}
+
+// A write in place after readers on other lanes, and a freed block handed
+// to a writer on another lane, wait for those uses (the checker sees each).
+BOOST_AUTO_TEST_CASE(writes_wait_for_earlier_uses_on_other_lanes) {
+  auto& backend = gk::emulated_backend();
+  const auto v = gpu_tensors::random_values(8192, 52);
+  deft::Tensor<float> x = deft::Tensor<float>(v, {8192}).to(deft::gpu(0));
+  deft::Tensor<float> a = x * 3.0f, b = x - 2.0f;  // readers of x on two lanes
+  a.wait_to_read();
+  b.wait_to_read();
+  const auto waits = backend.tracker().waits();
+  x += 1.0f;  // in place, on x's lane, after b's read on another
+  x.wait_to_read();
+  BOOST_TEST(backend.tracker().waits() > waits);
+  b = deft::Tensor<float>();  // its block goes back to the pool...
+  deft::Tensor<float> c = a * 0.25f;  // ...and comes out for a writer, perhaps on another lane
+  const auto xs = x.to_vector(), cs = c.to_vector();
+  std::vector<double> want_x(v.size()), want_c(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) want_x[i] = double(v[i]) + 1, want_c[i] = double(v[i]) * 3 * 0.25;
+  gpu_tensors::expect_near(xs, want_x, 1e-6, "x += 1");
+  gpu_tensors::expect_near(cs, want_c, 1e-6, "a * 0.25");
+}
+
+// engine::Limits::gpu_lanes = 1 puts every task on lane 0, as one stream.
+BOOST_AUTO_TEST_CASE(one_lane_when_the_limits_say_so) {
+  const auto saved = deft::engine::limits();
+  auto one = saved;
+  one.gpu_lanes = 1;
+  deft::engine::set_limits(one);
+  const auto start = lane_work();
+  const auto v = gpu_tensors::random_values(1024, 53);
+  deft::Tensor<float> x = deft::Tensor<float>(v, {1024}).to(deft::gpu(0));
+  deft::Tensor<float> a = x * 2.0f, b = x + 1.0f, c = a * b;
+  c.wait_to_read();
+  deft::engine::set_limits(saved);
+  const auto n = queued_since(start);
+  BOOST_TEST(n[0] == 4);
+  BOOST_TEST(n[1] + n[2] == 0);
+  auto bad = saved;
+  bad.gpu_lanes = 0;
+  BOOST_CHECK_THROW(deft::engine::set_limits(bad), std::invalid_argument);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -3,6 +3,7 @@
 // buffers come from that device's pool (see device_backend.hpp).
 #pragma once
 #include <cstddef>
+#include <atomic>
 #include <cstdlib>
 #include <exception>
 #include <limits>
@@ -89,6 +90,12 @@ struct Buffer {
   // Set by the engine after each writer ran; copies out and waits order
   // after it, not after everything queued.
   std::shared_ptr<void> ready_mark;
+  // On a GPU: the lane (stream) its latest writer ran on, -1 before one ran;
+  // and whether a reader already took that lane to go on with (the engine's
+  // lane policy: a second reader starts another lane). Hints for speed only:
+  // lanes.hpp orders the work.
+  int lane = -1;
+  std::atomic<bool> lane_taken{false};
 
  private:
   friend class WriterHold;

@@ -8,12 +8,47 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "../core/device.hpp"
 #include "../core/error.hpp"
 #include "allocator.hpp"
 
 namespace deft::detail {
+
+/// The device memory one kernel or copy reads and writes (pointers anywhere
+/// inside the blocks a device's pool handed out), declared so that work on
+/// different lanes of a device is ordered (eval/gpu/lanes.hpp).
+struct MemoryUses {
+  std::vector<const void*> reads, writes;
+};
+
+/// The lane (stream) of its device that the calling thread queues GPU work
+/// on: set by the engine around a GPU task (LaneScope), lane 0 elsewhere.
+struct LaneSlot {
+  int device = -1;
+  int lane = 0;
+};
+inline LaneSlot& current_lane_slot() {
+  thread_local LaneSlot slot;
+  return slot;
+}
+inline int current_lane(int device) {
+  const LaneSlot& s = current_lane_slot();
+  return s.device == device ? s.lane : 0;
+}
+/// Makes the calling thread queue its work for `device` on `lane` while it lives.
+class LaneScope {
+ public:
+  LaneScope(int device, int lane) : previous_(current_lane_slot()) { current_lane_slot() = {device, lane}; }
+  ~LaneScope() { current_lane_slot() = previous_; }
+  LaneScope(const LaneScope&) = delete;
+  LaneScope& operator=(const LaneScope&) = delete;
+
+ private:
+  LaneSlot previous_;
+};
 
 class DeviceBackend {
  public:
@@ -53,6 +88,16 @@ class DeviceBackend {
   }
   /// synchronize() for every device that was used.
   virtual void synchronize_all() = 0;
+
+  /// How many compute lanes (streams) each device has; work on one lane
+  /// runs in order, work on different lanes may overlap.
+  virtual int lanes() { return 1; }
+  /// Before work with `uses` is queued on `lane` of device `index`: makes
+  /// the lane wait for earlier conflicting work on the device's other lanes
+  /// (see LaneAccess)...
+  virtual void before_work(int /*index*/, int /*lane*/, const MemoryUses&) {}
+  /// ...and once it is queued, records its uses.
+  virtual void after_work(int /*index*/, int /*lane*/, const MemoryUses&) {}
 };
 
 inline std::atomic<DeviceBackend*>& gpu_backend_slot() {
@@ -86,6 +131,27 @@ inline void copy_bytes(void* to, Device to_device, const void* from, Device from
   backend_of(to_device.type == DeviceType::cpu ? from_device : to_device)
       .copy(to, to_device, from, from_device, bytes, after);
 }
+
+/// Declares the memory uses of the GPU work queued while it lives, on the
+/// calling thread's lane of `device`: constructed before the work is queued
+/// (ordering the lane after conflicting work on other lanes), destroyed once
+/// it is.
+class LaneAccess {
+ public:
+  LaneAccess(DeviceBackend& b, int device, MemoryUses uses)
+      : backend_(b), device_(device), lane_(current_lane(device)), uses_(std::move(uses)) {
+    backend_.before_work(device_, lane_, uses_);
+  }
+  ~LaneAccess() { backend_.after_work(device_, lane_, uses_); }
+  LaneAccess(const LaneAccess&) = delete;
+  LaneAccess& operator=(const LaneAccess&) = delete;
+  int lane() const { return lane_; }
+
+ private:
+  DeviceBackend& backend_;
+  int device_, lane_;
+  MemoryUses uses_;
+};
 
 /// Blocks until the work on device d that `mark` marks finished (all queued
 /// work without one; nothing to do for the host, whose tasks are done when

@@ -40,6 +40,7 @@ struct Limits {
   std::size_t max_recorded_bytes = thresholds::max_recorded_bytes;  ///< storage they will allocate (Task::bytes) before they go to the workers
   std::size_t max_inflight_tasks = thresholds::max_inflight_tasks;  ///< submitted tasks before recording waits
   std::size_t max_inflight_bytes = thresholds::max_inflight_bytes;  ///< storage they allocate before recording waits
+  int gpu_lanes = thresholds::gpu_lanes;  ///< streams of each GPU that independent work spreads over (1: all in one, in order; at most thresholds::gpu_lanes)
 };
 
 }  // namespace deft::engine
@@ -200,8 +201,11 @@ class Engine {
   void set_limits(const engine::Limits& l) {
     if (l.max_recorded_tasks == 0 || l.max_inflight_tasks == 0)
       raise("engine limits: task bounds must be at least 1");
+    if (l.gpu_lanes < 1 || l.gpu_lanes > thresholds::gpu_lanes)
+      raise("engine limits: gpu_lanes must be between 1 and ", thresholds::gpu_lanes, ", not ", l.gpu_lanes);
     std::lock_guard lk(m_);
     limits_ = l;
+    gpu_lanes_.store(l.gpu_lanes, std::memory_order_relaxed);
   }
 
   /// The counters, read under the lock so that they agree with each other.
@@ -508,9 +512,12 @@ class Engine {
       } else {
         try {
           TaskSlice slice(*t);  // profiler: one relaxed load unless engine::trace_to is on
-          out->allocate();
-          t->execute(*out);
-          if (out->device.type != DeviceType::cpu) out->ready_mark = backend_of(out->device).mark(out->device.index);
+          if (out->device.type == DeviceType::cpu) {
+            out->allocate();
+            t->execute(*out);
+          } else {
+            run_on_lane(*t, *out);
+          }
         } catch (...) {
           err = std::current_exception();
           outcome = Outcome::failed;
@@ -545,6 +552,36 @@ class Engine {
       done_cv_.notify_all();
   }
 
+  // A GPU task: on a lane of its device (lane_for), its output marked there.
+  void run_on_lane(Task& t, Buffer& out) {
+    DeviceBackend& b = backend_of(out.device);
+    const int lane = lane_for(t, out, std::min(b.lanes(), gpu_lanes_.load(std::memory_order_relaxed)));
+    LaneScope on(out.device.index, lane);
+    out.allocate();
+    t.execute(out);
+    out.ready_mark = b.mark(out.device.index);
+    out.lane = lane;
+    out.lane_taken.store(false, std::memory_order_relaxed);
+  }
+  // Where a GPU task runs, for speed only (the lanes' record orders the
+  // work, eval/gpu/lanes.hpp): a write in place stays on its buffer's lane;
+  // a reader goes on on the lane its input was written on, unless another
+  // reader went on there already; that fork, and work reading no GPU
+  // buffer, takes the next lane in turn. Chains thus stay on one lane and
+  // independent subtrees spread over them.
+  int lane_for(const Task& t, Buffer& out, int lanes) {
+    if (lanes <= 1) return 0;
+    if (out.data && out.lane >= 0 && out.lane < lanes) return out.lane;
+    int forked_from = -1;
+    for (Buffer* in : t.gpu_inputs)
+      if (in && in->device == out.device && in->lane >= 0 && in->lane < lanes) {
+        if (!in->lane_taken.exchange(true, std::memory_order_relaxed)) return in->lane;
+        if (forked_from < 0) forked_from = in->lane;
+      }
+    const int next = int(next_lane_.fetch_add(1, std::memory_order_relaxed) % unsigned(lanes));
+    return next == forked_from ? (next + 1) % lanes : next;
+  }
+
   LightMutex m_;
   std::condition_variable_any done_cv_;  // a task finished that someone waits for (see execute)
   int draining_ = 0;                 // threads waiting for every submitted task
@@ -554,6 +591,8 @@ class Engine {
   std::size_t inflight_tasks_ = 0, inflight_bytes_ = 0;
   std::exception_ptr first_error_;
   engine::Limits limits_;
+  std::atomic<int> gpu_lanes_{thresholds::gpu_lanes};  // limits_.gpu_lanes, read without the lock
+  std::atomic<unsigned> next_lane_{0};
   std::atomic<engine::Mode> mode_{engine::Mode::deferred};
   std::unique_ptr<ThreadPool> pool_;  // replaced under m_ (replace_pool_locked)
   // The same pool for kernels, which read it without the lock: the

@@ -3,6 +3,7 @@
 // buffer -> producer task -> inputs), so work nobody can read is freed, and
 // counted as discarded, before it ever runs.
 #pragma once
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <exception>
@@ -54,7 +55,14 @@ class Task {
   /// Reads `b`: orders this task after b's producer, or inherits its failure.
   void add_input(const std::shared_ptr<Buffer>& b) {
     work += b->bytes;
-    if (b->device.type != DeviceType::cpu) hand_off = true;
+    if (b->device.type != DeviceType::cpu) {
+      hand_off = true;
+      for (Buffer*& slot : gpu_inputs)
+        if (!slot || slot == b.get()) {
+          slot = b.get();
+          break;
+        }
+    }
     if (const auto& p = b->producer; p && p.get() != this && !p->finished()) {
       for (const auto& d : deps)
         if (d == p) return;
@@ -71,6 +79,7 @@ class Task {
     bytes = allocated_bytes;
     work = written_bytes;
     hand_off = false;
+    gpu_inputs = {};
     inherited_error = nullptr;
     awaited = counted = false;
     if (!deps.empty()) [[unlikely]] {  // empty after a run; not after a reuse whose declaring threw midway
@@ -88,6 +97,9 @@ class Task {
   // Always run on a worker, never on a recording thread: GPU work (a copy
   // may block), and a user's map() function (it may wait for that thread).
   bool hand_off = false;
+  // Its first GPU inputs (kept alive by the kernel's closure): the lanes they
+  // were written on are where the engine runs it (Engine::lane_for).
+  std::array<Buffer*, 2> gpu_inputs{};
   std::weak_ptr<Buffer> output;
   TaskList<3> deps;
   std::exception_ptr inherited_error;  // an input had already failed when this was recorded
@@ -119,6 +131,7 @@ class TaskImpl final : public Task {
     auto t = std::allocate_shared<TaskImpl>(TaskAllocator<TaskImpl>{}, name, bytes, std::in_place, *kernel_);
     t->work = work;
     t->hand_off = hand_off;
+    t->gpu_inputs = gpu_inputs;  // the copy of the closure holds the same buffers
     return t;
   }
   /// The closure, for declaring its reads while recording (before it runs).

@@ -98,6 +98,12 @@ inline constexpr std::int64_t conv_partial_elements = std::int64_t(1) << 22;
 // blocks make fewer, larger GEMMs.
 inline constexpr std::int64_t gpu_conv_block_elements = std::int64_t(1) << 24;
 
+// --- GPU lanes (eval/gpu/lanes.hpp) ----------------------------------------
+// Compute streams per GPU. Independent subtrees take different ones, so
+// that small kernels that each leave most of the GPU idle overlap; more
+// would add cross-stream waits at joins without more overlap.
+inline constexpr int gpu_lanes = 4;
+
 // --- pinned host memory (eval/gpu/staging.hpp) -----------------------------
 // A copy to a GPU is staged through page-locked blocks of at most this size:
 // the worker copies one chunk while the DMA of the previous one runs.

@@ -154,6 +154,7 @@ class ChainTask final : public Task {
     const auto& c = plan_->chains[chain_];
     work = c.work + (refill_ ? refill_->work : 0);
     hand_off = c.hand_off || (refill_ && refill_->hand_off);
+    gpu_inputs = plan_->steps[c.steps.front()].prototype->gpu_inputs;
   }
   void execute(Buffer& out) override {
     if (refill_) {

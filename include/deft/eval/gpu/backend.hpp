@@ -1,10 +1,11 @@
 // The CUDA backend of deft's engine: GPU buffers from each device's caching
-// pool, copies between the host and GPUs ordered on the devices' streams
-// (to a GPU staged through pinned blocks, staging.hpp),
-// and waits that raise the CUDA error text. Plain C++ over the CUDA runtime
+// pool, copies between the host and GPUs on the devices' lanes (to a GPU
+// staged through pinned blocks, staging.hpp), the lanes' ordering
+// (lanes.hpp), and waits that raise the CUDA error text. Plain C++ over the CUDA runtime
 // (g++ and nvcc both compile it); including it registers the backend.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include <cuda_runtime_api.h>
@@ -15,36 +16,17 @@
 
 namespace deft::detail::gpu {
 
-/// A CUDA event made for one ordering and destroyed once it was used (the
-/// runtime frees it when the work it marks is done).
-class OneShotEvent {
- public:
-  OneShotEvent(cudaStream_t after, int device) {
-    check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate", device);
-    check(cudaEventRecord(event_, after), "cudaEventRecord", device);
-  }
-  ~OneShotEvent() { cudaEventDestroy(event_); }
-  OneShotEvent(const OneShotEvent&) = delete;
-  OneShotEvent& operator=(const OneShotEvent&) = delete;
-  /// Work queued on `stream` from now on waits for the marked work.
-  void order_before(cudaStream_t stream, int device) const {
-    check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent", device);
-  }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
-/// A GPU's side of a staged copy to it (StagingArea's Queue): DMAs on the
-/// device's stream, marked by the context's events.
+/// A GPU's side of a staged copy to it (StagingArea's Queue): DMAs on one
+/// of the device's streams, marked by the context's events.
 struct UploadQueue {
   using Mark = std::shared_ptr<void>;
   DeviceContext& ctx;
+  cudaStream_t stream;
 
   void copy(void* to, const void* staged, std::size_t n) {
-    check(cudaMemcpyAsync(to, staged, n, cudaMemcpyHostToDevice, ctx.stream), "a copy to the device", ctx.device);
+    check(cudaMemcpyAsync(to, staged, n, cudaMemcpyHostToDevice, stream), "a copy to the device", ctx.device);
   }
-  Mark mark() { return ctx.mark(); }
+  Mark mark() { return ctx.mark(stream); }
   static bool finished(const Mark& m) {
     const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(m.get()));
     if (status == cudaErrorNotReady) return false;
@@ -76,7 +58,7 @@ class CudaBackend final : public DeviceBackend {
   std::shared_ptr<void> mark(int index) override {
     DeviceContext& ctx = context(index);
     DeviceGuard on(ctx.device);
-    return ctx.mark();
+    return ctx.mark(ctx.stream(current_lane(index)));
   }
   void wait_for(int index, const void* mark) override {
     if (!mark) return synchronize(index);
@@ -85,46 +67,58 @@ class CudaBackend final : public DeviceBackend {
   void synchronize_all() override {
     for (DeviceContext* ctx : live_contexts()) ctx->synchronize();
   }
+  int lanes() override { return thresholds::gpu_lanes; }
+  void before_work(int index, int lane, const MemoryUses& uses) override {
+    lane_tracker().before(context(index).global_lane(lane), uses);
+  }
+  void after_work(int index, int lane, const MemoryUses& uses) override {
+    lane_tracker().after(context(index).global_lane(lane), uses);
+  }
 
   void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
             const void* after) override {
     if (bytes == 0) return;
     // copy_bytes handles host to host; here at least one side is a GPU.
     const bool to_host = to_device.type == DeviceType::cpu, from_host = from_device.type == DeviceType::cpu;
-    if (from_host) {  // on the destination's stream, after the kernels that last used this block
+    if (from_host) {  // on the calling thread's lane of the destination
       DeviceContext& dst = context(to_device.index);
       DeviceGuard on(dst.device);
-      UploadQueue queue{dst};
+      LaneAccess access(*this, dst.device, {{}, {to}});
+      UploadQueue queue{dst, dst.stream(access.lane())};
       staging().upload(to, from, bytes, queue);  // returns once the source was read
       return;
     }
     DeviceContext& src = context(from_device.index);
-    DeviceGuard on(src.device);
-    if (to_host) {  // after the kernels that write the source; done on return
-      if (after) {  // on the copy stream: the kernels queued after the writer keep running
-        check(cudaStreamWaitEvent(src.copy_stream, event_of(after), 0), "cudaStreamWaitEvent", src.device);
+    if (to_host) {  // on the copy stream, after the source's writer; done on return
+      DeviceGuard on(src.device);
+      {
+        LaneScope copy_lane(src.device, DeviceContext::copy_lane);
+        LaneAccess access(*this, src.device, {{from}, {}});
+        if (after)  // the source's mark: the lanes' record orders the same
+          check(cudaStreamWaitEvent(src.copy_stream, event_of(after), 0), "cudaStreamWaitEvent", src.device);
         check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, src.copy_stream), "a copy to the host",
               src.device);
-        check(cudaStreamSynchronize(src.copy_stream), "a copy to the host", src.device);
-      } else {
-        check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, src.stream), "a copy to the host", src.device);
-        src.synchronize();
       }
+      const int lane = src.global_lane(DeviceContext::copy_lane);
+      const std::uint64_t queued = lane_tracker().issued(lane);
+      check(cudaStreamSynchronize(src.copy_stream), "a copy to the host", src.device);
+      lane_tracker().finished(lane, queued);
       return;
     }
-    if (to_device.index == from_device.index) {
-      check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, src.stream), "a copy on the device",
-            src.device);
-      return;
-    }
-    // Between GPUs: the copy runs on the source's stream, after the work on
-    // the destination that last used the block, and before later work there.
+    // Between GPUs or on one: on the calling thread's lane of the destination.
     DeviceContext& dst = context(to_device.index);
-    OneShotEvent(dst.stream, dst.device).order_before(src.stream, src.device);
-    check(cudaMemcpyPeerAsync(to, dst.device, from, src.device, bytes, src.stream), "a copy between GPUs", src.device);
-    OneShotEvent(src.stream, src.device).order_before(dst.stream, dst.device);
+    DeviceGuard on(dst.device);
+    const int k = current_lane(dst.device);
+    const int lane = dst.global_lane(k);
+    const MemoryUses uses{{from}, {to}};
+    lane_tracker().before(lane, uses);  // the source's lanes may be another GPU's
+    const cudaError_t status =
+        src.device == dst.device
+            ? cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, dst.stream(k))
+            : cudaMemcpyPeerAsync(to, dst.device, from, src.device, bytes, dst.stream(k));
+    lane_tracker().after(lane, uses);
+    check(status, src.device == dst.device ? "a copy on the device" : "a copy between GPUs", dst.device);
   }
-
 };
 
 inline CudaBackend& cuda_backend() {

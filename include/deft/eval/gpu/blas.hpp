@@ -1,5 +1,5 @@
 // Matrix products on a GPU through cuBLAS: deft's row-major products mapped
-// onto the column-major library, queued on the device's stream (nothing
+// onto the column-major library, queued on one of the device's lanes (nothing
 // waits), with cuBLAS failures raised as exceptions carrying its status text.
 // Plain C++ over cuBLAS's C API; link CUDA::cublas (deft::cuda does).
 #pragma once
@@ -23,20 +23,21 @@ inline void check_blas(cublasStatus_t status, const char* what, int device) {
                             cublasGetStatusString(status), ")");
 }
 
-/// One GPU's cuBLAS handle, bound to its context's stream. cuBLAS asks that
-/// threads do not use one handle at the same time, so calls take `mutex`
-/// (each call only queues work: the lock is held for microseconds).
+/// A cuBLAS handle bound to one lane's stream of one GPU (a handle's stream
+/// is its state, so each lane has its own). cuBLAS asks that threads do not
+/// use one handle at the same time, so calls take `mutex` (each call only
+/// queues work: the lock is held for microseconds).
 struct BlasHandle {
   cublasHandle_t handle = nullptr;
   std::mutex mutex;
   int device;
 
-  explicit BlasHandle(DeviceContext& ctx) : device(ctx.device) {
+  BlasHandle(DeviceContext& ctx, int lane) : device(ctx.device) {
     DeviceGuard on(device);
     check_blas(cublasCreate(&handle), "cublasCreate", device);
     // Full float32 products (no TF32): the same accuracy contract as the CPU's kernel.
     check_blas(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode", device);
-    check_blas(cublasSetStream(handle, ctx.stream), "cublasSetStream", device);
+    check_blas(cublasSetStream(handle, ctx.stream(lane)), "cublasSetStream", device);
   }
   ~BlasHandle() {
     if (handle) cublasDestroy(handle);
@@ -45,31 +46,32 @@ struct BlasHandle {
   BlasHandle& operator=(const BlasHandle&) = delete;
 };
 
-/// The handle of the GPU `ctx` belongs to, created on first use.
-inline BlasHandle& blas_handle(DeviceContext& ctx) {
+/// The handle of lane `lane` of the GPU `ctx` belongs to, created on first use.
+inline BlasHandle& blas_handle(DeviceContext& ctx, int lane) {
   static std::mutex m;
   static std::vector<std::unique_ptr<BlasHandle>> handles;
   std::lock_guard lk(m);
-  if (handles.size() <= std::size_t(ctx.device)) handles.resize(std::size_t(ctx.device) + 1);
-  auto& h = handles[std::size_t(ctx.device)];
-  if (!h) h = std::make_unique<BlasHandle>(ctx);
+  const std::size_t i = std::size_t(ctx.global_lane(lane));
+  if (handles.size() <= i) handles.resize(i + 1);
+  auto& h = handles[i];
+  if (!h) h = std::make_unique<BlasHandle>(ctx, lane);
   return *h;
 }
 
 /// c (m x n) = op(a) · op(b), all row-major in device memory, where op(a) is
 /// m x k (a stored k x m when trans_a) and op(b) is k x n (b stored n x k
-/// when trans_b). Queued on ctx's stream. float and double.
+/// when trans_b). Queued on lane `lane` of ctx's GPU. float and double.
 ///
 /// Row-major X is column-major Xᵀ, so cuBLAS computes cᵀ = op(b)ᵀ · op(a)ᵀ:
 /// the operands swap places and keep their transposition flags.
 template <class T>
-void gemm(DeviceContext& ctx, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c,
+void gemm(DeviceContext& ctx, int lane, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c,
           bool trans_a = false, bool trans_b = false) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "cuBLAS products are float32 or float64");
   if (m == 0 || n == 0) return;
   if (k == 0) {  // an empty sum (cuBLAS would refuse the leading dimension 0)
     DeviceGuard on(ctx.device);
-    check(cudaMemsetAsync(c, 0, std::size_t(m * n) * sizeof(T), ctx.stream), "cudaMemsetAsync", ctx.device);
+    check(cudaMemsetAsync(c, 0, std::size_t(m * n) * sizeof(T), ctx.stream(lane)), "cudaMemsetAsync", ctx.device);
     return;
   }
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
@@ -80,7 +82,7 @@ void gemm(DeviceContext& ctx, std::int64_t m, std::int64_t n, std::int64_t k, co
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const T one = 1, zero = 0;
-  BlasHandle& h = blas_handle(ctx);
+  BlasHandle& h = blas_handle(ctx, lane);
   std::lock_guard lk(h.mutex);
   DeviceGuard on(ctx.device);
   if constexpr (std::is_same_v<T, float>)

@@ -2,16 +2,23 @@
 // two "GPUs" whose memory is host memory from pools of their own and whose
 // kernels run through Thrust's C++ backend, on the calling thread. Tensors on
 // gpu(0) and gpu(1) then take every path a CUDA build takes: the engine,
-// on_device's GPU executor, the device pools, copies through the backend.
+// on_device's GPU executor, the device pools, copies through the backend,
+// the lanes and their waits (checked by LaneClockChecker: kernels run at
+// once here, so a missing wait would otherwise go unseen).
 // Defined by the test targets with DEFT_GPU_EMULATION and
 // THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP; never in a user's build.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <thrust/system/cpp/execution_policy.h>
 
@@ -19,9 +26,78 @@
 #include "../../engine/allocator.hpp"
 #include "../../engine/device_backend.hpp"
 #include "kernels.hpp"
+#include "lanes.hpp"
 #include "staging.hpp"
 
 namespace deft::detail::gpu {
+
+/// A device's lanes as a real GPU could run them, for checking the waits
+/// LaneTracker makes: each lane keeps a vector clock of the work it is known
+/// to run after (its own, what it waited for, what the host saw finish),
+/// and each piece of work queued is checked against the earlier uses of its
+/// blocks on other lanes. Work not ordered after one of them could run
+/// before it on a GPU: a race, counted in `races` (the first described in
+/// first_race()). LaneTracker's Queue through LaneClockChecker::Ref.
+class LaneClockChecker {
+ public:
+  explicit LaneClockChecker(int lanes)
+      : clocks_(std::size_t(lanes), std::vector<std::uint64_t>(std::size_t(lanes), 0)),
+        host_(std::size_t(lanes), 0) {}
+
+  void add_block(const void* base, std::size_t bytes) {
+    std::lock_guard lk(m_);
+    record_.add_block(base, bytes);
+  }
+  void remove_block(const void* base) {
+    std::lock_guard lk(m_);
+    record_.remove_block(base);
+  }
+  /// Lane `to` waits for what lane `from` queued so far.
+  void order(int from, int to) {
+    std::lock_guard lk(m_);
+    join(clocks_[std::size_t(to)], clocks_[std::size_t(from)]);
+  }
+  /// The host saw what `lane` queued so far finish: work queued later, on
+  /// any lane, runs after it.
+  void host_waited(int lane) {
+    std::lock_guard lk(m_);
+    join(host_, clocks_[std::size_t(lane)]);
+  }
+  void queued(int lane, const MemoryUses& uses) {
+    std::lock_guard lk(m_);
+    auto& clock = clocks_[std::size_t(lane)];
+    join(clock, host_);
+    record_.for_each_conflict(uses, [&](const LaneUse& u) {
+      if (u.lane < 0 || u.lane == lane || clock[std::size_t(u.lane)] >= u.count) return;
+      if (races.fetch_add(1) == 0)
+        first_race_ = "work on lane " + std::to_string(lane) + " is not ordered after work " + std::to_string(u.count) +
+                      " on lane " + std::to_string(u.lane) + " that used the same block";
+    });
+    record_.record({lane, ++clock[std::size_t(lane)]}, uses);
+  }
+  std::string first_race() {
+    std::lock_guard lk(m_);
+    return first_race_;
+  }
+  std::atomic<long> races{0};
+
+  /// LaneTracker's Queue: forwards to a checker.
+  struct Ref {
+    LaneClockChecker* checker;
+    void order(int from, int to) const { checker->order(from, to); }
+    void queued(int lane, const MemoryUses& uses) const { checker->queued(lane, uses); }
+  };
+
+ private:
+  static void join(std::vector<std::uint64_t>& into, const std::vector<std::uint64_t>& from) {
+    for (std::size_t i = 0; i < into.size(); ++i) into[i] = std::max(into[i], from[i]);
+  }
+  std::mutex m_;
+  UseRecord record_;
+  std::vector<std::vector<std::uint64_t>> clocks_;
+  std::vector<std::uint64_t> host_;
+  std::string first_race_;
+};
 
 /// The emulated devices' side of a staged copy: the "DMA" is a memcpy, done
 /// at once. (tests/gpu checks StagingArea with DMAs that finish later.)
@@ -36,6 +112,8 @@ struct EmulatedUploadQueue {
 class EmulatedBackend final : public DeviceBackend {
  public:
   static constexpr int devices = 2;
+  // Lanes per device, and the copy lane's number (as CUDA's copy stream).
+  static constexpr int compute_lanes = 3, copy_lane = compute_lanes;
   // Small chunks, so that the tests' tensors take several (CUDA's are 4 MiB).
   static constexpr std::size_t staging_chunk_bytes = std::size_t(16) << 10;
 
@@ -49,23 +127,50 @@ class EmulatedBackend final : public DeviceBackend {
   void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
             const void* after) override {
     if (after) check_mark(from_device.index, after), ++marked_copies;
-    if (from_device.type == DeviceType::cpu && to_device.type != DeviceType::cpu) {
+    if (from_device.type == DeviceType::cpu) {  // on the calling thread's lane of the destination
+      LaneAccess access(*this, to_device.index, {{}, {to}});
       EmulatedUploadQueue queue;
       staging_.upload(to, from, bytes, queue);
       ++staged_uploads;
-    } else if (bytes) {
-      std::memcpy(to, from, bytes);
+    } else if (to_device.type == DeviceType::cpu) {  // on the copy lane, waited for
+      {
+        LaneScope on_copy(from_device.index, copy_lane);
+        LaneAccess access(*this, from_device.index, {{from}, {}});
+        if (bytes) std::memcpy(to, from, bytes);
+      }
+      host_waits_for(global_lane(from_device.index, copy_lane));
+    } else {  // on the calling thread's lane of the destination
+      const int lane = global_lane(to_device.index, current_lane(to_device.index));
+      const MemoryUses uses{{from}, {to}};
+      tracker_.before(lane, uses);
+      if (bytes) std::memcpy(to, from, bytes);
+      tracker_.after(lane, uses);
     }
   }
-  void synchronize(int) override {}
+  void synchronize(int index) override {
+    for (int k = 0; k <= copy_lane; ++k) host_waits_for(global_lane(index, k));
+  }
   void wait_for(int index, const void* mark) override {
     if (mark) check_mark(index, mark), ++marked_waits;
+    else synchronize(index);
   }
-  void synchronize_all() override {}
+  void synchronize_all() override {
+    for (int i = 0; i < devices; ++i) synchronize(i);
+  }
+  int lanes() override { return compute_lanes; }
+  void before_work(int index, int lane, const MemoryUses& uses) override {
+    tracker_.before(global_lane(index, lane), uses);
+  }
+  void after_work(int index, int lane, const MemoryUses& uses) override {
+    tracker_.after(global_lane(index, lane), uses);
+    if (lane != copy_lane) ++lane_work[std::size_t(index * compute_lanes + lane)];
+  }
 
   /// Copies from a device and waits that were ordered by a buffer's mark;
   /// copies to a device (each staged through pinned blocks).
   std::atomic<long> marked_copies{0}, marked_waits{0}, staged_uploads{0};
+  /// Kernels and copies queued on each compute lane (device * compute_lanes + lane).
+  std::array<std::atomic<long>, devices * compute_lanes> lane_work{};
 
   static void check_mark(int device, const void* mark) {
     if (*static_cast<const int*>(mark) != device)
@@ -77,13 +182,46 @@ class EmulatedBackend final : public DeviceBackend {
   engine::CachingHostAllocator& pool(int index) { return *pools_.at(std::size_t(index)); }
   /// The stand-in for page-locked memory (a pool of its own).
   engine::CachingHostAllocator& pinned_pool() { return *pinned_; }
+  /// The lanes' record and waits, and the checker of those waits.
+  LaneTracker<LaneClockChecker::Ref>& tracker() { return tracker_; }
+  LaneClockChecker& checker() { return checker_; }
+  static int global_lane(int device, int k) { return device * (compute_lanes + 1) + k; }
 
  private:
+  // The devices' memory: host blocks, known to the lanes' record and its checker.
+  class DeviceBlocks final : public engine::HostAllocator {
+   public:
+    explicit DeviceBlocks(EmulatedBackend& b) : b_(b) {}
+    void* allocate(std::size_t bytes, std::size_t align) override {
+      void* p = heap_.allocate(bytes, align);
+      b_.tracker_.add_block(p, bytes);
+      b_.checker_.add_block(p, bytes);
+      return p;
+    }
+    void deallocate(void* p, std::size_t bytes, std::size_t align) noexcept override {
+      b_.tracker_.remove_block(p);
+      b_.checker_.remove_block(p);
+      heap_.deallocate(p, bytes, align);
+    }
+
+   private:
+    EmulatedBackend& b_;
+    engine::DefaultHostAllocator heap_;
+  };
+  void host_waits_for(int lane) {
+    const std::uint64_t queued = tracker_.issued(lane);
+    checker_.host_waited(lane);
+    tracker_.finished(lane, queued);
+  }
+
+  LaneClockChecker checker_{devices * (compute_lanes + 1)};
+  LaneTracker<LaneClockChecker::Ref> tracker_{devices * (compute_lanes + 1), LaneClockChecker::Ref{&checker_}};
   std::shared_ptr<engine::CachingHostAllocator> pinned_ = std::make_shared<engine::CachingHostAllocator>(
       std::make_shared<engine::DefaultHostAllocator>(), std::size_t(64) << 20, 0);
   StagingArea<EmulatedUploadQueue> staging_{pinned_, staging_chunk_bytes};
   std::array<std::shared_ptr<engine::CachingHostAllocator>, devices> pools_{
-      std::make_shared<engine::CachingHostAllocator>(), std::make_shared<engine::CachingHostAllocator>()};
+      std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceBlocks>(*this)),
+      std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceBlocks>(*this))};
 };
 
 inline EmulatedBackend& emulated_backend() {
@@ -93,18 +231,24 @@ inline EmulatedBackend& emulated_backend() {
 
 inline const bool emulated_backend_registered = register_gpu_backend(&emulated_backend());
 
-/// Executor<gpu>'s launch context: Thrust's sequential host policy.
+/// Executor<gpu>'s launch context: Thrust's sequential host policy, the
+/// work's uses declared on the calling thread's lane.
 class Launch {
  public:
-  explicit Launch(int device) {
-    if (device < 0 || device >= EmulatedBackend::devices) raise("no device ", deft::gpu(device), " in the emulation");
-  }
+  Launch(int device, MemoryUses uses) : access_(backend_for(device), device, std::move(uses)) {}
   static auto policy() { return thrust::cpp::par; }
   template <class T>
   void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c, bool trans_a,
             bool trans_b) const {
     naive_gemm(policy(), m, n, k, a, b, c, trans_a, trans_b);
   }
+
+ private:
+  static EmulatedBackend& backend_for(int device) {
+    if (device < 0 || device >= EmulatedBackend::devices) raise("no device ", deft::gpu(device), " in the emulation");
+    return emulated_backend();
+  }
+  LaneAccess access_;
 };
 
 }  // namespace deft::detail::gpu

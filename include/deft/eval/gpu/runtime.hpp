@@ -1,9 +1,12 @@
 // The CUDA runtime as deft uses it: errors become exceptions that carry the
-// CUDA error text, and each GPU has one caching memory pool and one stream.
+// CUDA error text, and each GPU has one caching memory pool, a few compute
+// streams (lanes, ordered by lanes.hpp) and a stream for copies to the host.
 // Plain C++ (the CUDA runtime API is a C library): g++ and nvcc both compile
 // it; link CUDA::cudart (deft::cuda does).
 #pragma once
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -17,8 +20,20 @@
 #include "../../core/error.hpp"
 #include "../../engine/allocator.hpp"
 #include "../../engine/thresholds.hpp"
+#include "lanes.hpp"
 
 namespace deft::detail::gpu {
+
+/// The lanes' waits as CUDA does them (LaneTracker's Queue): an event
+/// recorded on the earlier lane's stream, waited for by the later one's
+/// (either may be on another GPU). Lane numbers are
+/// DeviceContext::global_lane's.
+struct CudaLaneQueue {
+  void order(int from, int to) const;  // defined below, with the contexts
+  static void queued(int, const MemoryUses&) {}
+};
+/// The process's record of which lanes of which GPUs used each device block.
+inline LaneTracker<CudaLaneQueue>& lane_tracker();
 
 /// Throws std::runtime_error("deft: <what> on gpu(i): <CUDA's text>") for a
 /// failed call. Clears the error first when it is not sticky, so that the
@@ -76,11 +91,13 @@ class DeviceMemory final : public engine::HostAllocator {
       raise<std::runtime_error>("out of memory on ", deft::gpu(device_), ": cudaMalloc of ", bytes, " bytes failed");
     }
     check(status, "cudaMalloc", device_);
+    lane_tracker().add_block(p, bytes);
     return p;
   }
   void deallocate(void* p, std::size_t, std::size_t) noexcept override {
     DeviceGuard on(device_);
-    cudaFree(p);
+    cudaFree(p);  // waits for the device: no use of the block is left to order
+    lane_tracker().remove_block(p);
   }
 
  private:
@@ -113,25 +130,25 @@ inline constexpr std::size_t device_cache_min_bytes = 256;
 // When cudaMalloc fails, the cache frees its blocks and tries again.
 inline constexpr std::size_t device_cache_max_bytes = std::numeric_limits<std::size_t>::max();
 
-/// One GPU's resources, created on first use: its memory cache and the
-/// stream deft's kernels for it run on (stream order makes a freed block
-/// safe to reuse for the next kernel without a device-wide sync).
-///
-/// Copies to the host run on a second stream, `copy_stream`, ordered after
-/// the event that marks their source's writer: the kernels queued after
-/// that writer go on computing while the copy runs.
+/// One GPU's resources, created on first use: its memory cache, the compute
+/// streams deft's kernels for it run on (its lanes: work on one runs in
+/// order, work on different ones may overlap, lanes.hpp orders what must
+/// not), and `copy_stream` for copies to the host, ordered after the event
+/// that marks their source's writer: the kernels queued after that writer go
+/// on computing while the copy runs.
 struct DeviceContext {
   int device;
   std::shared_ptr<engine::CachingHostAllocator> memory;  // shared: buffers keep it alive
-  cudaStream_t stream = nullptr;
+  std::vector<cudaStream_t> lanes;
   cudaStream_t copy_stream = nullptr;
 
   explicit DeviceContext(int d)
       : device(d),
         memory(std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceMemory>(d), device_cache_max_bytes,
-                                                              device_cache_min_bytes)) {
+                                                              device_cache_min_bytes)),
+        lanes(std::size_t(thresholds::gpu_lanes), nullptr) {
     DeviceGuard on(d);
-    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
+    for (cudaStream_t& s : lanes) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate", d);
     check(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
   }
   DeviceContext(const DeviceContext&) = delete;
@@ -139,20 +156,36 @@ struct DeviceContext {
   // Never destroyed (Contexts leaks them): marks may return their events
   // during static destruction.
 
-  /// Waits for every kernel queued on the stream; rethrows their failure.
-  void synchronize() { check(cudaStreamSynchronize(stream), "a kernel", device); }
+  /// The stream of lane k (k == lanes.size(): the copy stream).
+  cudaStream_t stream(int k) const { return std::size_t(k) < lanes.size() ? lanes[std::size_t(k)] : copy_stream; }
+  /// The tracker's number for lane k of this device.
+  int global_lane(int k) const { return device * (thresholds::gpu_lanes + 1) + k; }
+  /// The copy stream's lane number k.
+  static constexpr int copy_lane = thresholds::gpu_lanes;
 
-  /// An event recorded on the stream now, returned to this context's free
-  /// list when the last holder of the mark lets go (events are reused: one
-  /// is made only when every earlier one is still held).
-  std::shared_ptr<void> mark() {
+  /// Waits for every kernel queued on the device's streams; rethrows their
+  /// failure. (The tracker then needs no waits for that work.)
+  void synchronize() {
+    for (int k = 0; k <= thresholds::gpu_lanes; ++k) {
+      const int lane = global_lane(k);
+      const std::uint64_t queued = lane_tracker().issued(lane);
+      check(cudaStreamSynchronize(stream(k)), "a kernel", device);
+      lane_tracker().finished(lane, queued);
+    }
+  }
+
+  /// An event recorded on `on` (one of this device's streams) now, returned
+  /// to this context's free list when the last holder of the mark lets go
+  /// (events are reused: one is made only when every earlier one is still
+  /// held).
+  std::shared_ptr<void> mark(cudaStream_t on) {
     cudaEvent_t e = nullptr;
     {
       std::lock_guard lk(events_m_);
       if (!free_events_.empty()) e = free_events_.back(), free_events_.pop_back();
     }
     if (!e) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate", device);
-    if (const cudaError_t status = cudaEventRecord(e, stream); status != cudaSuccess) {
+    if (const cudaError_t status = cudaEventRecord(e, on); status != cudaSuccess) {
       give_back(e);
       check(status, "cudaEventRecord", device);
     }
@@ -219,6 +252,22 @@ inline std::vector<DeviceContext*> live_contexts() {
   for (int i = 0; i < c.count; ++i)
     if (DeviceContext* ctx = c.list[std::size_t(i)].load(std::memory_order_acquire)) live.push_back(ctx);
   return live;
+}
+
+inline void CudaLaneQueue::order(int from, int to) const {
+  constexpr int per_device = thresholds::gpu_lanes + 1;
+  DeviceContext& src = context(from / per_device);
+  DeviceContext& dst = context(to / per_device);
+  DeviceGuard on(src.device);
+  const auto m = src.mark(src.stream(from % per_device));
+  check(cudaStreamWaitEvent(dst.stream(to % per_device), static_cast<cudaEvent_t>(m.get()), 0),
+        "cudaStreamWaitEvent", dst.device);
+}
+
+inline LaneTracker<CudaLaneQueue>& lane_tracker() {
+  static auto* tracker =  // leaked, see DeviceContext
+      new LaneTracker<CudaLaneQueue>(std::max(device_count(), 1) * (thresholds::gpu_lanes + 1), CudaLaneQueue{});
+  return *tracker;
 }
 
 }  // namespace deft::detail::gpu

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <optional>
 
 #include "../../core/device.hpp"
 #include "../../engine/device_backend.hpp"
@@ -12,9 +13,9 @@
 
 namespace deft::detail::gpu {
 
-/// n elements of device memory from the device's pool, returned when this
-/// goes: later work on the same stream may reuse them, as it runs after the
-/// kernels queued now.
+/// n elements of device memory from the device's pool, written by the work
+/// queued on the calling thread's lane while this lives (a LaneAccess: work
+/// on another lane that used the block before, or uses it next, is ordered).
 template <class T>
 class Scratch {
  public:
@@ -23,8 +24,17 @@ class Scratch {
         bytes_(aligned_size(std::size_t(n > 0 ? n : 1) * sizeof(T), thresholds::alignment)),
         data_(static_cast<T*>(pool_->allocate(bytes_, thresholds::alignment))) {
     if (!data_) throw std::bad_alloc();
+    try {
+      access_.emplace(backend_of(deft::gpu(device)), device, MemoryUses{{}, {data_}});
+    } catch (...) {
+      pool_->deallocate(data_, bytes_, thresholds::alignment);
+      throw;
+    }
   }
-  ~Scratch() { pool_->deallocate(data_, bytes_, thresholds::alignment); }
+  ~Scratch() {
+    access_.reset();  // the uses are recorded before another lane can take the block
+    pool_->deallocate(data_, bytes_, thresholds::alignment);
+  }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   T* get() const { return data_; }
@@ -33,6 +43,7 @@ class Scratch {
   std::shared_ptr<engine::HostAllocator> pool_;
   std::size_t bytes_;
   T* data_;
+  std::optional<LaneAccess> access_;
 };
 
 }  // namespace deft::detail::gpu

@@ -1,0 +1,164 @@
+// Several streams ("lanes") per GPU, and the waits that keep them correct.
+//
+// Independent subtrees run on different lanes of their GPU. What keeps work
+// on different lanes ordered is not the engine's task graph but the memory
+// each piece of work touches: every kernel and copy declares the device
+// blocks it reads and writes (LaneAccess), and LaneTracker makes its lane
+// wait for the earlier uses of those blocks queued on other lanes (a read
+// after a write, a write after reads or a write). This covers what the task
+// graph cannot see: a block freed by one lane and handed by the pool to the
+// next writer on another, a buffer written in place after readers on other
+// lanes finished queueing, scratch memory. Which lane a task takes (the
+// engine's policy, engine.hpp) then only decides speed, never correctness.
+//
+// Plain C++, templated on the device side (Queue): CUDA's events, or the
+// emulation's clock checker (emulation.hpp), which verifies the waits.
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "../../engine/device_backend.hpp"
+
+namespace deft::detail::gpu {
+
+/// One piece of work on a lane: its lane and its number there.
+struct LaneUse {
+  int lane = -1;
+  std::uint64_t count = 0;
+};
+
+/// Which work used which device blocks: the latest write of each block, and
+/// the reads since (the latest per lane). Not thread-safe.
+class UseRecord {
+ public:
+  /// Device memory [base, base + bytes) (an allocation the pools hand out
+  /// whole to buffers and scratch).
+  void add_block(const void* base, std::size_t bytes) { blocks_[key(base)] = Block{bytes, {}, {}}; }
+  void remove_block(const void* base) { blocks_.erase(key(base)); }
+
+  /// Calls f(use) for every recorded use that work with `uses` conflicts
+  /// with: the write before a read; the write and the reads before a write.
+  template <class F>
+  void for_each_conflict(const MemoryUses& uses, F&& f) {
+    for (const void* p : uses.reads)
+      if (Block* b = find(p)) f(b->write);
+    for (const void* p : uses.writes)
+      if (Block* b = find(p)) {
+        f(b->write);
+        for (const LaneUse& r : b->reads) f(r);
+      }
+  }
+  /// Records `uses` as done by the work `now`.
+  void record(const LaneUse& now, const MemoryUses& uses) {
+    for (const void* p : uses.reads)
+      if (Block* b = find(p)) {
+        auto same = std::ranges::find(b->reads, now.lane, &LaneUse::lane);
+        if (same != b->reads.end()) *same = now;
+        else b->reads.push_back(now);
+      }
+    for (const void* p : uses.writes)
+      if (Block* b = find(p)) {
+        b->write = now;
+        b->reads.clear();
+      }
+  }
+
+ private:
+  struct Block {
+    std::size_t bytes = 0;
+    LaneUse write;               // none (lane -1) before the first
+    std::vector<LaneUse> reads;
+  };
+  static std::uintptr_t key(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+  Block* find(const void* p) {
+    if (!p || blocks_.empty()) return nullptr;
+    auto it = blocks_.upper_bound(key(p));
+    if (it == blocks_.begin()) return nullptr;
+    --it;
+    return key(p) < it->first + it->second.bytes ? &it->second : nullptr;
+  }
+  std::map<std::uintptr_t, Block> blocks_;
+};
+
+/// Queue: `order(from, to)` makes work queued on lane `to` from now on wait
+/// for the work queued on lane `from` so far; `queued(lane, uses)` is told
+/// of each piece of work once it is queued (a checker's hook; may do
+/// nothing).
+template <class Queue>
+class LaneTracker {
+ public:
+  LaneTracker(int lanes, Queue queue)
+      : queue_(std::move(queue)), issued_(std::size_t(lanes), 0), done_(std::size_t(lanes), 0),
+        seen_(std::size_t(lanes) * std::size_t(lanes), 0), lanes_(lanes) {}
+
+  int lanes() const { return lanes_; }
+
+  /// A device allocation the pools hand out whole (see UseRecord).
+  void add_block(const void* base, std::size_t bytes) {
+    std::lock_guard lk(m_);
+    record_.add_block(base, bytes);
+  }
+  void remove_block(const void* base) {
+    std::lock_guard lk(m_);
+    record_.remove_block(base);
+  }
+
+  /// Before queuing work with `uses` on `lane`: orders the lane after every
+  /// earlier conflicting use on another lane not known to be done.
+  void before(int lane, const MemoryUses& uses) {
+    std::lock_guard lk(m_);
+    record_.for_each_conflict(uses, [&](const LaneUse& u) {
+      if (u.lane < 0 || u.lane == lane || u.count <= done_[std::size_t(u.lane)] || u.count <= seen(lane, u.lane))
+        return;
+      queue_.order(u.lane, lane);
+      seen(lane, u.lane) = issued_[std::size_t(u.lane)];
+      ++waits_;
+    });
+  }
+
+  /// Once that work is queued: records its uses. (Recorded only now, so
+  /// that a lane ordered after this one's queued work is never taken to be
+  /// after work that was still being queued.)
+  void after(int lane, const MemoryUses& uses) {
+    std::lock_guard lk(m_);
+    record_.record({lane, ++issued_[std::size_t(lane)]}, uses);
+    queue_.queued(lane, uses);
+  }
+
+  /// How much work was queued on `lane` so far (read before waiting for it on the host)...
+  std::uint64_t issued(int lane) {
+    std::lock_guard lk(m_);
+    return issued_[std::size_t(lane)];
+  }
+  /// ...and, once the host saw it finish, that it needs no waits any more.
+  void finished(int lane, std::uint64_t upto) {
+    std::lock_guard lk(m_);
+    auto& d = done_[std::size_t(lane)];
+    d = std::max(d, upto);
+  }
+
+  /// Waits made so far (one per order() call).
+  std::uint64_t waits() {
+    std::lock_guard lk(m_);
+    return waits_;
+  }
+  Queue& queue() { return queue_; }
+
+ private:
+  std::uint64_t& seen(int to, int from) { return seen_[std::size_t(to) * std::size_t(lanes_) + std::size_t(from)]; }
+
+  std::mutex m_;
+  Queue queue_;
+  UseRecord record_;
+  std::vector<std::uint64_t> issued_, done_;
+  std::vector<std::uint64_t> seen_;  // seen(to, from): `to` waits for `from`'s work up to this count
+  std::uint64_t waits_ = 0;
+  int lanes_;
+};
+
+}  // namespace deft::detail::gpu

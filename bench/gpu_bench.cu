@@ -9,6 +9,8 @@
 //     busy GPU holds its caller (raw pageable) or deft's worker (staged);
 //   - launch cost per deferred op: a chain of `y += 1` on a small tensor,
 //     against the same number of bare Thrust launches;
+//   - lanes: four independent chains of small kernels on 1 and 4 streams,
+//     bare Thrust and deft (engine::Limits::gpu_lanes);
 //   - the seeds' MLP step and the batch-1 forward (imperative, hybridized) on
 //     gpu(0), with PyTorch's step on the same GPU when `python3 -c "import
 //     torch"` works (bench/gpu_torch_step.py, a child process).
@@ -28,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -315,6 +318,60 @@ void launch_rows() {
   cudaStreamDestroy(s);
 }
 
+// --- lanes: independent chains of small kernels --------------------------------------
+
+// Four independent chains of small elementwise steps (2^14 floats: one
+// kernel fills a sliver of the GPU). On one stream the kernels run one after
+// another; on four they overlap. Bare Thrust on 1 and 4 streams against
+// deft with engine::Limits::gpu_lanes 1 and 4.
+void lane_rows() {
+  const char* g = "gpu_lanes";
+  constexpr int chains = 4, steps = 250;
+  const std::int64_t n = std::int64_t(1) << 14;
+  const std::string size = "4 x 2^14, " + std::to_string(steps) + " steps";
+  std::vector<std::unique_ptr<DeviceFloats>> raw;
+  std::vector<cudaStream_t> streams(chains);
+  for (int c = 0; c < chains; ++c) {
+    raw.push_back(std::make_unique<DeviceFloats>(n));
+    raw.back()->upload(random_floats(n, 30 + c));
+    cuda_check(cudaStreamCreateWithFlags(&streams[c], cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  auto bare = [&](int used) {
+    return measure([&] {
+      for (int i = 0; i < steps; ++i)
+        for (int c = 0; c < chains; ++c)
+          thrust::transform(thrust::cuda::par_nosync.on(streams[c % used]), raw[c]->p, raw[c]->p + n, raw[c]->p,
+                            AddOne{});
+      for (cudaStream_t st : streams) cuda_check(cudaStreamSynchronize(st), "thrust");
+    });
+  };
+  const engine::Limits saved = engine::limits();
+  auto with_lanes = [&](int lanes) {
+    engine::Limits l = saved;
+    l.gpu_lanes = lanes;
+    engine::set_limits(l);
+    std::vector<Tensor<float>> x;
+    for (int c = 0; c < chains; ++c) x.push_back(Tensor<float>(random_floats(n, 30 + c), {n}, gpu(0)) * 1.0f);
+    wait_all();
+    const Summary s = measure([&] {
+      for (int i = 0; i < steps; ++i)
+        for (auto& t : x) t = t * 0.5f + 1.0f;
+      wait_all();
+    });
+    engine::set_limits(saved);
+    return s;
+  };
+  const Summary bare1 = bare(1), bare4 = bare(chains), deft1 = with_lanes(1), deft4 = with_lanes(chains);
+  for (cudaStream_t st : streams) cudaStreamDestroy(st);
+  const int ops = chains * steps;
+  add_time(g, "4 independent chains, 1 stream", "thrust", 1, size, "ns/op", bare1, ops);
+  add_time(g, "4 independent chains, 4 streams", "thrust", 1, size, "ns/op", bare4, ops);
+  add_time(g, "4 independent chains, 1 lane", "deft", 1, size, "ns/op", deft1, ops);
+  add_time(g, "4 independent chains, 4 lanes", "deft", 1, size, "ns/op", deft4, ops);
+  std::printf("%-12s 4 streams over 1: Thrust %.2fx faster, deft lanes %.2fx faster\n", g, bare1.median / bare4.median,
+              deft1.median / deft4.median);
+}
+
 // --- the seeds' nets on the GPU -----------------------------------------------------
 
 using bench::dense_net;
@@ -420,6 +477,7 @@ int main(int argc, char** argv) try {
   if (bench::selected("gpu_gemm")) gemm_rows();
   if (bench::selected("gpu_copy")) copy_rows();
   if (bench::selected("gpu_launch")) launch_rows();
+  if (bench::selected("gpu_lanes")) lane_rows();
   if (bench::selected("gpu_training")) training_rows(torch_script);
   if (!bench::opts.csv.empty()) bench::write_csv(bench::opts.csv);
   return 0;

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 namespace deft::thresholds {
 
@@ -97,6 +98,17 @@ inline constexpr std::int64_t conv_partial_elements = std::int64_t(1) << 22;
 // elements (64 MiB of float; a LeNet batch of 256 takes one block). Bigger
 // blocks make fewer, larger GEMMs.
 inline constexpr std::int64_t gpu_conv_block_elements = std::int64_t(1) << 24;
+
+// --- GPU memory (eval/gpu/runtime.hpp; the emulated GPUs' pools alike) ----
+// Device blocks are cached from this size up (every tensor: a steady
+// training loop then calls cudaMalloc only while the cache warms up)...
+inline constexpr std::size_t gpu_cache_min_bytes = 256;
+// ...with no cap on the free bytes held: a block the cache refuses is given
+// to cudaFree, which waits for the whole device, so a full cache would make
+// every later allocation stall the GPU (seen on an H100: matrix products 4x
+// slower once an earlier phase had filled a 4 GiB cap with large blocks).
+// When cudaMalloc fails, the cache frees its blocks and tries again.
+inline constexpr std::size_t gpu_cache_max_bytes = std::numeric_limits<std::size_t>::max();
 
 // --- GPU lanes (eval/gpu/lanes.hpp) ----------------------------------------
 // Compute streams per GPU. Independent subtrees take different ones, so

@@ -25,6 +25,7 @@
 #include "../../core/error.hpp"
 #include "../../engine/allocator.hpp"
 #include "../../engine/device_backend.hpp"
+#include "../../engine/thresholds.hpp"
 #include "kernels.hpp"
 #include "lanes.hpp"
 #include "staging.hpp"
@@ -219,9 +220,12 @@ class EmulatedBackend final : public DeviceBackend {
   std::shared_ptr<engine::CachingHostAllocator> pinned_ = std::make_shared<engine::CachingHostAllocator>(
       std::make_shared<engine::DefaultHostAllocator>(), std::size_t(64) << 20, 0);
   StagingArea<EmulatedUploadQueue> staging_{pinned_, staging_chunk_bytes};
-  std::array<std::shared_ptr<engine::CachingHostAllocator>, devices> pools_{
-      std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceBlocks>(*this)),
-      std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceBlocks>(*this))};
+  // Cached as CUDA's pools are, so that blocks change lanes as they do there.
+  std::array<std::shared_ptr<engine::CachingHostAllocator>, devices> pools_{make_pool(), make_pool()};
+  std::shared_ptr<engine::CachingHostAllocator> make_pool() {
+    return std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceBlocks>(*this),
+                                                          thresholds::gpu_cache_max_bytes, thresholds::gpu_cache_min_bytes);
+  }
 };
 
 inline EmulatedBackend& emulated_backend() {

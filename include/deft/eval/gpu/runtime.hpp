@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstddef>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -120,16 +119,6 @@ class PinnedMemory final : public engine::HostAllocator {
   void deallocate(void* p, std::size_t, std::size_t) noexcept override { cudaFreeHost(p); }
 };
 
-// Device blocks are cached from this size up (every tensor: a steady
-// training loop then calls cudaMalloc only while the cache warms up)...
-inline constexpr std::size_t device_cache_min_bytes = 256;
-// ...with no cap on the free bytes held: a block the cache refuses is given
-// to cudaFree, which waits for the whole device, so a full cache would make
-// every later allocation stall the GPU (seen on an H100: matrix products 4x
-// slower once an earlier phase had filled a 4 GiB cap with large blocks).
-// When cudaMalloc fails, the cache frees its blocks and tries again.
-inline constexpr std::size_t device_cache_max_bytes = std::numeric_limits<std::size_t>::max();
-
 /// One GPU's resources, created on first use: its memory cache, the compute
 /// streams deft's kernels for it run on (its lanes: work on one runs in
 /// order, work on different ones may overlap, lanes.hpp orders what must
@@ -144,8 +133,8 @@ struct DeviceContext {
 
   explicit DeviceContext(int d)
       : device(d),
-        memory(std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceMemory>(d), device_cache_max_bytes,
-                                                              device_cache_min_bytes)),
+        memory(std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceMemory>(d), thresholds::gpu_cache_max_bytes,
+                                                              thresholds::gpu_cache_min_bytes)),
         lanes(std::size_t(thresholds::gpu_lanes), nullptr) {
     DeviceGuard on(d);
     for (cudaStream_t& s : lanes) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate", d);

@@ -96,8 +96,6 @@ class LaneTracker {
       : queue_(std::move(queue)), issued_(std::size_t(lanes), 0), done_(std::size_t(lanes), 0),
         seen_(std::size_t(lanes) * std::size_t(lanes), 0), lanes_(lanes) {}
 
-  int lanes() const { return lanes_; }
-
   /// A device allocation the pools hand out whole (see UseRecord).
   void add_block(const void* base, std::size_t bytes) {
     std::lock_guard lk(m_);
@@ -147,7 +145,6 @@ class LaneTracker {
     std::lock_guard lk(m_);
     return waits_;
   }
-  Queue& queue() { return queue_; }
 
  private:
   std::uint64_t& seen(int to, int from) { return seen_[std::size_t(to) * std::size_t(lanes_) + std::size_t(from)]; }

@@ -11,8 +11,8 @@
 //     against the same number of bare Thrust launches;
 //   - lanes: four independent chains of small kernels on 1 and 4 streams,
 //     bare Thrust and deft (engine::Limits::gpu_lanes);
-//   - the seeds' MLP step and the batch-1 forward (imperative, hybridized) on
-//     gpu(0), with PyTorch's step on the same GPU when `python3 -c "import
+//   - the seeds' MLP step and the batch-1 forward (imperative; hybridized
+//     kernel by kernel and as one CUDA graph) on gpu(0), with PyTorch's step on the same GPU when `python3 -c "import
 //     torch"` works (bench/gpu_torch_step.py, a child process).
 // Each row is the median of repeats; every timed call ends with the device
 // idle (a sync point), so host clocks measure device work. Ratios are
@@ -442,9 +442,16 @@ void training_rows(const std::string& torch_script) {
       for (int i = 0; i < calls; ++i) (void)(*net)(x).to_vector();
     };
     add_time(g, "forward 512-256-128-2 imperative", "deft", 1, size, "us", measure(loop), calls);
+    net->hybridize(true, {.cuda_graph = false});
+    (void)(*net)(x).to_vector();
+    const auto by_kernel = measure(loop);
+    add_time(g, "forward 512-256-128-2 hybridized, kernel by kernel", "deft", 1, size, "us", by_kernel, calls);
     net->hybridize();
     (void)(*net)(x).to_vector();
-    add_time(g, "forward 512-256-128-2 hybridized", "deft", 1, size, "us", measure(loop), calls);
+    (void)(*net)(x).to_vector();  // the first replay records the graph
+    const auto graphed = measure(loop);
+    add_time(g, "forward 512-256-128-2 hybridized, one CUDA graph", "deft", 1, size, "us", graphed, calls);
+    std::printf("%-12s hybridized forward: kernel by kernel / CUDA graph %.2f\n", g, by_kernel.median / graphed.median);
   }
 }
 

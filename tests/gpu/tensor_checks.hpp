@@ -9,6 +9,7 @@
 #pragma once
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -329,6 +330,55 @@ inline void autograd_and_sgd() {
   expect_near(on_gpu, std::vector<double>(on_cpu.begin(), on_cpu.end()), 1e-5, "weights after one SGD step, and the loss");
 }
 
+/// A forward through Dense layers (weight in x units, bias), relu between
+/// them, in double precision from the parameters' current values.
+inline std::vector<double> dense_forward_reference(deft::nn::Block& net, const std::vector<float>& x, i64 rows) {
+  std::vector<double> h(x.begin(), x.end());
+  const auto params = net.collect_params();
+  for (std::size_t l = 0; l < params.size(); l += 2) {
+    const auto w = params[l]->data().to_vector(), b = params[l + 1]->data().to_vector();
+    const i64 units = i64(b.size()), in = i64(w.size()) / units;
+    std::vector<double> next(std::size_t(rows * units));
+    for (i64 r = 0; r < rows; ++r)
+      for (i64 u = 0; u < units; ++u) {
+        double acc = b[std::size_t(u)];
+        for (i64 k = 0; k < in; ++k) acc += h[std::size_t(r * in + k)] * w[std::size_t(k * units + u)];
+        next[std::size_t(r * units + u)] = l + 2 < params.size() ? std::max(acc, 0.0) : acc;
+      }
+    h = std::move(next);
+  }
+  return h;
+}
+
+/// A hybridized network on gpu(0) computes its forward at every replay, its
+/// replays run as one CUDA graph or kernel by kernel; new parameter values
+/// trace (and record) it again. Checked against a double loop.
+inline void hybridized_forward() {
+  for (const bool graph : {true, false}) {
+    deft::random::seed(5);
+    auto net = std::make_shared<deft::nn::Sequential>();
+    net->add(std::make_shared<deft::nn::Dense>(32, deft::nn::Act::relu),
+             std::make_shared<deft::nn::Dense>(16, deft::nn::Act::relu), std::make_shared<deft::nn::Dense>(4));
+    net->initialize(deft::nn::init::xavier(), {deft::gpu(0)});
+    const i64 rows = 8;
+    std::vector<std::vector<float>> inputs;
+    for (unsigned k = 0; k < 3; ++k) inputs.push_back(random_values(rows * 10, 60 + k));
+    (void)(*net)(Tensor<float>(inputs[0], {rows, 10}).to(deft::gpu(0))).to_vector();  // parameters drawn
+    net->hybridize(true, {.cuda_graph = graph});
+    for (int round = 0; round < 2; ++round) {
+      for (int call = 0; call < 4; ++call) {
+        const auto& x = inputs[std::size_t(call) % inputs.size()];
+        const Tensor<float> out = (*net)(Tensor<float>(x, {rows, 10}).to(deft::gpu(0)));
+        BOOST_TEST(out.device() == deft::gpu(0));
+        expect_near(out.to_vector(), dense_forward_reference(*net, x, rows), 1e-5,
+                    graph ? "hybridized forward, one graph" : "hybridized forward, kernel by kernel");
+      }
+      for (auto* p : net->collect_params()) p->data(deft::gpu(0)) = p->data(deft::gpu(0)) * 0.75f + 0.01f;
+    }
+    BOOST_TEST(net->traces() == 2);
+  }
+}
+
 }  // namespace gpu_tensors
 
 /// Registers the checks above; `exact`: the backend runs the host's code.
@@ -342,4 +392,5 @@ inline void autograd_and_sgd() {
   BOOST_AUTO_TEST_CASE(pinned_round_trip) { gpu_tensors::pinned_round_trip(); }                 \
   BOOST_AUTO_TEST_CASE(errors_name_the_devices) { gpu_tensors::errors(); }                      \
   BOOST_AUTO_TEST_CASE(convolution_and_pooling_on_gpu) { gpu_tensors::convolution_and_pooling(); } \
-  BOOST_AUTO_TEST_CASE(autograd_and_sgd_on_gpu) { gpu_tensors::autograd_and_sgd(); }
+  BOOST_AUTO_TEST_CASE(autograd_and_sgd_on_gpu) { gpu_tensors::autograd_and_sgd(); }             \
+  BOOST_AUTO_TEST_CASE(hybridized_forward_on_gpu) { gpu_tensors::hybridized_forward(); }

@@ -207,6 +207,7 @@ namespace {
 
 namespace gk = deft::detail::gpu;
 using deft::detail::MemoryUses;
+using deft::Tensor;
 
 // Every test above and below ran its GPU work through the checker.
 struct NoLaneRaces {
@@ -378,6 +379,137 @@ BOOST_AUTO_TEST_CASE(one_lane_when_the_limits_say_so) {
   auto bad = saved;
   bad.gpu_lanes = 0;
   BOOST_CHECK_THROW(deft::engine::set_limits(bad), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// Device programs (engine/device_program.hpp): a hybridized forward on a GPU
+// replays as one program, a CUDA graph on a real GPU. An emulated launch
+// runs the recorded work again and raises if it touches memory the program
+// was not recorded with, which a graph's baked-in addresses would miss.
+namespace {
+
+struct ProgramCounts {
+  long recorded, launched;
+};
+ProgramCounts program_counts() {
+  auto& b = gk::emulated_backend();
+  return {b.programs_recorded.load(), b.program_launches.load()};
+}
+
+// A forward with a reduction (its scratch block is kept by the program) and
+// a fork and join: y = relu(x - mean(x)) * 2 + (x - mean(x)).
+struct Centered : deft::nn::Block {
+  Centered() : Block("centered") {}
+  Tensor<float> forward(const Tensor<float>& x) override {
+    const Tensor<float> c = x - deft::mean(x);
+    const Tensor<float> a = deft::relu(c) * 2.0f;
+    return a + c;
+  }
+};
+std::vector<double> centered_reference(const std::vector<float>& x) {
+  double m = 0;
+  for (float v : x) m += v;
+  m /= double(x.size());
+  std::vector<double> y;
+  for (float v : x) y.push_back(std::max(double(v) - m, 0.0) * 2 + (double(v) - m));
+  return y;
+}
+
+// out[i] = v (Executor<gpu>::generate's function).
+struct Constant {
+  float v;
+  float operator()(std::int64_t) const { return v; }
+};
+
+// A forward that uploads a host constant each call: no program can repeat it.
+struct PlusHostConstant : deft::nn::Block {
+  PlusHostConstant() : Block("plus_host_constant") {}
+  Tensor<float> forward(const Tensor<float>& x) override {
+    const std::vector<float> ones(std::size_t(x.shape().size()), 1.0f);
+    return x * 3.0f + Tensor<float>(ones, x.shape()).to(x.device());
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(gpu_programs)
+
+// The first call traces, the second records the program (and runs it), the
+// later ones launch it; with cuda_graph off nothing is recorded.
+BOOST_AUTO_TEST_CASE(a_hybridized_forward_replays_as_one_program) {
+  for (const bool graph : {true, false}) {
+    Centered block;
+    block.hybridize(true, {.cuda_graph = graph});
+    const auto before = program_counts();
+    for (int call = 0; call < 5; ++call) {
+      const auto x = gpu_tensors::random_values(3000, 70 + unsigned(call));
+      const Tensor<float> y = block(Tensor<float>(x, {3000}).to(deft::gpu(1)));
+      gpu_tensors::expect_near(y.to_vector(), centered_reference(x), 1e-5, "centered forward");
+    }
+    const auto after = program_counts();
+    BOOST_TEST(after.recorded - before.recorded == (graph ? 1 : 0));
+    BOOST_TEST(after.launched - before.launched == (graph ? 3 : 0));
+    BOOST_TEST(block.traces() == 1);
+  }
+}
+
+// A forward that copies from the host records no program; its replays run
+// kernel by kernel and stay right.
+BOOST_AUTO_TEST_CASE(forwards_that_copy_from_the_host_replay_kernel_by_kernel) {
+  PlusHostConstant block;
+  block.hybridize();
+  const auto before = program_counts();
+  for (int call = 0; call < 4; ++call) {
+    const auto x = gpu_tensors::random_values(500, 80 + unsigned(call));
+    const auto y = block(Tensor<float>(x, {500}).to(deft::gpu(0))).to_vector();
+    std::vector<double> want;
+    for (float v : x) want.push_back(double(v) * 3 + 1);
+    gpu_tensors::expect_near(y, want, 1e-6, "x * 3 + an uploaded constant");
+  }
+  BOOST_TEST(program_counts().recorded == before.recorded);
+  BOOST_TEST(program_counts().launched == before.launched);
+}
+
+// A launch that would touch other memory than the recording did, or ask for
+// other scratch, is an error (a graph would use the recorded addresses).
+BOOST_AUTO_TEST_CASE(a_launch_on_other_memory_is_refused) {
+  auto& backend = gk::emulated_backend();
+  auto pool = backend.memory(0);
+  void* a = pool->allocate(4096, 64);
+  void* b = pool->allocate(4096, 64);
+  void* target = a;
+  std::int64_t scratch_elements = 16;
+  const deft::detail::Executor<deft::DeviceType::gpu> on{0};
+  auto program = backend.record(0, [&] {
+    on.generate(1024, Constant{2.0f}, static_cast<float*>(target));
+    gk::Scratch<float> scratch(0, scratch_elements);
+  });
+  BOOST_REQUIRE(program);
+  BOOST_TEST(static_cast<float*>(a)[1023] == 2.0f);
+  program->launch();  // the same memory: fine
+  target = b;
+  BOOST_CHECK_EXCEPTION(program->launch(), std::logic_error, [](const std::logic_error& e) {
+    return std::string(e.what()).find("memory it was not recorded with") != std::string::npos;
+  });
+  target = a;
+  scratch_elements = 64;
+  BOOST_CHECK_EXCEPTION(program->launch(), std::logic_error, [](const std::logic_error& e) {
+    return std::string(e.what()).find("scratch memory it was not recorded with") != std::string::npos;
+  });
+  // Copies to or from the host and work for another device cannot record.
+  std::vector<float> host(1024);
+  BOOST_CHECK_THROW(backend.record(0, [&] { deft::detail::copy_bytes(a, deft::gpu(0), host.data(), deft::cpu(), 4096); }),
+                    deft::detail::NotRecordable);
+  BOOST_CHECK_THROW(backend.record(0, [&] { deft::detail::copy_bytes(host.data(), deft::cpu(), a, deft::gpu(0), 4096); }),
+                    deft::detail::NotRecordable);
+  const deft::detail::Executor<deft::DeviceType::gpu> on_other{1};
+  BOOST_CHECK_THROW(backend.record(0, [&] { on_other.generate(4, Constant{1.0f}, static_cast<float*>(b)); }),
+                    deft::detail::NotRecordable);
+  program.reset();
+  backend.synchronize(0);
+  pool->deallocate(a, 4096, 64);
+  pool->deallocate(b, 4096, 64);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

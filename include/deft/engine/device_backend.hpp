@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -14,15 +15,9 @@
 #include "../core/device.hpp"
 #include "../core/error.hpp"
 #include "allocator.hpp"
+#include "device_program.hpp"
 
 namespace deft::detail {
-
-/// The device memory one kernel or copy reads and writes (pointers anywhere
-/// inside the blocks a device's pool handed out), declared so that work on
-/// different lanes of a device is ordered (eval/gpu/lanes.hpp).
-struct MemoryUses {
-  std::vector<const void*> reads, writes;
-};
 
 /// The lane (stream) of its device that the calling thread queues GPU work
 /// on: set by the engine around a GPU task (LaneScope), lane 0 elsewhere.
@@ -98,6 +93,15 @@ class DeviceBackend {
   virtual void before_work(int /*index*/, int /*lane*/, const MemoryUses&) {}
   /// ...and once it is queued, records its uses.
   virtual void after_work(int /*index*/, int /*lane*/, const MemoryUses&) {}
+
+  /// Runs `work` (GPU work for device `index`, queued on the calling
+  /// thread's lane) recorded as a device program, and returns the program
+  /// for later launches; null where the backend records none (`work` did not
+  /// run). When recording fails (NotRecordable, or the device's error),
+  /// `work` may have run in part: the caller runs it again as it is.
+  virtual std::unique_ptr<DeviceProgram> record(int /*index*/, const std::function<void()>& /*work*/) {
+    return nullptr;
+  }
 };
 
 inline std::atomic<DeviceBackend*>& gpu_backend_slot() {
@@ -135,14 +139,22 @@ inline void copy_bytes(void* to, Device to_device, const void* from, Device from
 /// Declares the memory uses of the GPU work queued while it lives, on the
 /// calling thread's lane of `device`: constructed before the work is queued
 /// (ordering the lane after conflicting work on other lanes), destroyed once
-/// it is.
+/// it is. While a program records, the uses go to the program instead,
+/// which declares them all at each launch.
 class LaneAccess {
  public:
   LaneAccess(DeviceBackend& b, int device, MemoryUses uses)
       : backend_(b), device_(device), lane_(current_lane(device)), uses_(std::move(uses)) {
+    if (ProgramCapture* c = ProgramCapture::active()) {
+      c->use(device_, uses_);
+      captured_ = true;
+      return;
+    }
     backend_.before_work(device_, lane_, uses_);
   }
-  ~LaneAccess() { backend_.after_work(device_, lane_, uses_); }
+  ~LaneAccess() {
+    if (!captured_) backend_.after_work(device_, lane_, uses_);
+  }
   LaneAccess(const LaneAccess&) = delete;
   LaneAccess& operator=(const LaneAccess&) = delete;
   int lane() const { return lane_; }
@@ -151,6 +163,7 @@ class LaneAccess {
   DeviceBackend& backend_;
   int device_, lane_;
   MemoryUses uses_;
+  bool captured_ = false;
 };
 
 /// Blocks until the work on device d that `mark` marks finished (all queued

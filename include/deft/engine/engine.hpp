@@ -614,15 +614,24 @@ inline void refuse_sync_in_trace(const char* what) {
                                   "wait_to_read, printing, wait_all, branching on data); read them outside the block");
 }
 
-/// Records the steps of `trace` again, one task per chain (Trace::Chain),
-/// after `refill` (unrecorded; it writes the traced input `input` and
-/// declared its reads). The refill waits for every task of the previous
-/// replay still running, and every chain for the refill, so nothing
-/// overwrites a buffer the previous replay still reads. On the CPU, when
-/// every chain waits for the first (Plan::rooted), the refill runs inside
-/// the first chain's task: a chain of layers is then one task. Step `new_output`
-/// (Trace::sole_unread_writer, or Trace::none) writes a new buffer, which is
-/// returned.
+/// The tasks recorded before the trace that the steps of `chain` read and
+/// that have not finished: a replay of them waits for these.
+inline void add_outer_deps(const Trace::Plan& plan, const Trace::Chain& chain, Task& t) {
+  for (std::size_t i : chain.steps)
+    for (const auto& w : plan.steps[i].outer)
+      if (auto d = w.lock(); d && !d->finished()) t.deps.push_back(std::move(d));
+}
+
+/// Records the steps of `trace` again after `refill` (unrecorded; it writes
+/// the traced input `input` and declared its reads). The refill waits for
+/// every task of the previous replay still running, and the replay for the
+/// refill, so nothing overwrites a buffer the previous replay still reads.
+/// A plan on one GPU (Trace::replays_as_program) replays as one ProgramTask.
+/// Otherwise each chain (Trace::Chain) is a task; on the CPU, when every
+/// chain waits for the first (Plan::rooted), the refill runs inside the
+/// first chain's task: a chain of layers is then one task, and step
+/// `new_output` (Trace::sole_unread_writer, or Trace::none) writes a new
+/// buffer, which is returned (null when none was made).
 inline std::shared_ptr<Buffer> replay(Trace& trace, std::shared_ptr<Task> refill, const std::shared_ptr<Buffer>& input,
                                       std::size_t new_output = Trace::none) {
   const auto& plan = trace.plan();
@@ -631,6 +640,19 @@ inline std::shared_ptr<Buffer> replay(Trace& trace, std::shared_ptr<Task> refill
     if (!t->finished()) refill->deps.push_back(t);
   if (const auto& p = input->producer; p && !p->finished()) refill->deps.push_back(p);
   tasks.clear();
+  if (trace.replays_as_program()) {
+    refill->output = input;
+    auto run = std::make_shared<ProgramTask>(plan, trace.program_slot(), input);
+    run->deps.push_back(refill);
+    for (const auto& c : plan->chains) add_outer_deps(*plan, c, *run);
+    run->output = plan->steps[plan->last_live].output;
+    tasks = {refill, run};
+    Engine::get().record_all(tasks);
+    input->producer = refill;
+    for (const auto& s : plan->steps)
+      if (s.output) s.output->producer = run;
+    return nullptr;
+  }
   const bool fold = plan->rooted && !refill->hand_off && !plan->chains.front().hand_off;
   std::shared_ptr<Task> head = refill;  // every chain waits for it (directly or through the first chain)
   if (!fold) {
@@ -653,9 +675,7 @@ inline std::shared_ptr<Buffer> replay(Trace& trace, std::shared_ptr<Task> refill
     }
     for (std::size_t a : c.after)
       if (tasks[first_chain + a] != head) t->deps.push_back(tasks[first_chain + a]);
-    for (std::size_t i : c.steps)
-      for (const auto& w : plan->steps[i].outer)
-        if (auto d = w.lock(); d && !d->finished()) t->deps.push_back(std::move(d));
+    add_outer_deps(*plan, c, *t);
     const std::size_t last = c.steps.back();
     if (last == new_output) {
       made = std::make_shared<Buffer>(plan->steps[last].output->bytes, plan->steps[last].output->device);

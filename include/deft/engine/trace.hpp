@@ -8,11 +8,13 @@
 // (independent branches) still run in parallel.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <unordered_map>
 #include <vector>
 
+#include "device_backend.hpp"
 #include "task.hpp"
 
 namespace deft::detail {
@@ -49,6 +51,16 @@ class Trace {
     std::vector<Step> steps;
     std::vector<Chain> chains;
     bool rooted = false;  // every chain waits, directly or not, for the first
+    // The GPU every live step writes on, if there is one and at least two
+    // live steps (-1 otherwise): the plan can replay as a device program.
+    int program_device = -1;
+    std::size_t last_live = 0;  // the last step with an output
+  };
+  /// The device program of a plan (ProgramTask), shared by its replays,
+  /// which run one after another (each waits for the one before).
+  struct ProgramSlot {
+    std::unique_ptr<DeviceProgram> program;
+    std::atomic<bool> refused{false};  // recording failed: replays run the steps one by one
   };
 
   /// Called by Engine::record for every task recorded while this trace is active.
@@ -84,12 +96,21 @@ class Trace {
         if (j == found) return none;
     return found;
   }
+  /// Whether replays may run as a device program (Plan::program_device):
+  /// hybridize()'s cuda_graph option.
+  bool programs_allowed = true;
+  /// Whether a replay runs as one device program (ProgramTask).
+  bool replays_as_program() const {
+    return programs_allowed && shared_->program_device >= 0 && !program_slot_->refused.load(std::memory_order_relaxed);
+  }
+  const std::shared_ptr<ProgramSlot>& program_slot() const { return program_slot_; }
   /// The tasks of the latest replay: the next one must not overwrite a buffer they still read.
   std::vector<std::shared_ptr<Task>>& last_replay() { return last_; }
   /// Ends the capture: forgets the tracing run's task identities and groups the steps into chains.
   void seal() {
     index_.clear();
     plan_chains();
+    find_program_device();
     shared_ = plan_;
   }
 
@@ -136,8 +157,22 @@ class Trace {
     }
   }
 
+  void find_program_device() {
+    int device = -1, live = 0;
+    for (std::size_t i = 0; i < plan_->steps.size(); ++i) {
+      const auto& out = plan_->steps[i].output;
+      if (!out) continue;
+      if (out->device.type != DeviceType::gpu || (live && out->device.index != device)) return;
+      device = out->device.index;
+      plan_->last_live = i;
+      ++live;
+    }
+    if (live >= 2) plan_->program_device = device;
+  }
+
   std::shared_ptr<Plan> plan_ = std::make_shared<Plan>();
   std::shared_ptr<const Plan> shared_;  // set by seal()
+  std::shared_ptr<ProgramSlot> program_slot_ = std::make_shared<ProgramSlot>();
   std::unordered_map<const Task*, std::size_t> index_;
   std::vector<std::shared_ptr<Task>> last_;
 };
@@ -183,6 +218,58 @@ class ChainTask final : public Task {
   std::size_t chain_;
   std::shared_ptr<Task> refill_;
   std::shared_ptr<Buffer> input_;
+};
+
+/// A replay of a plan whose live steps all write one GPU (Plan::program_device),
+/// as one task writing every step's buffer: the first run records the
+/// steps' kernels into a device program (DeviceBackend::record; on CUDA a
+/// graph) and later runs launch it, one launch instead of one per kernel.
+/// The buffers are the plan's, allocated at the first run, so every launch
+/// finds the memory the program was recorded with. Where recording fails
+/// (the backend records no programs, or a step does what a program cannot
+/// repeat, such as a copy from the host), the steps run one by one, and so
+/// do the plan's later replays (ProgramSlot::refused).
+class ProgramTask final : public Task {
+ public:
+  ProgramTask(std::shared_ptr<const Trace::Plan> plan, std::shared_ptr<Trace::ProgramSlot> slot,
+              const std::shared_ptr<Buffer>& input)
+      : Task("hybridized program", 0), plan_(std::move(plan)), slot_(std::move(slot)) {
+    for (const auto& c : plan_->chains) bytes += c.bytes, work += c.work;
+    hand_off = true;
+    gpu_inputs = {input.get(), nullptr};  // goes on on the refill's lane
+  }
+  void execute(Buffer&) override {
+    Trace::ProgramSlot& slot = *slot_;
+    if (slot.program) return slot.program->launch();
+    if (!slot.refused.load(std::memory_order_relaxed)) {
+      try {
+        slot.program = backend_of(deft::gpu(plan_->program_device))
+                           .record(plan_->program_device, [plan = plan_] { run_steps(*plan); });
+        if (slot.program) return;
+      } catch (...) {  // the steps below raise any error that is not the recording's
+      }
+      slot.refused.store(true, std::memory_order_relaxed);
+    }
+    run_steps(*plan_);
+  }
+  void release_closure() noexcept override {
+    plan_.reset();
+    slot_.reset();
+  }
+  std::shared_ptr<Task> clone() const override {
+    raise<std::logic_error>("a hybridized program's task is never traced");
+  }
+
+ private:
+  static void run_steps(const Trace::Plan& plan) {
+    for (const auto& s : plan.steps)
+      if (s.output) {
+        s.output->allocate();
+        s.prototype->execute(*s.output);
+      }
+  }
+  std::shared_ptr<const Trace::Plan> plan_;
+  std::shared_ptr<Trace::ProgramSlot> slot_;
 };
 
 /// Makes the calling thread record into `t` for the scope's lifetime.

@@ -127,6 +127,15 @@ class Parameter {
 };
 
 /// A network or a part of one (Gluon's Block): a forward function, its
+/// How Block::hybridize() replays a traced forward.
+struct HybridizeOptions {
+  /// On a GPU, record the traced kernels into one CUDA graph at the first
+  /// replay and launch that graph in later ones (one launch per forward,
+  /// not one per kernel). Forwards that copy from or to the host inside,
+  /// or use several devices, replay kernel by kernel anyway.
+  bool cuda_graph = true;
+};
+
 /// parameters and child blocks. Not copyable; hold blocks by shared_ptr.
 class Block {
  public:
@@ -153,8 +162,11 @@ class Block {
   /// the block runs imperatively, so training works as before. A forward
   /// that reads values (to_vector, item, printing, branching on data) cannot
   /// be traced: the first call throws std::logic_error saying so.
-  void hybridize(bool on = true) {
+  /// On a GPU, the replays run the traced kernels as one CUDA graph
+  /// (recorded at the first replay) unless `options` says otherwise.
+  void hybridize(bool on = true, HybridizeOptions options = {}) {
     hybridized_ = on;
+    options_ = options;
     caches_.clear();
   }
   /// Whether hybridize() is on.
@@ -248,6 +260,7 @@ class Block {
     for (auto* p : collect_params())
       if (!p->initialized()) return forward(x);
     auto graph = std::make_unique<CachedGraph>();
+    graph->trace.programs_allowed = options_.cuda_graph;
     graph->input = x.clone();  // the placeholder later calls refill
     {
       detail::TraceScope scope(graph->trace);
@@ -269,6 +282,7 @@ class Block {
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::shared_ptr<Block>> children_;
   bool hybridized_ = false;
+  HybridizeOptions options_;
   std::vector<std::unique_ptr<CachedGraph>> caches_;
   std::int64_t traces_ = 0;
 };

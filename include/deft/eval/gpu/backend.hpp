@@ -1,7 +1,8 @@
 // The CUDA backend of deft's engine: GPU buffers from each device's caching
 // pool, copies between the host and GPUs on the devices' lanes (to a GPU
 // staged through pinned blocks, staging.hpp), the lanes' ordering
-// (lanes.hpp), and waits that raise the CUDA error text. Plain C++ over the CUDA runtime
+// (lanes.hpp), device programs as CUDA graphs (program.hpp), and waits that
+// raise the CUDA error text. Plain C++ over the CUDA runtime
 // (g++ and nvcc both compile it); including it registers the backend.
 #pragma once
 #include <cstddef>
@@ -11,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../../engine/device_backend.hpp"
+#include "program.hpp"
 #include "runtime.hpp"
 #include "staging.hpp"
 
@@ -74,12 +76,19 @@ class CudaBackend final : public DeviceBackend {
   void after_work(int index, int lane, const MemoryUses& uses) override {
     lane_tracker().after(context(index).global_lane(lane), uses);
   }
+  std::unique_ptr<DeviceProgram> record(int index, const std::function<void()>& work) override {
+    return record_program(*this, index, work);
+  }
 
   void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
             const void* after) override {
     if (bytes == 0) return;
     // copy_bytes handles host to host; here at least one side is a GPU.
     const bool to_host = to_device.type == DeviceType::cpu, from_host = from_device.type == DeviceType::cpu;
+    // A program's copies would read or write the same host memory at every
+    // launch, and pinned staging is host work: only copies within a GPU record.
+    if (from_host || to_host || from_device.index != to_device.index)
+      ProgramCapture::refuse(from_host ? "a copy from the host" : to_host ? "a copy to the host" : "a copy between GPUs");
     if (from_host) {  // on the calling thread's lane of the destination
       DeviceContext& dst = context(to_device.index);
       DeviceGuard on(dst.device);
@@ -105,18 +114,18 @@ class CudaBackend final : public DeviceBackend {
       lane_tracker().finished(lane, queued);
       return;
     }
-    // Between GPUs or on one: on the calling thread's lane of the destination.
+    // Between GPUs or on one: on the calling thread's lane of the destination
+    // (the record is process-wide: the source's lanes may be another GPU's).
     DeviceContext& dst = context(to_device.index);
     DeviceGuard on(dst.device);
-    const int k = current_lane(dst.device);
-    const int lane = dst.global_lane(k);
-    const MemoryUses uses{{from}, {to}};
-    lane_tracker().before(lane, uses);  // the source's lanes may be another GPU's
-    const cudaError_t status =
-        src.device == dst.device
-            ? cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, dst.stream(k))
-            : cudaMemcpyPeerAsync(to, dst.device, from, src.device, bytes, dst.stream(k));
-    lane_tracker().after(lane, uses);
+    cudaError_t status;
+    {
+      LaneAccess access(*this, dst.device, {{from}, {to}});
+      const cudaStream_t stream = dst.stream(access.lane());
+      status = src.device == dst.device
+                   ? cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream)
+                   : cudaMemcpyPeerAsync(to, dst.device, from, src.device, bytes, stream);
+    }
     check(status, src.device == dst.device ? "a copy on the device" : "a copy between GPUs", dst.device);
   }
 };

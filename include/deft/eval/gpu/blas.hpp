@@ -46,12 +46,13 @@ struct BlasHandle {
   BlasHandle& operator=(const BlasHandle&) = delete;
 };
 
-/// The handle of lane `lane` of the GPU `ctx` belongs to, created on first use.
+/// The handle of lane `lane` (any of DeviceContext's, capture_lane too) of
+/// the GPU `ctx` belongs to, created on first use.
 inline BlasHandle& blas_handle(DeviceContext& ctx, int lane) {
   static std::mutex m;
   static std::vector<std::unique_ptr<BlasHandle>> handles;
   std::lock_guard lk(m);
-  const std::size_t i = std::size_t(ctx.global_lane(lane));
+  const std::size_t i = std::size_t(ctx.device * (DeviceContext::capture_lane + 1) + lane);
   if (handles.size() <= i) handles.resize(i + 1);
   auto& h = handles[i];
   if (!h) h = std::make_unique<BlasHandle>(ctx, lane);

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -128,12 +129,15 @@ class EmulatedBackend final : public DeviceBackend {
   void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
             const void* after) override {
     if (after) check_mark(from_device.index, after), ++marked_copies;
-    if (from_device.type == DeviceType::cpu) {  // on the calling thread's lane of the destination
+    const bool from_host = from_device.type == DeviceType::cpu, to_host = to_device.type == DeviceType::cpu;
+    if (from_host || to_host || from_device.index != to_device.index)  // as CUDA's backend does
+      ProgramCapture::refuse(from_host ? "a copy from the host" : to_host ? "a copy to the host" : "a copy between GPUs");
+    if (from_host) {  // on the calling thread's lane of the destination
       LaneAccess access(*this, to_device.index, {{}, {to}});
       EmulatedUploadQueue queue;
       staging_.upload(to, from, bytes, queue);
       ++staged_uploads;
-    } else if (to_device.type == DeviceType::cpu) {  // on the copy lane, waited for
+    } else if (to_host) {  // on the copy lane, waited for
       {
         LaneScope on_copy(from_device.index, copy_lane);
         LaneAccess access(*this, from_device.index, {{from}, {}});
@@ -141,11 +145,8 @@ class EmulatedBackend final : public DeviceBackend {
       }
       host_waits_for(global_lane(from_device.index, copy_lane));
     } else {  // on the calling thread's lane of the destination
-      const int lane = global_lane(to_device.index, current_lane(to_device.index));
-      const MemoryUses uses{{from}, {to}};
-      tracker_.before(lane, uses);
+      LaneAccess access(*this, to_device.index, {{from}, {to}});
       if (bytes) std::memcpy(to, from, bytes);
-      tracker_.after(lane, uses);
     }
   }
   void synchronize(int index) override {
@@ -167,6 +168,23 @@ class EmulatedBackend final : public DeviceBackend {
     if (lane != copy_lane) ++lane_work[std::size_t(index * compute_lanes + lane)];
   }
 
+  /// Emulated programs: `work` runs now, its uses collected, and each launch
+  /// runs it again, checked to use the memory it was recorded with (a CUDA
+  /// graph's kernels keep their addresses). On the lanes, the recording and
+  /// each launch are one piece of work, as a graph launch is.
+  std::unique_ptr<DeviceProgram> record(int index, const std::function<void()>& work) override {
+    auto program = std::make_unique<Program>(*this, index, work);
+    {
+      ProgramCapture capture(index, program->memory, ProgramCapture::Mode::record);
+      work();  // kernels run at once here: a failure leaves some done (record's contract allows it)
+    }
+    LaneAccess launched(*this, index, program->memory.uses);
+    ++programs_recorded;
+    return program;
+  }
+
+  /// Programs recorded and launched since (not counting the recording's run).
+  std::atomic<long> programs_recorded{0}, program_launches{0};
   /// Copies from a device and waits that were ordered by a buffer's mark;
   /// copies to a device (each staged through pinned blocks).
   std::atomic<long> marked_copies{0}, marked_waits{0}, staged_uploads{0};
@@ -208,6 +226,19 @@ class EmulatedBackend final : public DeviceBackend {
    private:
     EmulatedBackend& b_;
     engine::DefaultHostAllocator heap_;
+  };
+  struct Program final : DeviceProgram {
+    Program(EmulatedBackend& b, int d, std::function<void()> w) : backend(b), device(d), work(std::move(w)) {}
+    void launch() override {
+      LaneAccess access(backend, device, memory.uses);
+      ProgramCapture repeat(device, memory, ProgramCapture::Mode::repeat);
+      work();
+      ++backend.program_launches;
+    }
+    EmulatedBackend& backend;
+    int device;
+    std::function<void()> work;
+    ProgramMemory memory;
   };
   void host_waits_for(int lane) {
     const std::uint64_t queued = tracker_.issued(lane);

@@ -122,14 +122,17 @@ class PinnedMemory final : public engine::HostAllocator {
 /// One GPU's resources, created on first use: its memory cache, the compute
 /// streams deft's kernels for it run on (its lanes: work on one runs in
 /// order, work on different ones may overlap, lanes.hpp orders what must
-/// not), and `copy_stream` for copies to the host, ordered after the event
-/// that marks their source's writer: the kernels queued after that writer go
-/// on computing while the copy runs.
+/// not), `copy_stream` for copies to the host, ordered after the event
+/// that marks their source's writer (the kernels queued after that writer go
+/// on computing while the copy runs), and `capture_stream`, which only
+/// records programs (program.hpp), one at a time: no other thread's work
+/// can slip into a capture there.
 struct DeviceContext {
   int device;
   std::shared_ptr<engine::CachingHostAllocator> memory;  // shared: buffers keep it alive
   std::vector<cudaStream_t> lanes;
-  cudaStream_t copy_stream = nullptr;
+  cudaStream_t copy_stream = nullptr, capture_stream = nullptr;
+  std::mutex capture_mutex;  // held while a program records on capture_stream
 
   explicit DeviceContext(int d)
       : device(d),
@@ -139,18 +142,22 @@ struct DeviceContext {
     DeviceGuard on(d);
     for (cudaStream_t& s : lanes) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate", d);
     check(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
+    check(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
   }
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;
   // Never destroyed (Contexts leaks them): marks may return their events
   // during static destruction.
 
-  /// The stream of lane k (k == lanes.size(): the copy stream).
-  cudaStream_t stream(int k) const { return std::size_t(k) < lanes.size() ? lanes[std::size_t(k)] : copy_stream; }
-  /// The tracker's number for lane k of this device.
+  /// The copy stream's lane number k, and the capture stream's (the lanes'
+  /// record never sees work there: a program declares its uses at launch).
+  static constexpr int copy_lane = thresholds::gpu_lanes, capture_lane = copy_lane + 1;
+  /// The stream of lane k (a compute lane, copy_lane or capture_lane).
+  cudaStream_t stream(int k) const {
+    return std::size_t(k) < lanes.size() ? lanes[std::size_t(k)] : k == copy_lane ? copy_stream : capture_stream;
+  }
+  /// The tracker's number for lane k of this device (not capture_lane).
   int global_lane(int k) const { return device * (thresholds::gpu_lanes + 1) + k; }
-  /// The copy stream's lane number k.
-  static constexpr int copy_lane = thresholds::gpu_lanes;
 
   /// Waits for every kernel queued on the device's streams; rethrows their
   /// failure. (The tracker then needs no waits for that work.)

@@ -376,6 +376,7 @@ inline void hybridized_forward() {
       for (auto* p : net->collect_params()) p->data(deft::gpu(0)) = p->data(deft::gpu(0)) * 0.75f + 0.01f;
     }
     BOOST_TEST(net->traces() == 2);
+    BOOST_TEST(net->cuda_graphs() == (graph ? 1 : 0));  // on a real GPU: the capture worked
   }
 }
 

@@ -451,6 +451,7 @@ BOOST_AUTO_TEST_CASE(a_hybridized_forward_replays_as_one_program) {
     BOOST_TEST(after.recorded - before.recorded == (graph ? 1 : 0));
     BOOST_TEST(after.launched - before.launched == (graph ? 3 : 0));
     BOOST_TEST(block.traces() == 1);
+    BOOST_TEST(block.cuda_graphs() == (graph ? 1 : 0));
   }
 }
 
@@ -469,6 +470,7 @@ BOOST_AUTO_TEST_CASE(forwards_that_copy_from_the_host_replay_kernel_by_kernel) {
   }
   BOOST_TEST(program_counts().recorded == before.recorded);
   BOOST_TEST(program_counts().launched == before.launched);
+  BOOST_TEST(block.cuda_graphs() == 0);
 }
 
 // A launch that would touch other memory than the recording did, or ask for

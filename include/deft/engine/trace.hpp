@@ -60,7 +60,8 @@ class Trace {
   /// which run one after another (each waits for the one before).
   struct ProgramSlot {
     std::unique_ptr<DeviceProgram> program;
-    std::atomic<bool> refused{false};  // recording failed: replays run the steps one by one
+    std::atomic<bool> refused{false};   // recording failed: replays run the steps one by one
+    std::atomic<bool> recorded{false};  // `program` was recorded (readable from any thread)
   };
 
   /// Called by Engine::record for every task recorded while this trace is active.
@@ -104,6 +105,8 @@ class Trace {
     return programs_allowed && shared_->program_device >= 0 && !program_slot_->refused.load(std::memory_order_relaxed);
   }
   const std::shared_ptr<ProgramSlot>& program_slot() const { return program_slot_; }
+  /// Whether a replay recorded the plan as a device program.
+  bool recorded_program() const { return program_slot_->recorded.load(std::memory_order_acquire); }
   /// The tasks of the latest replay: the next one must not overwrite a buffer they still read.
   std::vector<std::shared_ptr<Task>>& last_replay() { return last_; }
   /// Ends the capture: forgets the tracing run's task identities and groups the steps into chains.
@@ -245,7 +248,10 @@ class ProgramTask final : public Task {
       try {
         slot.program = backend_of(deft::gpu(plan_->program_device))
                            .record(plan_->program_device, [plan = plan_] { run_steps(*plan); });
-        if (slot.program) return;
+        if (slot.program) {
+          slot.recorded.store(true, std::memory_order_release);
+          return;
+        }
       } catch (...) {  // the steps below raise any error that is not the recording's
       }
       slot.refused.store(true, std::memory_order_relaxed);

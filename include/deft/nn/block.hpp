@@ -173,6 +173,12 @@ class Block {
   bool hybridized() const { return hybridized_; }
   /// How many times the forward was traced (1 + re-traces), for tests and tuning.
   std::int64_t traces() const { return traces_; }
+  /// How many of the current traced forwards (one per device the block is
+  /// called on) replay as one CUDA graph: recorded at their first replay on
+  /// a GPU, unless the forward cannot be recorded (see HybridizeOptions).
+  int cuda_graphs() const {
+    return int(std::ranges::count_if(caches_, [](const auto& c) { return c->trace.recorded_program(); }));
+  }
 
   /// The block's name, e.g. "dense0".
   const std::string& name() const { return name_; }

@@ -473,6 +473,34 @@ BOOST_AUTO_TEST_CASE(forwards_that_copy_from_the_host_replay_kernel_by_kernel) {
   BOOST_TEST(block.cuda_graphs() == 0);
 }
 
+// A small LeNet (convolutions take scratch blocks and products, pooling,
+// dense layers) replayed as one program gives what its imperative forward
+// gave, at every launch.
+BOOST_AUTO_TEST_CASE(a_convolutional_forward_replays_as_one_program) {
+  namespace nn = deft::nn;
+  deft::random::seed(17);
+  auto net = std::make_shared<nn::Sequential>();
+  net->add(std::make_shared<nn::Conv2D>(4, 3, 1, 1, nn::Act::relu), std::make_shared<nn::MaxPool2D>(2),
+           std::make_shared<nn::Conv2D>(6, 3, 1, 0, nn::Act::relu), std::make_shared<nn::AvgPool2D>(2),
+           std::make_shared<nn::Flatten>(), std::make_shared<nn::Dense>(10));
+  net->initialize(nn::init::xavier(), {deft::gpu(0)});
+  std::vector<Tensor<float>> xs;
+  std::vector<std::vector<float>> imperative;
+  for (unsigned k = 0; k < 3; ++k) {
+    xs.push_back(Tensor<float>(gpu_tensors::random_values(2 * 2 * 12 * 12, 90 + k), {2, 2, 12, 12}).to(deft::gpu(0)));
+    imperative.push_back((*net)(xs.back()).to_vector());
+  }
+  net->hybridize();
+  const auto before = program_counts();
+  for (int call = 0; call < 7; ++call) {
+    const auto got = (*net)(xs[std::size_t(call) % 3]).to_vector();
+    BOOST_TEST(got == imperative[std::size_t(call) % 3], boost::test_tools::per_element());
+  }
+  BOOST_TEST(program_counts().recorded - before.recorded == 1);
+  BOOST_TEST(program_counts().launched - before.launched == 5);
+  BOOST_TEST(net->cuda_graphs() == 1);
+}
+
 // A launch that would touch other memory than the recording did, or ask for
 // other scratch, is an error (a graph would use the recorded addresses).
 BOOST_AUTO_TEST_CASE(a_launch_on_other_memory_is_refused) {

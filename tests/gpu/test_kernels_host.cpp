@@ -381,6 +381,30 @@ BOOST_AUTO_TEST_CASE(one_lane_when_the_limits_say_so) {
   BOOST_CHECK_THROW(deft::engine::set_limits(bad), std::invalid_argument);
 }
 
+// Each GPU takes its own turn of lanes: work alternating between two
+// devices spreads over both lanes of each (one turn shared by the devices
+// would give each device every other lane, here always the same one).
+BOOST_AUTO_TEST_CASE(each_device_takes_its_own_turn_of_lanes) {
+  const auto saved = deft::engine::limits();
+  auto two = saved;
+  two.gpu_lanes = 2;
+  deft::engine::set_limits(two);
+  deft::engine::set_mode(deft::engine::Mode::synchronous);  // tasks run as recorded: a fixed order
+  std::array<long, gk::EmulatedBackend::devices * gk::EmulatedBackend::compute_lanes> before{};
+  auto& work = gk::emulated_backend().lane_work;
+  for (std::size_t k = 0; k < work.size(); ++k) before[k] = work[k].load();
+  std::vector<Tensor<float>> roots;
+  for (int i = 0; i < 8; ++i) roots.push_back(deft::full<float>({256}, float(i), deft::gpu(i % 2)));
+  deft::engine::set_mode(deft::engine::Mode::deferred);
+  deft::engine::set_limits(saved);
+  for (int d = 0; d < 2; ++d)
+    for (int k = 0; k < 2; ++k) {
+      const std::size_t slot = std::size_t(d * gk::EmulatedBackend::compute_lanes + k);
+      BOOST_TEST(work[slot].load() - before[slot] == 2, "gpu(" << d << ") lane " << k);
+    }
+  for (int i = 0; i < 8; ++i) BOOST_TEST(roots[std::size_t(i)].to_vector()[255] == float(i));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // Device programs (engine/device_program.hpp): a hybridized forward on a GPU

@@ -3,6 +3,7 @@
 // work passes a second bound, and carries failures to the sync points.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -578,7 +579,8 @@ class Engine {
         if (!in->lane_taken.exchange(true, std::memory_order_relaxed)) return in->lane;
         if (forked_from < 0) forked_from = in->lane;
       }
-    const int next = int(next_lane_.fetch_add(1, std::memory_order_relaxed) % unsigned(lanes));
+    auto& turn = next_lane_[std::size_t(out.device.index) % next_lane_.size()];
+    const int next = int(turn.fetch_add(1, std::memory_order_relaxed) % unsigned(lanes));
     return next == forked_from ? (next + 1) % lanes : next;
   }
 
@@ -592,7 +594,9 @@ class Engine {
   std::exception_ptr first_error_;
   engine::Limits limits_;
   std::atomic<int> gpu_lanes_{thresholds::gpu_lanes};  // limits_.gpu_lanes, read without the lock
-  std::atomic<unsigned> next_lane_{0};
+  // Each GPU's turn of lanes (devices past the 16th share): one shared turn
+  // would leave lanes idle on a device whose tasks alternate with another's.
+  std::array<std::atomic<unsigned>, 16> next_lane_{};
   std::atomic<engine::Mode> mode_{engine::Mode::deferred};
   std::unique_ptr<ThreadPool> pool_;  // replaced under m_ (replace_pool_locked)
   // The same pool for kernels, which read it without the lock: the

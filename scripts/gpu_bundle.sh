@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Builds deft's GPU programs on this machine (nvcc; host code for AVX2, so
+# they run on any recent x86-64) into build-gpu/bundle, with the Boost.Test
+# library they link and run.sh, which runs all of them on a machine with a
+# GPU that has the CUDA runtime but nothing else of deft's (a lent GPU
+# machine cannot install packages):
+#   scripts/gpu_bundle.sh [CUDA architecture, default 90]
+#   then there: build-gpu/bundle/run.sh   (carrying build-gpu/bundle)
+# run.sh runs the gpu-labelled tests, deft_bench_gpu (CSV), the auto-parallel
+# demo and one epoch of the GPU trainer on Fashion-MNIST (carried too); it writes every log under $OUT (./gpu-out without it) and prints
+# a summary last.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+arch="${1:-90}"
+build=build-gpu
+bundle="$build/bundle"
+./scripts/setup.sh
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDEFT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DDEFT_NATIVE=OFF \
+  -DCMAKE_CXX_FLAGS=-march=x86-64-v3 -DCMAKE_CUDA_FLAGS=-Xcompiler=-march=x86-64-v3 -DDEFT_BUILD_BENCH=ON \
+  -DDEFT_BUILD_EXAMPLES=ON >/dev/null
+programs=(tests/gpu/deft_gpu_kernels_device bench/deft_bench_gpu examples/auto_parallel_gpu
+          examples/train_fashion_mnist_gpu)
+cmake --build "$build" -j2 --target "${programs[@]##*/}"
+rm -rf "$bundle"
+mkdir -p "$bundle/lib"
+for p in "${programs[@]}"; do
+  strip -o "$bundle/${p##*/}" "$build/$p"
+  # Boost's libraries: the CUDA runtime and cuBLAS are the GPU machine's own.
+  ldd "$build/$p" | awk '/libboost/ {print $3}' | xargs -r cp -Lu -t "$bundle/lib"
+done
+cp bench/gpu_torch_step.py "$bundle/"
+# The trainer's data (30 MB; the bundle stays under the device tool's 64 MiB carry).
+cp -r /usr/share/datasets/fashion-mnist "$bundle/"
+cat >"$bundle/run.sh" <<'EOF'
+#!/usr/bin/env bash
+# Runs deft's GPU programs (see scripts/gpu_bundle.sh); logs under $OUT.
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${OUT:-./gpu-out}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
+summary=()
+step() {  # name, command...: runs it, logs it, records its exit status
+  local name="$1"
+  shift
+  local start=$SECONDS
+  "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-26s exit %3d  %4d s' "$name" "$rc" $((SECONDS - start)))")
+}
+step gpu_kernels "$here/deft_gpu_kernels_device" --log_level=test_suite
+step auto_parallel_gpu "$here/auto_parallel_gpu"
+step bench_gpu "$here/deft_bench_gpu" --csv "$out/gpu_bench.csv" --torch-script "$here/gpu_torch_step.py"
+for data in "$here/fashion-mnist" /usr/share/datasets/fashion-mnist; do
+  if [ -n "$data" ] && [ -d "$data" ]; then
+    step train_gpu0 "$here/train_fashion_mnist_gpu" --device gpu0 --epochs 1 --data "$data"
+    break
+  fi
+done
+echo "GPU: $(cat "$out/gpu.txt")"
+grep -E "Running|No errors|failure|error" "$out/gpu_kernels.log" | tail -5
+tail -15 "$out/bench_gpu.log"
+printf '%s\n' "${summary[@]}"
+EOF
+chmod +x "$bundle/run.sh"
+du -sh "$bundle"

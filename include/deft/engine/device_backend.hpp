@@ -125,14 +125,19 @@ inline DeviceBackend& backend_of(Device d) {
 
 /// Copies bytes from one place to another, either of which may be on a GPU
 /// (see DeviceBackend::copy; `after` is the source buffer's ready_mark);
-/// host to host is a plain memcpy.
+/// host to host is a plain memcpy. While a program records, only copies
+/// within one GPU can be part of it: a launch would reread or rewrite the
+/// same host memory, and staging through pinned blocks is host work.
 inline void copy_bytes(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
                        const void* after = nullptr) {
-  if (to_device.type == DeviceType::cpu && from_device.type == DeviceType::cpu) {
+  const bool from_host = from_device.type == DeviceType::cpu, to_host = to_device.type == DeviceType::cpu;
+  if (from_host || to_host || from_device.index != to_device.index)
+    ProgramCapture::refuse(from_host ? "a copy from the host" : to_host ? "a copy to the host" : "a copy between GPUs");
+  if (to_host && from_host) {
     if (bytes) std::memcpy(to, from, bytes);
     return;
   }
-  backend_of(to_device.type == DeviceType::cpu ? from_device : to_device)
+  backend_of(to_host ? from_device : to_device)
       .copy(to, to_device, from, from_device, bytes, after);
 }
 

@@ -85,10 +85,6 @@ class CudaBackend final : public DeviceBackend {
     if (bytes == 0) return;
     // copy_bytes handles host to host; here at least one side is a GPU.
     const bool to_host = to_device.type == DeviceType::cpu, from_host = from_device.type == DeviceType::cpu;
-    // A program's copies would read or write the same host memory at every
-    // launch, and pinned staging is host work: only copies within a GPU record.
-    if (from_host || to_host || from_device.index != to_device.index)
-      ProgramCapture::refuse(from_host ? "a copy from the host" : to_host ? "a copy to the host" : "a copy between GPUs");
     if (from_host) {  // on the calling thread's lane of the destination
       DeviceContext& dst = context(to_device.index);
       DeviceGuard on(dst.device);

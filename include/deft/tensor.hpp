@@ -43,6 +43,10 @@ struct Var {
 
 template <Element T>
 Tensor<T> tensor_from_buffer(std::shared_ptr<Buffer> b, const Shape& s, std::int64_t offset = 0);
+template <Element T>
+std::shared_ptr<Buffer> whole_storage(const Tensor<T>& t);
+template <Element T>
+void replace_storage(const Tensor<T>& t, std::shared_ptr<Buffer> next);
 
 /// Bytes of a T tensor of shape s; std::length_error when that overflows.
 template <Element T>
@@ -386,6 +390,10 @@ class Tensor {
  private:
   template <Element U>
   friend Tensor<U> detail::tensor_from_buffer(std::shared_ptr<detail::Buffer>, const Shape&, std::int64_t);
+  template <Element U>
+  friend std::shared_ptr<detail::Buffer> detail::whole_storage(const Tensor<U>&);
+  template <Element U>
+  friend void detail::replace_storage(const Tensor<U>&, std::shared_ptr<detail::Buffer>);
 
   detail::Var& var() const {
     if (!var_) detail::raise<std::logic_error>("use of an empty Tensor handle (default-constructed or moved from)");
@@ -531,6 +539,25 @@ Tensor<T> tensor_from_buffer(std::shared_ptr<Buffer> b, const Shape& s, std::int
   t.shape_ = s;
   t.offset_ = offset;
   return t;
+}
+/// The current version of t's storage when t covers all of it (null for a
+/// part of a larger tensor), for work that replaces the storage's version
+/// as a whole (replace_storage).
+template <Element T>
+std::shared_ptr<Buffer> whole_storage(const Tensor<T>& t) {
+  return t.offset_ == 0 && t.covers_storage() ? t.buffer() : nullptr;
+}
+/// Makes `next` (same device and size, written by a task recorded already)
+/// the current version of t's storage, as a copy-on-write does: every handle
+/// of the storage reads it from now on; pending readers keep the old one.
+template <Element T>
+void replace_storage(const Tensor<T>& t, std::shared_ptr<Buffer> next) {
+  auto& v = t.var();
+  if (!(next->device == v.device) || next->bytes != v.bytes)
+    raise<std::logic_error>("replace_storage: a version of ", next->bytes, " bytes on ", next->device,
+                            " cannot replace storage of ", v.bytes, " bytes on ", v.device);
+  std::lock_guard lk(v.m);
+  v.current = std::move(next);
 }
 }  // namespace detail
 

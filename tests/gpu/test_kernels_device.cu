@@ -143,6 +143,44 @@ BOOST_AUTO_TEST_CASE(cublas_products_match_a_double_reference) {
   check_blas_products<double>(1e-13);
 }
 
+// Sums across GPUs through NCCL (loaded at run time). With several GPUs,
+// allreduce over all of them against a double loop (|error| <= 1e-6 of the
+// sum of magnitudes) and bit-equal everywhere; with one, the collective
+// itself, over a clique of that GPU alone (its sum is its part).
+BOOST_AUTO_TEST_CASE(nccl_sums_across_the_gpus) {
+  auto& backend = gk::cuda_backend();
+  BOOST_TEST_REQUIRE(backend.sums_across({0}), "libnccl could not be loaded (allreduce would sum through copies)");
+  const int n = gk::device_count();
+  if (n >= 2) {
+    std::vector<deft::Tensor<float>> parts;
+    std::vector<std::vector<float>> before;
+    for (int d = 0; d < n; ++d) {
+      before.push_back(gpu_tensors::random_values(100003, 900 + unsigned(d), -100, 100));
+      parts.push_back(deft::Tensor<float>(before.back(), {100003}).to(deft::gpu(d)));
+    }
+    deft::allreduce(parts);
+    const auto first = parts[0].to_vector();
+    for (int d = 0; d < n; ++d) {
+      BOOST_TEST(parts[std::size_t(d)].device() == deft::gpu(d));
+      BOOST_TEST(parts[std::size_t(d)].to_vector() == first, boost::test_tools::per_element());
+    }
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      double want = 0, scale = 0;
+      for (const auto& b : before) want += b[i], scale += std::abs(b[i]);
+      BOOST_TEST(std::abs(first[i] - want) <= 1e-6 * scale);
+    }
+    return;
+  }
+  DeviceMemory mem;
+  const auto values = gpu_tensors::random_values(4099, 910);
+  float* from = mem.make<float>(4099);
+  float* to = mem.make<float>(4099);
+  gk::check(cudaMemcpy(from, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy", 0);
+  backend.sum_across({{0, from, to}}, values.size(), deft::DType::float32);
+  backend.synchronize(0);
+  BOOST_TEST(mem.get(to, 4099) == values, boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 int main(int argc, char* argv[]) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../core/device.hpp"
+#include "../core/dtype.hpp"
 #include "../core/error.hpp"
 #include "allocator.hpp"
 #include "device_program.hpp"
@@ -43,6 +44,13 @@ class LaneScope {
 
  private:
   LaneSlot previous_;
+};
+
+/// One device's share of a sum across devices (DeviceBackend::sum_across).
+struct SumPart {
+  int device;
+  const void* from;  ///< the part's elements, on `device`
+  void* to;          ///< receives the sum of every part's `from`, on `device`
 };
 
 class DeviceBackend {
@@ -102,6 +110,18 @@ class DeviceBackend {
   virtual std::unique_ptr<DeviceProgram> record(int /*index*/, const std::function<void()>& /*work*/) {
     return nullptr;
   }
+
+  /// Whether sum_across can sum parts on these devices (distinct, at least
+  /// two): false where the backend has no collective library for them; the
+  /// caller then sums through copies.
+  virtual bool sums_across(const std::vector<int>& /*devices*/) { return false; }
+  /// Sums `count` elements of type `dtype` over every part's `from`, element
+  /// by element, and writes the same sum into every part's `to` (NCCL's
+  /// allreduce), queued on each device's collective lane after the earlier
+  /// conflicting work there; returns once it is queued.
+  virtual void sum_across(const std::vector<SumPart>& /*parts*/, std::size_t /*count*/, DType /*dtype*/) {
+    raise<std::logic_error>("the ", name(), " backend cannot sum across devices");
+  }
 };
 
 inline std::atomic<DeviceBackend*>& gpu_backend_slot() {
@@ -149,7 +169,10 @@ inline void copy_bytes(void* to, Device to_device, const void* from, Device from
 class LaneAccess {
  public:
   LaneAccess(DeviceBackend& b, int device, MemoryUses uses)
-      : backend_(b), device_(device), lane_(current_lane(device)), uses_(std::move(uses)) {
+      : LaneAccess(b, device, current_lane(device), std::move(uses)) {}
+  /// On `lane` of `device`, whatever the calling thread's lane is.
+  LaneAccess(DeviceBackend& b, int device, int lane, MemoryUses uses)
+      : backend_(b), device_(device), lane_(lane), uses_(std::move(uses)) {
     if (ProgramCapture* c = ProgramCapture::active()) {
       c->use(device_, uses_);
       captured_ = true;
@@ -170,6 +193,16 @@ class LaneAccess {
   MemoryUses uses_;
   bool captured_ = false;
 };
+
+/// Declares the uses of a sum across devices, each part's on `lane` of its
+/// own device, while the result lives: a backend queues the sum meanwhile.
+inline std::vector<std::unique_ptr<LaneAccess>> declare_sum(DeviceBackend& b, const std::vector<SumPart>& parts,
+                                                            int lane) {
+  std::vector<std::unique_ptr<LaneAccess>> uses;
+  uses.reserve(parts.size());
+  for (const SumPart& p : parts) uses.push_back(std::make_unique<LaneAccess>(b, p.device, lane, MemoryUses{{p.from}, {p.to}}));
+  return uses;
+}
 
 /// Blocks until the work on device d that `mark` marks finished (all queued
 /// work without one; nothing to do for the host, whose tasks are done when

@@ -1,9 +1,12 @@
 // Work over several devices (Gluon's split_and_load and the kvstore's
 // allreduce): a batch split into one part per device, and a sum of
-// per-device tensors written back to every device. Both are deferred: they
-// record copies and sums, and return at once.
+// per-device tensors written back to every device (through the GPU
+// backend's collective where it has one). Both are deferred: they record
+// copies and sums, and return at once.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "../autograd/meta.hpp"
@@ -42,10 +45,100 @@ std::vector<Tensor<T>> split_and_load(const Tensor<T>& batch, const std::vector<
   return out;
 }
 
+namespace detail {
+
+/// Orders the lane a GPU task runs on (where the engine marks its output
+/// ready) after the sum across devices that wrote `out` on another lane.
+inline void read_after_sum(Buffer& out) {
+  LaneAccess access(backend_of(out.device), out.device.index, {{out.data}, {}});
+}
+
+/// The kernel of a sum across devices: the task writing the first part's
+/// sum queues the backend's collective, which writes every part's sum.
+struct SumAcrossDevices {
+  std::vector<std::shared_ptr<Buffer>> from;  // every part's current version, in order
+  // The other parts' new versions. Weak: each is the output of a task that
+  // waits for this one, and a strong reference would make a cycle.
+  std::vector<std::weak_ptr<Buffer>> others;
+  std::size_t count;
+  DType dtype;
+
+  void operator()(Buffer& out) const {
+    ProgramCapture::refuse("a sum across GPUs");
+    std::vector<SumPart> parts{{out.device.index, from[0]->data, out.data}};
+    std::vector<std::shared_ptr<Buffer>> held;  // alive until the sum is queued
+    for (std::size_t i = 1; i < from.size(); ++i) {
+      auto b = others[i - 1].lock();  // null when nobody can read that part: the sum still needs somewhere to go
+      if (!b) b = std::make_shared<Buffer>(out.bytes, from[i]->device);
+      b->allocate();
+      parts.push_back({from[i]->device.index, from[i]->data, b->data});
+      held.push_back(std::move(b));
+    }
+    backend_of(out.device).sum_across(parts, count, dtype);
+    read_after_sum(out);
+  }
+};
+
+/// The kernel of the tasks publishing the other parts' sums.
+struct ReadAfterSum {
+  std::shared_ptr<Buffer> collective_output;  // keeps the collective's task from being discarded
+  void operator()(Buffer& out) const { read_after_sum(out); }
+};
+
+/// allreduce through the GPU backend's collective (NCCL): false, with
+/// nothing recorded, unless every part covers its own storage on a
+/// distinct GPU the backend can sum over. Records one task that queues the
+/// collective (writing the first part's new version) and one per other
+/// part, then makes those the parts' current versions: no copy is made,
+/// and pending readers keep the old ones.
+template <Element T>
+bool sum_across_devices(std::vector<Tensor<T>>& parts) {
+  // A trace replays fixed buffers (the copies are plain tasks); an empty sum has nothing to queue.
+  if (active_trace() || parts[0].size() == 0) return false;
+  std::vector<int> devices;
+  std::vector<std::shared_ptr<Buffer>> from;
+  for (const auto& p : parts) {
+    if (p.device().type == DeviceType::cpu) return false;
+    devices.push_back(p.device().index);
+    from.push_back(whole_storage(p));
+    if (!from.back()) return false;
+  }
+  std::vector<int> sorted = devices;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return false;
+  DeviceBackend* backend = gpu_backend();
+  if (!backend || !backend->sums_across(devices)) return false;
+
+  std::vector<std::shared_ptr<Buffer>> to;
+  for (const auto& f : from) to.push_back(std::make_shared<Buffer>(f->bytes, f->device));
+  auto collective = emplace_task<SumAcrossDevices>("allreduce", to[0]->bytes, SumAcrossDevices{
+      from, std::vector<std::weak_ptr<Buffer>>(to.begin() + 1, to.end()), std::size_t(parts[0].size()), dtype_of<T>});
+  for (const auto& f : from) collective->add_input(f);
+  collective->hand_off = true;
+  collective->output = to[0];
+  to[0]->producer = collective;
+  Engine::get().record(collective);
+  for (std::size_t i = 1; i < to.size(); ++i) {
+    auto t = emplace_task<ReadAfterSum>("allreduce", to[i]->bytes, ReadAfterSum{to[0]});
+    t->add_input(to[0]);
+    t->hand_off = true;
+    t->output = to[i];
+    to[i]->producer = t;
+    Engine::get().record(t);
+  }
+  for (std::size_t i = 0; i < parts.size(); ++i) replace_storage(parts[i], std::move(to[i]));
+  return true;
+}
+
+}  // namespace detail
+
 /// Sums tensors of one shape (a gradient on each of several devices) and
-/// writes the sum into every one of them, in place. The sum is formed once,
-/// on the first tensor's device, in the order given, and copied to the
-/// others, so every device holds the same bits. Not differentiated.
+/// writes the sum into every one of them (every handle of their storage
+/// sees it), so that every device holds the same bits. Parts on distinct
+/// GPUs, each a whole tensor, are summed by the GPU backend's collective
+/// (NCCL's allreduce, without copies); otherwise the sum is formed on the
+/// first part's device, in the order given, and copied to the others. Not
+/// differentiated.
 template <Element T>
 void allreduce(std::vector<Tensor<T>>& parts) {
   if (parts.empty()) return;
@@ -55,6 +148,7 @@ void allreduce(std::vector<Tensor<T>>& parts) {
                     parts[0].shape().to_string());
   if (parts.size() == 1) return;
   autograd::pause no_recording;
+  if (detail::sum_across_devices(parts)) return;
   const Device home = parts[0].device();
   Tensor<T> total = parts[0] + parts[1].to(home);
   for (std::size_t i = 2; i < parts.size(); ++i) total = total + parts[i].to(home);

@@ -1,8 +1,9 @@
 // The CUDA backend of deft's engine: GPU buffers from each device's caching
 // pool, copies between the host and GPUs on the devices' lanes (to a GPU
 // staged through pinned blocks, staging.hpp), the lanes' ordering
-// (lanes.hpp), device programs as CUDA graphs (program.hpp), and waits that
-// raise the CUDA error text. Plain C++ over the CUDA runtime
+// (lanes.hpp), device programs as CUDA graphs (program.hpp), sums across
+// GPUs through NCCL (collective.hpp), and waits that raise the CUDA error
+// text. Plain C++ over the CUDA runtime
 // (g++ and nvcc both compile it); including it registers the backend.
 #pragma once
 #include <cstddef>
@@ -12,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../../engine/device_backend.hpp"
+#include "collective.hpp"
 #include "program.hpp"
 #include "runtime.hpp"
 #include "staging.hpp"
@@ -78,6 +80,10 @@ class CudaBackend final : public DeviceBackend {
   }
   std::unique_ptr<DeviceProgram> record(int index, const std::function<void()>& work) override {
     return record_program(*this, index, work);
+  }
+  bool sums_across(const std::vector<int>& devices) override { return nccl_sums_across(devices); }
+  void sum_across(const std::vector<SumPart>& parts, std::size_t count, DType dtype) override {
+    nccl_sum(*this, parts, count, dtype);
   }
 
   void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,

@@ -114,8 +114,10 @@ struct EmulatedUploadQueue {
 class EmulatedBackend final : public DeviceBackend {
  public:
   static constexpr int devices = 2;
-  // Lanes per device, and the copy lane's number (as CUDA's copy stream).
-  static constexpr int compute_lanes = 3, copy_lane = compute_lanes;
+  // Lanes per device, and the copy and collective lanes' numbers (as
+  // CUDA's copy and collective streams).
+  static constexpr int compute_lanes = 3, copy_lane = compute_lanes, collective_lane = copy_lane + 1,
+                       lanes_per_device = collective_lane + 1;
   // Small chunks, so that the tests' tensors take several (CUDA's are 4 MiB).
   static constexpr std::size_t staging_chunk_bytes = std::size_t(16) << 10;
 
@@ -148,7 +150,7 @@ class EmulatedBackend final : public DeviceBackend {
     }
   }
   void synchronize(int index) override {
-    for (int k = 0; k <= copy_lane; ++k) host_waits_for(global_lane(index, k));
+    for (int k = 0; k < lanes_per_device; ++k) host_waits_for(global_lane(index, k));
   }
   void wait_for(int index, const void* mark) override {
     if (mark) check_mark(index, mark), ++marked_waits;
@@ -163,8 +165,25 @@ class EmulatedBackend final : public DeviceBackend {
   }
   void after_work(int index, int lane, const MemoryUses& uses) override {
     tracker_.after(global_lane(index, lane), uses);
-    if (lane != copy_lane) ++lane_work[std::size_t(index * compute_lanes + lane)];
+    if (lane < compute_lanes) ++lane_work[std::size_t(index * compute_lanes + lane)];
   }
+
+  /// Emulated collectives (NCCL's allreduce): every device here is host
+  /// memory, so the sum is one loop, in the parts' order, on the devices'
+  /// collective lanes. `collectives` off makes allreduce sum through copies.
+  bool sums_across(const std::vector<int>& devices) override { return collectives.load() && devices.size() >= 2; }
+  void sum_across(const std::vector<SumPart>& parts, std::size_t count, DType dtype) override {
+    const auto uses = declare_sum(*this, parts, collective_lane);
+    switch (dtype) {
+      case DType::float32: return sum_parts<float>(parts, count);
+      case DType::float64: return sum_parts<double>(parts, count);
+      case DType::int32: return sum_parts<std::int32_t>(parts, count);
+      case DType::int64: return sum_parts<std::int64_t>(parts, count);
+    }
+  }
+  std::atomic<bool> collectives{true};
+  /// Sums across devices queued (sum_across calls).
+  std::atomic<long> collective_sums{0};
 
   /// Emulated programs: `work` runs now, its uses collected, and each launch
   /// runs it again, checked to use the memory it was recorded with (a CUDA
@@ -202,7 +221,7 @@ class EmulatedBackend final : public DeviceBackend {
   /// The lanes' record and waits, and the checker of those waits.
   LaneTracker<LaneClockChecker::Ref>& tracker() { return tracker_; }
   LaneClockChecker& checker() { return checker_; }
-  static int global_lane(int device, int k) { return device * (compute_lanes + 1) + k; }
+  static int global_lane(int device, int k) { return device * lanes_per_device + k; }
 
  private:
   // The devices' memory: host blocks, known to the lanes' record and its checker.
@@ -238,14 +257,22 @@ class EmulatedBackend final : public DeviceBackend {
     std::function<void()> work;
     ProgramMemory memory;
   };
+  template <class T>
+  void sum_parts(const std::vector<SumPart>& parts, std::size_t count) {
+    std::vector<T> total(count, T(0));  // every `from` is read before any `to` is written
+    for (const SumPart& p : parts)
+      for (std::size_t i = 0; i < count; ++i) total[i] += static_cast<const T*>(p.from)[i];
+    for (const SumPart& p : parts) std::copy(total.begin(), total.end(), static_cast<T*>(p.to));
+    ++collective_sums;
+  }
   void host_waits_for(int lane) {
     const std::uint64_t queued = tracker_.issued(lane);
     checker_.host_waited(lane);
     tracker_.finished(lane, queued);
   }
 
-  LaneClockChecker checker_{devices * (compute_lanes + 1)};
-  LaneTracker<LaneClockChecker::Ref> tracker_{devices * (compute_lanes + 1), LaneClockChecker::Ref{&checker_}};
+  LaneClockChecker checker_{devices * lanes_per_device};
+  LaneTracker<LaneClockChecker::Ref> tracker_{devices * lanes_per_device, LaneClockChecker::Ref{&checker_}};
   std::shared_ptr<engine::CachingHostAllocator> pinned_ = std::make_shared<engine::CachingHostAllocator>(
       std::make_shared<engine::DefaultHostAllocator>(), std::size_t(64) << 20, 0);
   StagingArea<EmulatedUploadQueue> staging_{pinned_, staging_chunk_bytes};

@@ -1,6 +1,7 @@
 // The CUDA runtime as deft uses it: errors become exceptions that carry the
 // CUDA error text, and each GPU has one caching memory pool, a few compute
-// streams (lanes, ordered by lanes.hpp) and a stream for copies to the host.
+// streams (lanes, ordered by lanes.hpp), a stream for copies to the host and
+// one for collectives (NCCL, collective.hpp).
 // Plain C++ (the CUDA runtime API is a C library): g++ and nvcc both compile
 // it; link CUDA::cudart (deft::cuda does).
 #pragma once
@@ -124,14 +125,16 @@ class PinnedMemory final : public engine::HostAllocator {
 /// order, work on different ones may overlap, lanes.hpp orders what must
 /// not), `copy_stream` for copies to the host, ordered after the event
 /// that marks their source's writer (the kernels queued after that writer go
-/// on computing while the copy runs), and `capture_stream`, which only
-/// records programs (program.hpp), one at a time: no other thread's work
-/// can slip into a capture there.
+/// on computing while the copy runs), `collective_stream` for sums across
+/// GPUs (collective.hpp: NCCL's kernels on several GPUs wait for each
+/// other, so nothing else may queue between them), and `capture_stream`,
+/// which only records programs (program.hpp), one at a time: no other
+/// thread's work can slip into a capture there.
 struct DeviceContext {
   int device;
   std::shared_ptr<engine::CachingHostAllocator> memory;  // shared: buffers keep it alive
   std::vector<cudaStream_t> lanes;
-  cudaStream_t copy_stream = nullptr, capture_stream = nullptr;
+  cudaStream_t copy_stream = nullptr, collective_stream = nullptr, capture_stream = nullptr;
   std::mutex capture_mutex;  // held while a program records on capture_stream
 
   explicit DeviceContext(int d)
@@ -142,6 +145,7 @@ struct DeviceContext {
     DeviceGuard on(d);
     for (cudaStream_t& s : lanes) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate", d);
     check(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
+    check(cudaStreamCreateWithFlags(&collective_stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
     check(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
   }
   DeviceContext(const DeviceContext&) = delete;
@@ -149,20 +153,23 @@ struct DeviceContext {
   // Never destroyed (Contexts leaks them): marks may return their events
   // during static destruction.
 
-  /// The copy stream's lane number k, and the capture stream's (the lanes'
-  /// record never sees work there: a program declares its uses at launch).
-  static constexpr int copy_lane = thresholds::gpu_lanes, capture_lane = copy_lane + 1;
-  /// The stream of lane k (a compute lane, copy_lane or capture_lane).
+  /// The lane numbers k of the copy and collective streams, and of the
+  /// capture stream (the lanes' record never sees work there: a program
+  /// declares its uses at launch); `tracked_lanes` have a record.
+  static constexpr int copy_lane = thresholds::gpu_lanes, collective_lane = copy_lane + 1,
+                       tracked_lanes = collective_lane + 1, capture_lane = tracked_lanes;
+  /// The stream of lane k (a compute lane, or one of the three above).
   cudaStream_t stream(int k) const {
-    return std::size_t(k) < lanes.size() ? lanes[std::size_t(k)] : k == copy_lane ? copy_stream : capture_stream;
+    if (std::size_t(k) < lanes.size()) return lanes[std::size_t(k)];
+    return k == copy_lane ? copy_stream : k == collective_lane ? collective_stream : capture_stream;
   }
   /// The tracker's number for lane k of this device (not capture_lane).
-  int global_lane(int k) const { return device * (thresholds::gpu_lanes + 1) + k; }
+  int global_lane(int k) const { return device * tracked_lanes + k; }
 
   /// Waits for every kernel queued on the device's streams; rethrows their
   /// failure. (The tracker then needs no waits for that work.)
   void synchronize() {
-    for (int k = 0; k <= thresholds::gpu_lanes; ++k) {
+    for (int k = 0; k < tracked_lanes; ++k) {
       const int lane = global_lane(k);
       const std::uint64_t queued = lane_tracker().issued(lane);
       check(cudaStreamSynchronize(stream(k)), "a kernel", device);
@@ -251,7 +258,7 @@ inline std::vector<DeviceContext*> live_contexts() {
 }
 
 inline void CudaLaneQueue::order(int from, int to) const {
-  constexpr int per_device = thresholds::gpu_lanes + 1;
+  constexpr int per_device = DeviceContext::tracked_lanes;
   DeviceContext& src = context(from / per_device);
   DeviceContext& dst = context(to / per_device);
   DeviceGuard on(src.device);
@@ -262,7 +269,7 @@ inline void CudaLaneQueue::order(int from, int to) const {
 
 inline LaneTracker<CudaLaneQueue>& lane_tracker() {
   static auto* tracker =  // leaked, see DeviceContext
-      new LaneTracker<CudaLaneQueue>(std::max(device_count(), 1) * (thresholds::gpu_lanes + 1), CudaLaneQueue{});
+      new LaneTracker<CudaLaneQueue>(std::max(device_count(), 1) * DeviceContext::tracked_lanes, CudaLaneQueue{});
   return *tracker;
 }
 

@@ -1,0 +1,148 @@
+// Sums across GPUs (allreduce) through NCCL, for the CUDA backend. NCCL is
+// loaded with dlopen when a sum first needs it, not linked: a program that
+// never sums across GPUs, or a machine without libnccl, runs without it, and
+// allreduce then sums through copies. Its header is needed at compile time
+// (the CUDA toolkit's, or NCCL's own); without it this backend has no
+// collectives. Plain C++ over the CUDA runtime (g++ and nvcc both compile it).
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "../../core/device.hpp"
+#include "../../core/error.hpp"
+#include "../../engine/device_backend.hpp"
+#include "runtime.hpp"
+
+#if __has_include(<nccl.h>) && __has_include(<dlfcn.h>)
+#include <dlfcn.h>
+#include <nccl.h>
+#define DEFT_HAS_NCCL 1
+#else
+#define DEFT_HAS_NCCL 0
+#endif
+
+namespace deft::detail::gpu {
+
+#if DEFT_HAS_NCCL
+
+/// The few NCCL functions deft calls, looked up in libnccl once.
+struct NcclLibrary {
+  decltype(&ncclCommInitAll) comm_init_all = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclGroupStart) group_start = nullptr;
+  decltype(&ncclGroupEnd) group_end = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+
+  /// The library, or null where it cannot be loaded (asked once).
+  static const NcclLibrary* get() {
+    static const NcclLibrary* library = [] { return load(); }();
+    return library;
+  }
+
+ private:
+  static const NcclLibrary* load() {
+    void* handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!handle) handle = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
+    if (!handle) return nullptr;
+    auto* lib = new NcclLibrary;  // leaked with the handle: communicators live as long as the process
+    const bool found = find(handle, "ncclCommInitAll", lib->comm_init_all) && find(handle, "ncclAllReduce", lib->all_reduce) &&
+                       find(handle, "ncclGroupStart", lib->group_start) && find(handle, "ncclGroupEnd", lib->group_end) &&
+                       find(handle, "ncclGetErrorString", lib->error_string);
+    if (found) return lib;
+    delete lib;
+    return nullptr;
+  }
+  template <class F>
+  static bool find(void* handle, const char* name, F& f) {
+    f = reinterpret_cast<F>(dlsym(handle, name));
+    return f != nullptr;
+  }
+};
+
+inline ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::float32: return ncclFloat32;
+    case DType::float64: return ncclFloat64;
+    case DType::int32: return ncclInt32;
+    case DType::int64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+/// NCCL's communicators, one clique per set of GPUs (made on first use, by
+/// ncclCommInitAll: rank r is the r-th lowest device of the set), and the
+/// lock that makes one thread at a time queue a sum (a communicator is not
+/// thread-safe, and every GPU must see the sums in the same order).
+class Collectives {
+ public:
+  static Collectives& get() {
+    static auto* c = new Collectives;  // leaked, see DeviceContext
+    return *c;
+  }
+
+  /// Queues an allreduce over `parts` (distinct GPUs) on their collective
+  /// streams, after the earlier conflicting work there; raises NCCL's text.
+  void sum(DeviceBackend& backend, const std::vector<SumPart>& parts, std::size_t count, DType dtype) {
+    const NcclLibrary& nccl = *NcclLibrary::get();
+    std::vector<int> devices;
+    for (const SumPart& p : parts) devices.push_back(p.device);
+    std::lock_guard lk(m_);
+    const std::vector<ncclComm_t>& comms = clique(nccl, devices);
+    std::vector<int> sorted = devices;
+    std::sort(sorted.begin(), sorted.end());
+    const auto uses = declare_sum(backend, parts, DeviceContext::collective_lane);
+    check(nccl, nccl.group_start(), devices);
+    ncclResult_t queued = ncclSuccess;
+    for (const SumPart& p : parts) {
+      const auto rank = std::lower_bound(sorted.begin(), sorted.end(), p.device) - sorted.begin();
+      queued = nccl.all_reduce(p.from, p.to, count, nccl_type(dtype), ncclSum, comms[std::size_t(rank)],
+                               context(p.device).collective_stream);
+      if (queued != ncclSuccess) break;
+    }
+    const ncclResult_t ended = nccl.group_end();  // launches the group (or abandons it after a failure)
+    check(nccl, queued != ncclSuccess ? queued : ended, devices);
+  }
+
+ private:
+  const std::vector<ncclComm_t>& clique(const NcclLibrary& nccl, std::vector<int> devices) {
+    std::sort(devices.begin(), devices.end());
+    auto it = cliques_.find(devices);
+    if (it != cliques_.end()) return it->second;
+    std::vector<ncclComm_t> comms(devices.size(), nullptr);
+    check(nccl, nccl.comm_init_all(comms.data(), int(devices.size()), devices.data()), devices);
+    return cliques_.emplace(devices, std::move(comms)).first->second;
+  }
+  static void check(const NcclLibrary& nccl, ncclResult_t status, const std::vector<int>& devices) {
+    if (status == ncclSuccess) return;
+    std::vector<Device> named;
+    for (int d : devices) named.push_back(deft::gpu(d));
+    raise<std::runtime_error>("NCCL allreduce over ", device_list(named), ": ", nccl.error_string(status));
+  }
+
+  std::mutex m_;
+  std::map<std::vector<int>, std::vector<ncclComm_t>> cliques_;  // never destroyed, see DeviceContext
+};
+
+/// Whether NCCL can sum over these GPUs: it loads, and they exist.
+inline bool nccl_sums_across(const std::vector<int>& devices) {
+  if (devices.empty() || !NcclLibrary::get()) return false;
+  return std::all_of(devices.begin(), devices.end(), [](int d) { return d >= 0 && d < device_count(); });
+}
+
+inline void nccl_sum(DeviceBackend& backend, const std::vector<SumPart>& parts, std::size_t count, DType dtype) {
+  Collectives::get().sum(backend, parts, count, dtype);
+}
+
+#else  // no NCCL header: allreduce sums through copies
+
+inline bool nccl_sums_across(const std::vector<int>&) { return false; }
+inline void nccl_sum(DeviceBackend&, const std::vector<SumPart>&, std::size_t, DType) {
+  raise<std::logic_error>("deft was compiled without NCCL's header: it cannot sum across GPUs with NCCL");
+}
+
+#endif
+
+}  // namespace deft::detail::gpu

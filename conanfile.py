@@ -72,5 +72,6 @@ class DeftConan(ConanFile):
             cuda.requires = ["core"]
             cuda.bindirs = []
             cuda.libdirs = []
-            cuda.system_libs = ["cudart", "cublas"]
+            # NCCL is loaded with dlopen when allreduce first sums across GPUs.
+            cuda.system_libs = ["cudart", "cublas"] + (["dl"] if self.settings.os in ("Linux", "FreeBSD") else [])
             cuda.defines = ["DEFT_CUDA_BACKEND"]

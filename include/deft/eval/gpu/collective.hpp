@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "../../core/device.hpp"
@@ -43,9 +44,19 @@ struct NcclLibrary {
   }
 
  private:
+  static void* open() {
+    for (const char* name : {"libnccl.so.2", "libnccl.so"})
+      if (void* handle = dlopen(name, RTLD_NOW | RTLD_LOCAL)) return handle;
+    // Next to the CUDA runtime this program loaded: a toolkit's lib64 that
+    // is not on the loader's path but was found through an rpath.
+    Dl_info runtime{};
+    if (!dladdr(reinterpret_cast<void*>(&cudaGetDeviceCount), &runtime) || !runtime.dli_fname) return nullptr;
+    std::string path = runtime.dli_fname;
+    path.erase(path.find_last_of('/') + 1);  // npos + 1 == 0: no directory, the name alone
+    return dlopen((path + "libnccl.so.2").c_str(), RTLD_NOW | RTLD_LOCAL);
+  }
   static const NcclLibrary* load() {
-    void* handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!handle) handle = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
+    void* handle = open();
     if (!handle) return nullptr;
     auto* lib = new NcclLibrary;  // leaked with the handle: communicators live as long as the process
     const bool found = find(handle, "ncclCommInitAll", lib->comm_init_all) && find(handle, "ncclAllReduce", lib->all_reduce) &&
@@ -83,6 +94,23 @@ class Collectives {
     return *c;
   }
 
+  /// Whether NCCL can sum over these GPUs (distinct): it loads, they exist,
+  /// and their communicators could be made (now, on the recording thread,
+  /// so that a failure sends allreduce through copies instead of failing
+  /// the step; a set that failed is not tried again).
+  bool usable(const std::vector<int>& devices) {
+    const NcclLibrary* nccl = NcclLibrary::get();
+    if (!nccl || devices.empty()) return false;
+    if (!std::all_of(devices.begin(), devices.end(), [](int d) { return d >= 0 && d < device_count(); })) return false;
+    std::lock_guard lk(m_);
+    try {
+      (void)clique(*nccl, devices);
+      return true;
+    } catch (const std::runtime_error&) {
+      return false;
+    }
+  }
+
   /// Queues an allreduce over `parts` (distinct GPUs) on their collective
   /// streams, after the earlier conflicting work there; raises NCCL's text.
   void sum(DeviceBackend& backend, const std::vector<SumPart>& parts, std::size_t count, DType dtype) {
@@ -107,30 +135,36 @@ class Collectives {
   }
 
  private:
+  // The communicators of a set of GPUs, made on first use; raises for a set
+  // whose making failed (then, or at an earlier call).
   const std::vector<ncclComm_t>& clique(const NcclLibrary& nccl, std::vector<int> devices) {
     std::sort(devices.begin(), devices.end());
-    auto it = cliques_.find(devices);
-    if (it != cliques_.end()) return it->second;
+    if (auto it = cliques_.find(devices); it != cliques_.end()) {
+      if (it->second.empty()) raise<std::runtime_error>("NCCL could not set up ", gpu_list(devices), " before");
+      return it->second;
+    }
     std::vector<ncclComm_t> comms(devices.size(), nullptr);
-    check(nccl, nccl.comm_init_all(comms.data(), int(devices.size()), devices.data()), devices);
-    return cliques_.emplace(devices, std::move(comms)).first->second;
+    const ncclResult_t made = nccl.comm_init_all(comms.data(), int(devices.size()), devices.data());
+    if (made != ncclSuccess) comms.clear();
+    const auto& kept = cliques_.emplace(devices, std::move(comms)).first->second;
+    check(nccl, made, devices);
+    return kept;
+  }
+  static std::string gpu_list(const std::vector<int>& devices) {
+    std::vector<Device> named;
+    for (int d : devices) named.push_back(deft::gpu(d));
+    return device_list(named);
   }
   static void check(const NcclLibrary& nccl, ncclResult_t status, const std::vector<int>& devices) {
     if (status == ncclSuccess) return;
-    std::vector<Device> named;
-    for (int d : devices) named.push_back(deft::gpu(d));
-    raise<std::runtime_error>("NCCL allreduce over ", device_list(named), ": ", nccl.error_string(status));
+    raise<std::runtime_error>("NCCL allreduce over ", gpu_list(devices), ": ", nccl.error_string(status));
   }
 
   std::mutex m_;
   std::map<std::vector<int>, std::vector<ncclComm_t>> cliques_;  // never destroyed, see DeviceContext
 };
 
-/// Whether NCCL can sum over these GPUs: it loads, and they exist.
-inline bool nccl_sums_across(const std::vector<int>& devices) {
-  if (devices.empty() || !NcclLibrary::get()) return false;
-  return std::all_of(devices.begin(), devices.end(), [](int d) { return d >= 0 && d < device_count(); });
-}
+inline bool nccl_sums_across(const std::vector<int>& devices) { return Collectives::get().usable(devices); }
 
 inline void nccl_sum(DeviceBackend& backend, const std::vector<SumPart>& parts, std::size_t count, DType dtype) {
   Collectives::get().sum(backend, parts, count, dtype);

@@ -219,8 +219,13 @@ BOOST_AUTO_TEST_CASE(tensors_reuse_cached_blocks) {
   const auto s = cache->stats();
   BOOST_TEST(s.hits >= 15u, "hits " << s.hits << ", misses " << s.misses);
   BOOST_TEST(s.misses <= 4u);
-  engine::release_cached_host_memory();  // the installed cache is emptied
+  const auto seen = engine::memory_pool_stats(deft::cpu());  // the host's pool is the installed allocator
+  BOOST_TEST(seen.hits == s.hits);
+  BOOST_TEST(seen.cached_bytes == s.cached_bytes);
+  BOOST_TEST(seen.cached_bytes > 0u);
+  engine::release_cached_memory(deft::cpu());  // the installed cache is emptied
   BOOST_TEST(cache->stats().cached_bytes == 0u);
+  BOOST_TEST(engine::memory_pool_stats(deft::cpu()).cached_bytes == 0u);
 }
 
 // Large host buffers start on a page, so that a kernel storing to one while

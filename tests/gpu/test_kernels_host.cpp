@@ -88,6 +88,33 @@ BOOST_AUTO_TEST_CASE(device_pool_is_reused_in_a_steady_loop) {
   BOOST_TEST(pool.stats().hits > 0u);
 }
 
+// engine::memory_pool_stats reads a device's pool; release_cached_memory
+// frees its free blocks (live tensors keep theirs, and stay readable), so the
+// next allocation of a freed size asks the upstream again.
+BOOST_AUTO_TEST_CASE(a_devices_cached_memory_can_be_released) {
+  auto& pool = deft::detail::gpu::emulated_backend().pool(1);
+  const auto values = gpu_tensors::random_values(300 * 300, 60);
+  deft::Tensor<float> kept = deft::Tensor<float>(values, {300, 300}).to(deft::gpu(1));
+  {
+    deft::Tensor<float> dropped = kept * 2.0f;
+    dropped.wait_to_read();
+  }  // its block goes back to the pool
+  const auto before = deft::engine::memory_pool_stats(deft::gpu(1));
+  BOOST_TEST(before.cached_bytes == pool.stats().cached_bytes);
+  BOOST_TEST(before.cached_bytes >= 300u * 300u * sizeof(float));
+  deft::engine::release_cached_memory(deft::gpu(1));
+  BOOST_TEST(deft::engine::memory_pool_stats(deft::gpu(1)).cached_bytes == 0u);
+  BOOST_TEST(kept.to_vector() == values, boost::test_tools::per_element());
+  const auto misses = pool.stats().misses;
+  deft::Tensor<float> again = kept * 2.0f;
+  again.wait_to_read();
+  BOOST_TEST(pool.stats().misses == misses + 1);  // nothing cached to take it from
+  BOOST_CHECK_EXCEPTION(deft::engine::release_cached_memory(deft::gpu(2)), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return std::string(e.what()).find("no device gpu(2)") != std::string::npos; });
+  BOOST_CHECK_EXCEPTION(deft::engine::memory_pool_stats(deft::gpu(-1)), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return std::string(e.what()).find("memory_pool_stats") != std::string::npos; });
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // StagingArea (eval/gpu/staging.hpp), which stages CUDA's copies to a GPU

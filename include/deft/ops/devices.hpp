@@ -155,4 +155,33 @@ void allreduce(std::vector<Tensor<T>>& parts) {
   for (auto& p : parts) p.assign(total.to(p.device()));
 }
 
+namespace detail {
+/// The caching pool buffers on `d` come from; null when that allocator caches nothing.
+inline std::shared_ptr<engine::CachingHostAllocator> memory_pool_of(Device d, const char* op) {
+  require_backend(d, op);
+  return std::dynamic_pointer_cast<engine::CachingHostAllocator>(
+      d.type == DeviceType::cpu ? engine::host_allocator() : backend_of(d).memory(d.index));
+}
+}  // namespace detail
+
+namespace engine {
+
+/// What the memory pool of device `d` did so far and holds free now (a GPU's
+/// pool, or the host's installed allocator); all zero where that allocator
+/// caches nothing. std::invalid_argument for a device this program has not.
+inline CachingHostAllocator::Stats memory_pool_stats(Device d) {
+  const auto pool = deft::detail::memory_pool_of(d, "memory_pool_stats");
+  return pool ? pool->stats() : CachingHostAllocator::Stats{};
+}
+
+/// Frees the blocks the memory pool of device `d` keeps for reuse (PyTorch's
+/// empty_cache), for other processes or libraries to use. Memory of live
+/// tensors stays. On a GPU this is cudaFree, which waits for the device's
+/// queued work; the next allocations of those sizes call cudaMalloc again.
+inline void release_cached_memory(Device d) {
+  if (const auto pool = deft::detail::memory_pool_of(d, "release_cached_memory")) pool->release();
+}
+
+}  // namespace engine
+
 }  // namespace deft

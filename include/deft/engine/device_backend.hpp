@@ -111,9 +111,9 @@ class DeviceBackend {
     return nullptr;
   }
 
-  /// Whether sum_across can sum parts on these devices (distinct, at least
-  /// two): false where the backend has no collective library for them; the
-  /// caller then sums through copies.
+  /// Whether sum_across can sum parts on these devices (distinct; allreduce
+  /// asks for two or more): false where the backend has no collective
+  /// library for them; the caller then sums through copies.
   virtual bool sums_across(const std::vector<int>& /*devices*/) { return false; }
   /// Sums `count` elements of type `dtype` over every part's `from`, element
   /// by element, and writes the same sum into every part's `to` (NCCL's

@@ -103,12 +103,7 @@ class Collectives {
     if (!nccl || devices.empty()) return false;
     if (!std::all_of(devices.begin(), devices.end(), [](int d) { return d >= 0 && d < device_count(); })) return false;
     std::lock_guard lk(m_);
-    try {
-      (void)clique(*nccl, devices);
-      return true;
-    } catch (const std::runtime_error&) {
-      return false;
-    }
+    return clique(*nccl, devices).second.made == ncclSuccess;
   }
 
   /// Queues an allreduce over `parts` (distinct GPUs) on their collective
@@ -118,15 +113,14 @@ class Collectives {
     std::vector<int> devices;
     for (const SumPart& p : parts) devices.push_back(p.device);
     std::lock_guard lk(m_);
-    const std::vector<ncclComm_t>& comms = clique(nccl, devices);
-    std::vector<int> sorted = devices;
-    std::sort(sorted.begin(), sorted.end());
+    const auto& [ranks, set] = clique(nccl, devices);
+    check(nccl, set.made, devices);
     const auto uses = declare_sum(backend, parts, DeviceContext::collective_lane);
     check(nccl, nccl.group_start(), devices);
     ncclResult_t queued = ncclSuccess;
     for (const SumPart& p : parts) {
-      const auto rank = std::lower_bound(sorted.begin(), sorted.end(), p.device) - sorted.begin();
-      queued = nccl.all_reduce(p.from, p.to, count, nccl_type(dtype), ncclSum, comms[std::size_t(rank)],
+      const auto rank = std::lower_bound(ranks.begin(), ranks.end(), p.device) - ranks.begin();
+      queued = nccl.all_reduce(p.from, p.to, count, nccl_type(dtype), ncclSum, set.comms[std::size_t(rank)],
                                context(p.device).collective_stream);
       if (queued != ncclSuccess) break;
     }
@@ -135,33 +129,29 @@ class Collectives {
   }
 
  private:
-  // The communicators of a set of GPUs, made on first use; raises for a set
-  // whose making failed (then, or at an earlier call).
-  const std::vector<ncclComm_t>& clique(const NcclLibrary& nccl, std::vector<int> devices) {
+  struct Communicators {
+    ncclResult_t made;              // what ncclCommInitAll answered (a failed set is not tried again)
+    std::vector<ncclComm_t> comms;  // by rank: the key's order
+  };
+  using Cliques = std::map<std::vector<int>, Communicators>;  // key: the GPUs, sorted (rank r is key[r])
+
+  // The communicators of a set of GPUs, made on first use.
+  const Cliques::value_type& clique(const NcclLibrary& nccl, std::vector<int> devices) {
     std::sort(devices.begin(), devices.end());
-    if (auto it = cliques_.find(devices); it != cliques_.end()) {
-      if (it->second.empty()) raise<std::runtime_error>("NCCL could not set up ", gpu_list(devices), " before");
-      return it->second;
-    }
-    std::vector<ncclComm_t> comms(devices.size(), nullptr);
-    const ncclResult_t made = nccl.comm_init_all(comms.data(), int(devices.size()), devices.data());
-    if (made != ncclSuccess) comms.clear();
-    const auto& kept = cliques_.emplace(devices, std::move(comms)).first->second;
-    check(nccl, made, devices);
-    return kept;
-  }
-  static std::string gpu_list(const std::vector<int>& devices) {
-    std::vector<Device> named;
-    for (int d : devices) named.push_back(deft::gpu(d));
-    return device_list(named);
+    if (auto it = cliques_.find(devices); it != cliques_.end()) return *it;
+    Communicators set{ncclSuccess, std::vector<ncclComm_t>(devices.size(), nullptr)};
+    set.made = nccl.comm_init_all(set.comms.data(), int(devices.size()), devices.data());
+    return *cliques_.emplace(std::move(devices), std::move(set)).first;
   }
   static void check(const NcclLibrary& nccl, ncclResult_t status, const std::vector<int>& devices) {
     if (status == ncclSuccess) return;
-    raise<std::runtime_error>("NCCL allreduce over ", gpu_list(devices), ": ", nccl.error_string(status));
+    std::vector<Device> named;
+    for (int d : devices) named.push_back(deft::gpu(d));
+    raise<std::runtime_error>("NCCL allreduce over ", device_list(named), ": ", nccl.error_string(status));
   }
 
   std::mutex m_;
-  std::map<std::vector<int>, std::vector<ncclComm_t>> cliques_;  // never destroyed, see DeviceContext
+  Cliques cliques_;  // never destroyed, see DeviceContext
 };
 
 inline bool nccl_sums_across(const std::vector<int>& devices) { return Collectives::get().usable(devices); }

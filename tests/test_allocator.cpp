@@ -37,6 +37,12 @@ class CountingAllocator final : public engine::HostAllocator {
     std::lock_guard lk(m_);
     return live_.size();
   }
+  std::size_t live_bytes() {
+    std::lock_guard lk(m_);
+    std::size_t n = 0;
+    for (const auto& [p, bytes] : live_) n += bytes;
+    return n;
+  }
   std::atomic<int> allocations{0}, deallocations{0}, mismatches{0};
 
  private:
@@ -136,6 +142,127 @@ BOOST_AUTO_TEST_CASE(holds_at_most_its_limit) {
   BOOST_TEST(up->mismatches == 0);
 }
 
+BOOST_AUTO_TEST_CASE(the_latest_freed_block_of_a_class_is_reused_first) {
+  auto up = std::make_shared<CountingAllocator>();
+  engine::CachingHostAllocator cache(up);
+  void* a = cache.allocate(big, align);
+  void* b = cache.allocate(big, align);
+  cache.deallocate(a, big, align);
+  cache.deallocate(b, big, align);  // b's memory is the likelier to be in a cache
+  BOOST_TEST(cache.allocate(big, align) == b);
+  BOOST_TEST(cache.allocate(big, align) == a);
+  cache.deallocate(a, big, align);
+  cache.deallocate(b, big, align);
+  BOOST_TEST(cache.stats().held_bytes == 2 * big);
+  BOOST_TEST(cache.stats().splits == 0u, "same_class never cuts a block");
+}
+
+// BlockReuse::split (a GPU's pool): a free block larger than a request
+// serves it and keeps the rest free; freed neighbours merge back.
+BOOST_AUTO_TEST_CASE(a_splitting_pool_cuts_large_free_blocks_and_merges_them_again) {
+  auto up = std::make_shared<CountingAllocator>();
+  constexpr std::size_t unit = 256;  // a GPU pool's alignment and smallest cached size
+  engine::CachingHostAllocator cache(up, std::size_t(-1), unit, engine::BlockReuse::split);
+  const std::size_t whole = 8 * big, part1 = 3 * big, part2 = 4 * big;
+  auto* a = static_cast<std::byte*>(cache.allocate(whole, unit));
+  cache.deallocate(a, whole, unit);
+  void* b = cache.allocate(part1, unit);
+  void* c = cache.allocate(part2, unit);
+  BOOST_TEST(up->allocations == 1, "both parts come from the first block");
+  BOOST_TEST(b == a);
+  BOOST_TEST(c == a + part1, "the second part is cut from what the first left");
+  auto s = cache.stats();
+  BOOST_TEST(s.splits == 2u);
+  BOOST_TEST(s.hits == 2u);
+  BOOST_TEST(s.held_bytes == whole);
+  BOOST_TEST(s.cached_bytes == whole - part1 - part2);
+  // A block partly in use cannot go back upstream.
+  cache.release();
+  BOOST_TEST(up->live() == 1u);
+  BOOST_TEST(cache.stats().cached_bytes == whole - part1 - part2);
+  // b's range is free but apart from the tail while c sits between them.
+  cache.deallocate(b, part1, unit);
+  BOOST_TEST(cache.stats().cached_bytes == whole - part2);
+  void* e = cache.allocate(part1 + big, unit);  // fits neither 3 MiB nor 1 MiB free
+  BOOST_TEST(up->allocations == 2);
+  cache.deallocate(e, part1 + big, unit);
+  // With c freed, the three ranges merge into the whole first block again.
+  cache.deallocate(c, part2, unit);
+  s = cache.stats();
+  BOOST_TEST(s.held_bytes == whole + cache.size_class(part1 + big, unit));
+  BOOST_TEST(s.cached_bytes == s.held_bytes);
+  BOOST_TEST(cache.allocate(whole, unit) == a, "the merged block serves the whole size");
+  BOOST_TEST(cache.stats().splits == 2u);
+  cache.deallocate(a, whole, unit);
+  cache.release();
+  BOOST_TEST(up->live() == 0u);
+  BOOST_TEST(cache.stats().held_bytes == 0u);
+  BOOST_TEST(up->mismatches == 0, "every block went back whole, with the size it was asked with");
+}
+
+// Random requests and frees against a model of what is in use: no two
+// blocks in use overlap, none is overwritten while in use, and the pool's
+// counts add up to what the upstream holds.
+BOOST_AUTO_TEST_CASE(a_splitting_pool_keeps_blocks_apart_and_its_counts_right) {
+  auto up = std::make_shared<CountingAllocator>();
+  constexpr std::size_t unit = 256;
+  {
+    engine::CachingHostAllocator cache(up, std::size_t(-1), unit, engine::BlockReuse::split);
+    std::mt19937 g(613);
+    struct InUse {
+      std::size_t bytes, size;  // asked for, and its class
+      std::uint64_t stamp;
+    };
+    std::map<std::byte*, InUse> live;
+    auto stamp_of = [](std::byte* p, std::size_t size) {
+      std::uint64_t first, last;
+      std::memcpy(&first, p, 8);
+      std::memcpy(&last, p + size - 8, 8);
+      return std::pair{first, last};
+    };
+    std::size_t in_use = 0;
+    for (std::uint64_t i = 0; i < 20000; ++i) {
+      if (live.size() < 40 && g() % 2) {
+        const std::size_t bytes = unit * (1 + g() % 4096);  // 256 B to 1 MiB
+        auto* p = static_cast<std::byte*>(cache.allocate(bytes, unit));
+        const std::size_t size = cache.size_class(bytes, unit);
+        BOOST_REQUIRE(reinterpret_cast<std::uintptr_t>(p) % unit == 0u);
+        const auto next = live.lower_bound(p);
+        BOOST_REQUIRE_MESSAGE(next == live.end() || p + size <= next->first, "request " << i << " overlaps the next block");
+        BOOST_REQUIRE_MESSAGE(next == live.begin() || std::prev(next)->first + std::prev(next)->second.size <= p,
+                              "request " << i << " overlaps the block before");
+        std::memcpy(p, &i, 8);
+        std::memcpy(p + size - 8, &i, 8);
+        live.emplace(p, InUse{bytes, size, i});
+        in_use += size;
+      } else if (!live.empty()) {
+        auto it = std::next(live.begin(), std::ptrdiff_t(g() % live.size()));
+        const auto [first, last] = stamp_of(it->first, it->second.size);
+        BOOST_REQUIRE_MESSAGE(first == it->second.stamp && last == it->second.stamp,
+                              "block of request " << it->second.stamp << " was overwritten while in use");
+        cache.deallocate(it->first, it->second.bytes, unit);
+        in_use -= it->second.size;
+        live.erase(it);
+      }
+      if (i % 512 == 0) {
+        const auto s = cache.stats();
+        BOOST_REQUIRE_EQUAL(s.held_bytes, up->live_bytes());
+        // A block cut from a larger one may keep a rest too small to cut off.
+        BOOST_REQUIRE_LE(s.cached_bytes + in_use, s.held_bytes);
+        BOOST_REQUIRE_LT(s.held_bytes - s.cached_bytes - in_use, deft::thresholds::cache_split_min_bytes * (live.size() + 1));
+      }
+    }
+    for (const auto& [p, u] : live) cache.deallocate(p, u.bytes, unit);
+    const auto s = cache.stats();
+    BOOST_TEST(s.cached_bytes == s.held_bytes, "everything is free again");
+    BOOST_TEST(s.splits > 0u);
+    BOOST_TEST(s.hits > 10 * s.misses, "hits " << s.hits << ", misses " << s.misses);
+    cache.release();
+    BOOST_TEST(up->live() == 0u, "freed blocks merged back into whole upstream blocks");
+  }
+  BOOST_TEST(up->mismatches == 0);
+}
+
 BOOST_AUTO_TEST_CASE(a_failed_upstream_request_empties_the_cache_and_is_retried) {
   // An upstream with room for three big blocks (a device's memory): the
   // cache holds two freed ones of another size, so a request for two more
@@ -170,36 +297,39 @@ BOOST_AUTO_TEST_CASE(a_failed_upstream_request_empties_the_cache_and_is_retried)
 }
 
 BOOST_AUTO_TEST_CASE(concurrent_use) {
-  auto up = std::make_shared<CountingAllocator>();
-  {
-    engine::CachingHostAllocator cache(up, 16 * big);
-    std::atomic<int> overwritten{0};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 4; ++t)
-      threads.emplace_back([&, t] {
-        std::mt19937 g(600 + t);
-        std::vector<std::pair<std::byte*, std::size_t>> held;
-        for (int i = 0; i < 2000; ++i) {
-          if (held.size() < 6 && g() % 2) {
-            const std::size_t bytes = (std::size_t(1) << (12 + g() % 9)) + align * (g() % 4);
-            auto* p = static_cast<std::byte*>(cache.allocate(bytes, align));
-            std::memset(p, t + 1, bytes);  // a block shared by two owners would be overwritten
-            held.emplace_back(p, bytes);
-          } else if (!held.empty()) {
-            const auto [p, bytes] = held.back();
-            held.pop_back();
-            if (p[0] != std::byte(t + 1) || p[bytes - 1] != std::byte(t + 1)) ++overwritten;  // Boost.Test is not thread-safe
-            cache.deallocate(p, bytes, align);
+  for (const auto reuse : {engine::BlockReuse::same_class, engine::BlockReuse::split}) {
+    auto up = std::make_shared<CountingAllocator>();
+    {
+      engine::CachingHostAllocator cache(up, 16 * big, deft::thresholds::host_cache_min_bytes, reuse);
+      std::atomic<int> overwritten{0};
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 4; ++t)
+        threads.emplace_back([&, t] {
+          std::mt19937 g(600 + t);
+          std::vector<std::pair<std::byte*, std::size_t>> held;
+          for (int i = 0; i < 2000; ++i) {
+            if (held.size() < 6 && g() % 2) {
+              const std::size_t bytes = (std::size_t(1) << (12 + g() % 9)) + align * (g() % 4);
+              auto* p = static_cast<std::byte*>(cache.allocate(bytes, align));
+              std::memset(p, t + 1, bytes);  // a block shared by two owners would be overwritten
+              held.emplace_back(p, bytes);
+            } else if (!held.empty()) {
+              const auto [p, bytes] = held.back();
+              held.pop_back();
+              if (p[0] != std::byte(t + 1) || p[bytes - 1] != std::byte(t + 1)) ++overwritten;  // Boost.Test is not thread-safe
+              cache.deallocate(p, bytes, align);
+            }
           }
-        }
-        for (const auto& [p, bytes] : held) cache.deallocate(p, bytes, align);
-      });
-    for (auto& th : threads) th.join();
-    BOOST_TEST(overwritten == 0, "blocks handed to two owners at once");
-    BOOST_TEST(cache.stats().hits > 0u);
+          for (const auto& [p, bytes] : held) cache.deallocate(p, bytes, align);
+        });
+      for (auto& th : threads) th.join();
+      BOOST_TEST(overwritten == 0, "blocks handed to two owners at once");
+      BOOST_TEST(cache.stats().hits > 0u);
+      BOOST_TEST(cache.stats().cached_bytes == cache.stats().held_bytes);
+    }
+    BOOST_TEST(up->live() == 0u);
+    BOOST_TEST(up->mismatches == 0);
   }
-  BOOST_TEST(up->live() == 0u);
-  BOOST_TEST(up->mismatches == 0);
 }
 
 BOOST_AUTO_TEST_CASE(tensors_reuse_cached_blocks) {

@@ -88,6 +88,37 @@ BOOST_AUTO_TEST_CASE(device_pool_is_reused_in_a_steady_loop) {
   BOOST_TEST(pool.stats().hits > 0u);
 }
 
+// A GPU's pool cuts a freed block for smaller tensors of other shapes
+// instead of asking the device for more memory, and caches scalars (a loss)
+// too, which before went to cudaMalloc and cudaFree at every step.
+BOOST_AUTO_TEST_CASE(freed_device_blocks_serve_other_shapes_and_scalars) {
+  auto& pool = deft::detail::gpu::emulated_backend().pool(0);
+  const auto values = gpu_tensors::random_values(600 * 500, 63);
+  const deft::Tensor<float> x = deft::Tensor<float>(values, {600, 500}).to(deft::gpu(0));
+  x.wait_to_read();
+  deft::engine::release_cached_memory(deft::gpu(0));  // only the block freed below is free and whole
+  {
+    deft::Tensor<float> big = x * 3.0f;
+    big.wait_to_read();
+  }
+  const auto before = pool.stats();
+  const deft::Tensor<float> top = x.rows(0, 200) * 2.0f, bottom = x.rows(200, 600) + 1.0f;
+  std::vector<double> want_top(values.begin(), values.begin() + 200 * 500), want_bottom(values.begin() + 200 * 500, values.end());
+  for (auto& v : want_top) v *= 2;
+  for (auto& v : want_bottom) v += 1;
+  gpu_tensors::expect_near(top.to_vector(), want_top, 0, "top rows");
+  gpu_tensors::expect_near(bottom.to_vector(), want_bottom, 1e-6, "bottom rows");  // float rounding of v + 1
+  const auto after = pool.stats();
+  BOOST_TEST(after.splits >= before.splits + 2, "both results were cut from the freed block");
+  BOOST_TEST(after.held_bytes == before.held_bytes, "no new device memory was taken");
+  const auto hits = after.hits;
+  for (int step = 0; step < 10; ++step) {
+    const deft::Tensor<float> loss = deft::ones<float>({}, deft::gpu(0)) * float(step);
+    BOOST_TEST(loss.item() == float(step));
+  }
+  BOOST_TEST(pool.stats().hits >= hits + 10, "each step's scalar came from the pool");
+}
+
 // engine::memory_pool_stats reads a device's pool; release_cached_memory
 // frees its free blocks (live tensors keep theirs, and stay readable), so the
 // next allocation of a freed size asks the upstream again.
@@ -283,6 +314,41 @@ BOOST_AUTO_TEST_CASE(checker_sees_work_not_ordered_after_a_conflicting_use) {
   c.queued(0, {{}, {block + 255}});
   BOOST_TEST(c.races.load() == 4);
   BOOST_TEST(!c.first_race().empty());
+}
+
+// A pool cutting and merging blocks (BlockReuse::split) hands memory out
+// again through reissue: the range becomes one block with every earlier
+// use of its memory, and parts in use at once keep their uses apart (in a
+// shared record, one part's write would drop the other's uses).
+BOOST_AUTO_TEST_CASE(reissued_memory_keeps_its_uses_and_parts_stay_apart) {
+  gk::UseRecord record;
+  static char segment[1024];
+  record.add_block(segment, sizeof segment);
+  const auto conflicts = [&](const MemoryUses& uses) {
+    std::vector<std::pair<int, std::uint64_t>> seen;
+    record.for_each_conflict(uses, [&](const gk::LaneUse& u) {
+      if (u.lane >= 0) seen.emplace_back(u.lane, u.count);
+    });
+    std::ranges::sort(seen);
+    return seen;
+  };
+  using Seen = std::vector<std::pair<int, std::uint64_t>>;
+  record.record({1, 5}, {{}, {segment}});         // lane 1 writes the whole allocation
+  record.record({2, 3}, {{segment + 600}, {}});   // lane 2 reads it
+  record.reissue(segment, 512);                   // the pool hands out its first half...
+  record.reissue(segment + 512, 256);             // ...and part of the rest
+  BOOST_TEST((conflicts({{}, {segment}}) == Seen{{1, 5}, {2, 3}}), "a part's first write waits for every earlier use");
+  record.record({3, 1}, {{}, {segment}});         // lane 3 writes the first part
+  record.record({4, 1}, {{}, {segment + 512}});   // lane 4 writes the second
+  BOOST_TEST((conflicts({{segment + 100}, {}}) == Seen{{3, 1}}));
+  BOOST_TEST((conflicts({{segment + 700}, {}}) == Seen{{4, 1}}));
+  BOOST_TEST((conflicts({{}, {segment + 900}}) == Seen{{1, 5}, {2, 3}}), "the rest keeps the uses it had");
+  record.reissue(segment, sizeof segment);        // all freed, merged and handed out whole
+  BOOST_TEST((conflicts({{}, {segment + 1000}}) == Seen{{1, 5}, {2, 3}, {3, 1}, {4, 1}}));
+  record.reissue(segment, sizeof segment);        // handed out whole again: nothing changes
+  BOOST_TEST((conflicts({{}, {segment}}) == Seen{{1, 5}, {2, 3}, {3, 1}, {4, 1}}));
+  record.remove_block(segment, sizeof segment);   // given back to the device
+  BOOST_TEST(conflicts({{}, {segment}}).empty());
 }
 
 // Random work on 6 lanes over 5 blocks, with host waits now and then: the

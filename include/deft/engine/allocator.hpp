@@ -1,10 +1,12 @@
 // Where host tensor storage comes from. The default takes aligned memory from
-// the C heap and keeps large freed blocks for reuse (CachingHostAllocator);
-// a user may install another allocator (an arena, pinned memory, a tracking
-// or fault-injecting one) for the buffers allocated afterwards.
+// the C heap and keeps large freed blocks for reuse (CachingHostAllocator,
+// which caches each GPU's memory too); a user may install another allocator
+// (an arena, pinned memory, a tracking or fault-injecting one) for the
+// buffers allocated afterwards.
 #pragma once
 #include <algorithm>
 #include <bit>
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -30,6 +33,11 @@ class HostAllocator {
   virtual void* allocate(std::size_t bytes, std::size_t alignment) = 0;
   /// Frees `p`, which allocate(bytes, alignment) returned.
   virtual void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept = 0;
+  /// Told by a cache over this allocator (BlockReuse::split) before it hands
+  /// out [p, p + bytes) again: memory this allocator returned, possibly cut
+  /// from a larger block or merged from several. May throw; a GPU's
+  /// upstream makes the lanes treat the range as one block (lanes.hpp).
+  virtual void reissue(void* /*p*/, std::size_t /*bytes*/) {}
 };
 
 /// std::aligned_alloc / std::free.
@@ -41,11 +49,25 @@ class DefaultHostAllocator final : public HostAllocator {
   void deallocate(void* p, std::size_t, std::size_t) noexcept override { std::free(p); }
 };
 
+/// How a CachingHostAllocator reuses its free blocks.
+enum class BlockReuse {
+  /// A free block serves requests of its own size class only (the host's
+  /// default: the C heap serves other sizes well).
+  same_class,
+  /// The smallest free block that fits serves a request, and what it has
+  /// left over stays free; free neighbours from one upstream allocation
+  /// merge again (a GPU's pool: memory freed by one shape serves another).
+  split,
+};
+
 /// Keeps freed blocks of `min_bytes` (host_cache_min_bytes) and more, by size
-/// class, and hands them out again instead of asking `upstream`; smaller
-/// blocks pass straight through. The cache holds at most limit() free bytes;
-/// when the upstream fails, the cache is emptied and the request tried again.
-/// The upstream may be any allocator: a GPU's caches device memory.
+/// class, and hands them out again instead of asking `upstream` (a block of
+/// the request's class, or with BlockReuse::split a part of any larger
+/// one); smaller blocks pass straight through. Past limit() free bytes the
+/// cache gives back free blocks that are whole upstream allocations, the
+/// largest first; when the upstream fails, it gives back all of those and
+/// the request is tried again. The upstream may be any allocator: a GPU's
+/// caches device memory.
 class CachingHostAllocator final : public HostAllocator {
  public:
   /// What the cache did so far.
@@ -53,14 +75,19 @@ class CachingHostAllocator final : public HostAllocator {
     std::uint64_t hits = 0;        ///< cacheable requests served from the cache
     std::uint64_t misses = 0;      ///< cacheable requests passed to the upstream allocator
     std::size_t cached_bytes = 0;  ///< free bytes held now
+    std::size_t held_bytes = 0;    ///< bytes taken from the upstream and not given back (in use or free)
+    std::uint64_t splits = 0;      ///< requests served by part of a larger free block (BlockReuse::split)
   };
 
   /// Caches what `upstream` allocates from `min_bytes` up, holding at most `limit` free bytes.
   explicit CachingHostAllocator(std::shared_ptr<HostAllocator> upstream = std::make_shared<DefaultHostAllocator>(),
                                 std::size_t limit = thresholds::host_cache_max_bytes,
-                                std::size_t min_bytes = thresholds::host_cache_min_bytes)
-      : upstream_(std::move(upstream)), limit_(limit), min_bytes_(min_bytes) {}
+                                std::size_t min_bytes = thresholds::host_cache_min_bytes,
+                                BlockReuse reuse = BlockReuse::same_class)
+      : upstream_(std::move(upstream)), limit_(limit), min_bytes_(min_bytes), reuse_(reuse) {}
   ~CachingHostAllocator() override { release(); }
+  CachingHostAllocator(const CachingHostAllocator&) = delete;
+  CachingHostAllocator& operator=(const CachingHostAllocator&) = delete;
 
   /// The size a request of `bytes` is rounded up to (a multiple of `alignment`).
   std::size_t size_class(std::size_t bytes, std::size_t alignment) const {
@@ -74,20 +101,96 @@ class CachingHostAllocator final : public HostAllocator {
 
   void* allocate(std::size_t bytes, std::size_t alignment) override {
     const std::size_t size = size_class(bytes, alignment);
+    if (bytes < min_bytes_) return from_upstream(size, alignment);
+    void* reused = nullptr;
+    {
+      std::lock_guard lk(m_);
+      reused = take_free(size, alignment);
+      ++(reused ? stats_.hits : stats_.misses);
+    }
+    if (reused && reuse_ == BlockReuse::split) {
+      try {
+        upstream_->reissue(reused, size);
+      } catch (...) {
+        deallocate(reused, bytes, alignment);
+        throw;
+      }
+    }
+    if (reused) return reused;
+    void* p = from_upstream(size, alignment);
+    if (!p) return nullptr;
+    try {
+      std::lock_guard lk(m_);
+      add_segment(p, size, alignment);
+    } catch (...) {  // no memory to note the block: it was never handed out
+      upstream_->deallocate(p, size, alignment);
+      throw;
+    }
+    return p;
+  }
+
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
     if (bytes >= min_bytes_) {
       std::lock_guard lk(m_);
-      auto& list = free_[{size, alignment}];
-      if (!list.empty()) {
-        void* p = list.back();
-        list.pop_back();
-        stats_.cached_bytes -= size;
-        ++stats_.hits;
-        return p;
+      if (const auto b = blocks_.find(address(p)); b != blocks_.end()) {
+        if (!b->second.free()) trim(limit_, make_free(b));  // (freed twice: a caller's bug, ignored)
+        return;
       }
-      ++stats_.misses;
     }
-    // A failure with blocks cached: free them all and ask once more (free
-    // blocks of other sizes are no use to this request).
+    upstream_->deallocate(p, size_class(bytes, alignment), alignment);
+  }
+
+  /// Gives every free block back to the upstream, except parts of
+  /// allocations still partly in use (BlockReuse::split).
+  void release() noexcept {
+    std::lock_guard lk(m_);
+    trim(0, blocks_.end());
+  }
+  /// Caps the free bytes held (0: cache nothing), giving blocks back past the new cap.
+  void set_limit(std::size_t bytes) noexcept {
+    std::lock_guard lk(m_);
+    limit_ = bytes;
+    trim(limit_, blocks_.end());
+  }
+  /// The cap on the free bytes held.
+  std::size_t limit() const noexcept {
+    std::lock_guard lk(m_);
+    return limit_;
+  }
+  /// Hits, misses and the bytes held now.
+  Stats stats() const noexcept {
+    std::lock_guard lk(m_);
+    return stats_;
+  }
+
+ private:
+  // Free blocks by alignment, then size, then the latest freed first (its
+  // memory is the likeliest to be in a cache): the first at or after
+  // {alignment, size} is the smallest that fits.
+  struct FreeKey {
+    std::size_t alignment, size;
+    std::uint64_t age;  // counts down as blocks are freed
+    std::uintptr_t address;
+    auto operator<=>(const FreeKey&) const = default;
+  };
+  using FreeSet = std::set<FreeKey>;
+  // Every block taken from the upstream, or cut from one, by address. A
+  // block in use keeps its node of `free_`, so freeing one allocates nothing.
+  struct Block {
+    std::size_t size, alignment;
+    bool starts_segment;      // the start of an upstream allocation: not merged with the block before
+    std::uint64_t age = 0;    // its key's, while listed
+    FreeSet::node_type node;  // empty while the block is listed in free_
+    bool free() const { return node.empty(); }
+  };
+  using Blocks = std::map<std::uintptr_t, Block>;
+
+  static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+  static FreeKey key(Blocks::const_iterator b) { return {b->second.alignment, b->second.size, b->second.age, b->first}; }
+
+  // An upstream request; when it fails with free blocks held, they go back
+  // and it is tried once more (free blocks of other sizes are no use to it).
+  void* from_upstream(std::size_t size, std::size_t alignment) {
     void* p = nullptr;
     try {
       p = upstream_->allocate(size, alignment);
@@ -99,57 +202,102 @@ class CachingHostAllocator final : public HostAllocator {
     return upstream_->allocate(size, alignment);
   }
 
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
-    const std::size_t size = size_class(bytes, alignment);
-    if (bytes >= min_bytes_) {
-      std::lock_guard lk(m_);
-      if (stats_.cached_bytes + size <= limit_) {
+  void add_segment(void* p, std::size_t size, std::size_t alignment) {
+    const auto [b, added] = blocks_.emplace(address(p), Block{size, alignment, true, 0, {}});
+    try {
+      b->second.node = free_.extract(free_.insert(key(b)).first);
+    } catch (...) {
+      blocks_.erase(b);
+      throw;
+    }
+    stats_.held_bytes += size;
+  }
+
+  // A free block for `size` bytes, cut from a larger one where reuse_ allows; null if none.
+  void* take_free(std::size_t size, std::size_t alignment) {
+    const auto it = free_.lower_bound({alignment, size, 0, 0});
+    if (it == free_.end() || it->alignment != alignment || (reuse_ == BlockReuse::same_class && it->size != size))
+      return nullptr;
+    const auto b = blocks_.find(it->address);
+    b->second.node = free_.extract(it);
+    stats_.cached_bytes -= b->second.size;
+    const std::size_t rest = b->second.size - size;
+    if (reuse_ == BlockReuse::split && rest >= std::max({min_bytes_, alignment, thresholds::cache_split_min_bytes})) {
+      try {  // no memory to note the rest: the whole block serves the request
+        const auto r = blocks_.emplace_hint(std::next(b), b->first + size, Block{rest, alignment, false, b->second.age, {}});
         try {
-          free_[{size, alignment}].push_back(p);
-          stats_.cached_bytes += size;
-          return;
-        } catch (...) {  // no memory for the list entry: free the block instead
+          free_.insert(key(r));
+        } catch (...) {
+          blocks_.erase(r);
+          throw;
         }
+        b->second.size = size;
+        stats_.cached_bytes += rest;
+        ++stats_.splits;
+      } catch (...) {
       }
     }
-    upstream_->deallocate(p, size, alignment);
+    return reinterpret_cast<void*>(b->first);
   }
 
-  /// Frees every cached block.
-  void release() noexcept {
-    std::lock_guard lk(m_);
-    for (auto& [key, list] : free_)
-      for (void* p : list) upstream_->deallocate(p, key.first, key.second);
-    free_.clear();
-    stats_.cached_bytes = 0;
-  }
-  /// Caps the free bytes held (0: cache nothing), freeing blocks past the new cap.
-  void set_limit(std::size_t bytes) noexcept {
-    {
-      std::lock_guard lk(m_);
-      limit_ = bytes;
-      if (stats_.cached_bytes <= limit_) return;
+  // Lists block `b` as free, merged with its free neighbours of the same
+  // upstream allocation; returns the merged block.
+  Blocks::iterator make_free(Blocks::iterator b) {
+    stats_.cached_bytes += b->second.size;
+    const std::uint64_t age = --next_age_;
+    if (const auto next = std::next(b); next != blocks_.end() && !next->second.starts_segment && next->second.free()) {
+      free_.erase(key(next));
+      b->second.size += next->second.size;
+      blocks_.erase(next);
     }
-    release();
-  }
-  /// The cap on the free bytes held.
-  std::size_t limit() const noexcept {
-    std::lock_guard lk(m_);
-    return limit_;
-  }
-  /// Hits, misses and the free bytes held now.
-  Stats stats() const noexcept {
-    std::lock_guard lk(m_);
-    return stats_;
+    if (!b->second.starts_segment)
+      if (const auto prev = std::prev(b); prev->second.free()) {
+        prev->second.node = free_.extract(key(prev));
+        prev->second.size += b->second.size;
+        blocks_.erase(b);
+        b = prev;
+      }
+    b->second.age = age;
+    b->second.node.value() = key(b);
+    free_.insert(std::move(b->second.node));
+    return b;
   }
 
- private:
+  // A free block that is a whole upstream allocation, which can go back.
+  bool whole(Blocks::const_iterator b) const {
+    const auto next = std::next(b);
+    return b->second.starts_segment && b->second.free() && (next == blocks_.end() || next->second.starts_segment);
+  }
+  void give_back(Blocks::iterator b) noexcept {
+    free_.erase(key(b));
+    stats_.cached_bytes -= b->second.size;
+    stats_.held_bytes -= b->second.size;
+    upstream_->deallocate(reinterpret_cast<void*>(b->first), b->second.size, b->second.alignment);
+    blocks_.erase(b);
+  }
+  // Gives whole free blocks back until at most `limit` free bytes are held:
+  // `first` (the block just freed) if it is one, then the largest.
+  void trim(std::size_t limit, Blocks::iterator first) noexcept {
+    if (stats_.cached_bytes <= limit) return;
+    if (first != blocks_.end() && whole(first)) give_back(first);
+    for (auto it = free_.end(); it != free_.begin() && stats_.cached_bytes > limit;) {
+      --it;
+      if (const auto b = blocks_.find(it->address); whole(b)) {
+        it = std::next(it);  // stays valid: only *it's node is erased
+        give_back(b);
+      }
+    }
+  }
+
   std::shared_ptr<HostAllocator> upstream_;
   mutable std::mutex m_;
   std::size_t limit_;
   std::size_t min_bytes_;
+  BlockReuse reuse_;
   Stats stats_;
-  std::map<std::pair<std::size_t, std::size_t>, std::vector<void*>> free_;  // (size, alignment) -> free blocks
+  Blocks blocks_;
+  FreeSet free_;
+  std::uint64_t next_age_ = std::uint64_t(-1);
 };
 
 }  // namespace deft::engine

@@ -100,9 +100,11 @@ inline constexpr std::int64_t conv_partial_elements = std::int64_t(1) << 22;
 inline constexpr std::int64_t gpu_conv_block_elements = std::int64_t(1) << 24;
 
 // --- GPU memory (eval/gpu/runtime.hpp; the emulated GPUs' pools alike) ----
-// Device blocks are cached from this size up (every tensor: a steady
-// training loop then calls cudaMalloc only while the cache warms up)...
-inline constexpr std::size_t gpu_cache_min_bytes = 256;
+// Device blocks of every size are cached (a steady training loop then calls
+// cudaMalloc only while the cache warms up; until session 27 blocks under
+// 256 bytes, a loss or any scalar, went to cudaMalloc and cudaFree, which
+// waits for the whole device, at every step)...
+inline constexpr std::size_t gpu_cache_min_bytes = 1;
 // ...with no cap on the free bytes held: a block the cache refuses is given
 // to cudaFree, which waits for the whole device, so a full cache would make
 // every later allocation stall the GPU (seen on an H100: matrix products 4x
@@ -139,6 +141,10 @@ inline constexpr std::size_t host_cache_min_bytes = std::size_t(64) << 10;
 inline constexpr int host_cache_classes_per_octave = 8;
 // Default cap on the bytes held free in the cache; past it blocks are freed.
 inline constexpr std::size_t host_cache_max_bytes = std::size_t(512) << 20;
+// A pool that cuts free blocks (BlockReuse::split, a GPU's) cuts one only
+// when it leaves at least this much: a smaller rest stays with the request
+// instead of becoming a sliver that fits nothing.
+inline constexpr std::size_t cache_split_min_bytes = 512;
 
 // --- task memory (engine/task_memory.hpp) ---------------------------------
 // Freed task blocks each thread keeps for reuse, per size class of

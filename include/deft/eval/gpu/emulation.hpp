@@ -50,9 +50,13 @@ class LaneClockChecker {
     std::lock_guard lk(m_);
     record_.add_block(base, bytes);
   }
-  void remove_block(const void* base) {
+  void remove_block(const void* base, std::size_t bytes) {
     std::lock_guard lk(m_);
-    record_.remove_block(base);
+    record_.remove_block(base, bytes);
+  }
+  void reissue(const void* base, std::size_t bytes) {
+    std::lock_guard lk(m_);
+    record_.reissue(base, bytes);
   }
   /// Lane `to` waits for what lane `from` queued so far.
   void order(int from, int to) {
@@ -235,9 +239,13 @@ class EmulatedBackend final : public DeviceBackend {
       return p;
     }
     void deallocate(void* p, std::size_t bytes, std::size_t align) noexcept override {
-      b_.tracker_.remove_block(p);
-      b_.checker_.remove_block(p);
+      b_.tracker_.remove_block(p, bytes);
+      b_.checker_.remove_block(p, bytes);
       heap_.deallocate(p, bytes, align);
+    }
+    void reissue(void* p, std::size_t bytes) override {
+      b_.tracker_.reissue(p, bytes);
+      b_.checker_.reissue(p, bytes);
     }
 
    private:
@@ -280,7 +288,8 @@ class EmulatedBackend final : public DeviceBackend {
   std::array<std::shared_ptr<engine::CachingHostAllocator>, devices> pools_{make_pool(), make_pool()};
   std::shared_ptr<engine::CachingHostAllocator> make_pool() {
     return std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceBlocks>(*this),
-                                                          thresholds::gpu_cache_max_bytes, thresholds::gpu_cache_min_bytes);
+                                                          thresholds::gpu_cache_max_bytes, thresholds::gpu_cache_min_bytes,
+                                                          engine::BlockReuse::split);
   }
 };
 

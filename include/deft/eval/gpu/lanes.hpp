@@ -37,9 +37,32 @@ struct LaneUse {
 class UseRecord {
  public:
   /// Device memory [base, base + bytes) (an allocation the pools hand out
-  /// whole to buffers and scratch).
+  /// to buffers and scratch, whole or in parts).
   void add_block(const void* base, std::size_t bytes) { blocks_[key(base)] = Block{bytes, {}, {}}; }
-  void remove_block(const void* base) { blocks_.erase(key(base)); }
+  /// Forgets [base, base + bytes), an allocation given back.
+  void remove_block(const void* base, std::size_t bytes) {
+    blocks_.erase(blocks_.lower_bound(key(base)), blocks_.lower_bound(key(base) + bytes));
+  }
+  /// Makes [base, base + bytes), memory a pool hands out again, one block:
+  /// cut from a larger one or merged from several, whose every earlier use
+  /// it keeps (as reads, so that its first write waits for all of them).
+  /// The rest of a block it was cut from keeps its own uses: blocks in use
+  /// at once never share a record, in which one's write would drop the
+  /// other's uses.
+  void reissue(const void* base, std::size_t bytes) {
+    const std::uintptr_t from = key(base), to = from + bytes;
+    split_at(from);
+    split_at(to);
+    const auto first = blocks_.find(from), last = blocks_.lower_bound(to);
+    if (first == blocks_.end() || (std::next(first) == last && first->second.bytes == bytes)) return;
+    Block merged{bytes, {}, {}};
+    for (auto it = first; it != last; ++it) {
+      keep_latest(merged.reads, it->second.write);
+      for (const LaneUse& r : it->second.reads) keep_latest(merged.reads, r);
+    }
+    blocks_.erase(first, last);
+    blocks_.emplace(from, std::move(merged));
+  }
 
   /// Calls f(use) for every recorded use that work with `uses` conflicts
   /// with: the write before a read; the write and the reads before a write.
@@ -75,6 +98,23 @@ class UseRecord {
     std::vector<LaneUse> reads;
   };
   static std::uintptr_t key(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+  // Cuts the block holding `at` in two there (both keep its uses).
+  void split_at(std::uintptr_t at) {
+    auto it = blocks_.upper_bound(at);
+    if (it == blocks_.begin()) return;
+    --it;
+    if (it->first == at || at >= it->first + it->second.bytes) return;
+    Block tail = it->second;
+    tail.bytes = it->first + it->second.bytes - at;
+    it->second.bytes = at - it->first;
+    blocks_.emplace_hint(std::next(it), at, std::move(tail));
+  }
+  static void keep_latest(std::vector<LaneUse>& uses, const LaneUse& u) {
+    if (u.lane < 0) return;
+    const auto same = std::ranges::find(uses, u.lane, &LaneUse::lane);
+    if (same == uses.end()) uses.push_back(u);
+    else same->count = std::max(same->count, u.count);
+  }
   Block* find(const void* p) {
     if (!p || blocks_.empty()) return nullptr;
     auto it = blocks_.upper_bound(key(p));
@@ -96,14 +136,18 @@ class LaneTracker {
       : queue_(std::move(queue)), issued_(std::size_t(lanes), 0), done_(std::size_t(lanes), 0),
         seen_(std::size_t(lanes) * std::size_t(lanes), 0), lanes_(lanes) {}
 
-  /// A device allocation the pools hand out whole (see UseRecord).
+  /// A device allocation, given back, and handed out again (see UseRecord).
   void add_block(const void* base, std::size_t bytes) {
     std::lock_guard lk(m_);
     record_.add_block(base, bytes);
   }
-  void remove_block(const void* base) {
+  void remove_block(const void* base, std::size_t bytes) {
     std::lock_guard lk(m_);
-    record_.remove_block(base);
+    record_.remove_block(base, bytes);
+  }
+  void reissue(const void* base, std::size_t bytes) {
+    std::lock_guard lk(m_);
+    record_.reissue(base, bytes);
   }
 
   /// Before queuing work with `uses` on `lane`: orders the lane after every

@@ -94,11 +94,12 @@ class DeviceMemory final : public engine::HostAllocator {
     lane_tracker().add_block(p, bytes);
     return p;
   }
-  void deallocate(void* p, std::size_t, std::size_t) noexcept override {
+  void deallocate(void* p, std::size_t bytes, std::size_t) noexcept override {
     DeviceGuard on(device_);
     cudaFree(p);  // waits for the device: no use of the block is left to order
-    lane_tracker().remove_block(p);
+    lane_tracker().remove_block(p, bytes);
   }
+  void reissue(void* p, std::size_t bytes) override { lane_tracker().reissue(p, bytes); }
 
  private:
   int device_;
@@ -140,7 +141,7 @@ struct DeviceContext {
   explicit DeviceContext(int d)
       : device(d),
         memory(std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceMemory>(d), thresholds::gpu_cache_max_bytes,
-                                                              thresholds::gpu_cache_min_bytes)),
+                                                              thresholds::gpu_cache_min_bytes, engine::BlockReuse::split)),
         lanes(std::size_t(thresholds::gpu_lanes), nullptr) {
     DeviceGuard on(d);
     for (cudaStream_t& s : lanes) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate", d);

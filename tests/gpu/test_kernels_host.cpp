@@ -395,6 +395,31 @@ BOOST_AUTO_TEST_CASE(tracker_orders_random_work_on_many_lanes) {
   BOOST_TEST(one_checker.races.load() == 0);
 }
 
+// A wait for a lane orders the waiting lane after every lane that one
+// follows: a lane needing work of lanes 0 and 1, where lane 1 already
+// waited for lane 0's, waits once.
+BOOST_AUTO_TEST_CASE(a_wait_for_a_lane_covers_the_lanes_it_follows) {
+  gk::LaneClockChecker checker(3);
+  gk::LaneTracker<gk::LaneClockChecker::Ref> tracker(3, {&checker});
+  static char x[64], y[64];
+  for (char* b : {x, y}) tracker.add_block(b, 64), checker.add_block(b, 64);
+  const auto run = [&](int lane, const MemoryUses& uses) {
+    tracker.before(lane, uses);
+    tracker.after(lane, uses);
+  };
+  run(0, {{}, {x}});   // lane 0 writes x
+  run(1, {{x}, {}});   // lane 1 reads it: waits for lane 0
+  run(1, {{}, {y}});   // and writes y
+  BOOST_TEST(tracker.waits() == 1u);
+  run(2, {{x, y}, {}});  // lane 2 reads both: one wait, for lane 1, covers lane 0's write of x
+  BOOST_TEST(tracker.waits() == 2u);
+  run(2, {{x}, {}});
+  BOOST_TEST(tracker.waits() == 2u);
+  run(0, {{}, {x}});   // lane 0 writes x again, after lane 1's and lane 2's reads
+  BOOST_TEST(tracker.waits() == 3u, "lane 2 followed lane 1 after its read of x, so one wait covers both");
+  BOOST_TEST(checker.races.load() == 0, checker.first_race());
+}
+
 // A chain of statements stays on one lane; two chains forked from one
 // tensor run on two lanes, and their join waits for the other lane.
 BOOST_AUTO_TEST_CASE(chains_keep_their_lane_and_forks_spread) {

@@ -154,13 +154,25 @@ class LaneTracker {
   /// earlier conflicting use on another lane not known to be done.
   void before(int lane, const MemoryUses& uses) {
     std::lock_guard lk(m_);
+    needed_.clear();  // (other lane, its latest conflicting use the lane does not follow yet)
     record_.for_each_conflict(uses, [&](const LaneUse& u) {
       if (u.lane < 0 || u.lane == lane || u.count <= done_[std::size_t(u.lane)] || u.count <= seen(lane, u.lane))
         return;
-      queue_.order(u.lane, lane);
-      seen(lane, u.lane) = issued_[std::size_t(u.lane)];
-      ++waits_;
+      const auto same = std::ranges::find(needed_, u.lane, &LaneUse::lane);
+      if (same == needed_.end()) needed_.push_back(u);
+      else same->count = std::max(same->count, u.count);
     });
+    // A wait for a lane also orders this one after every lane that one
+    // follows, so lanes another needed lane already follows go last and
+    // often need no wait of their own (a third lane through a second).
+    for (const bool last : {false, true})
+      for (const LaneUse& u : needed_) {
+        if (u.count <= seen(lane, u.lane) || (!last && followed_by_another(lane, u))) continue;
+        queue_.order(u.lane, lane);
+        ++waits_;
+        for (int k = 0; k < lanes_; ++k) seen(lane, k) = std::max(seen(lane, k), seen(u.lane, k));
+        seen(lane, u.lane) = issued_[std::size_t(u.lane)];
+      }
   }
 
   /// Once that work is queued: records its uses. (Recorded only now, so
@@ -192,12 +204,21 @@ class LaneTracker {
 
  private:
   std::uint64_t& seen(int to, int from) { return seen_[std::size_t(to) * std::size_t(lanes_) + std::size_t(from)]; }
+  // Whether another lane in needed_ that `lane` must still wait for follows u.
+  bool followed_by_another(int lane, const LaneUse& u) {
+    return std::ranges::any_of(needed_, [&](const LaneUse& other) {
+      return other.lane != u.lane && other.count > seen(lane, other.lane) && seen(other.lane, u.lane) >= u.count;
+    });
+  }
 
   std::mutex m_;
   Queue queue_;
   UseRecord record_;
   std::vector<std::uint64_t> issued_, done_;
-  std::vector<std::uint64_t> seen_;  // seen(to, from): `to` waits for `from`'s work up to this count
+  // seen(to, from): work queued on `to` from now on runs after `from`'s work
+  // up to this count (a wait queued on `to`, or on a lane `to` waited for).
+  std::vector<std::uint64_t> seen_;
+  std::vector<LaneUse> needed_;  // before()'s, kept to reuse its memory
   std::uint64_t waits_ = 0;
   int lanes_;
 };

@@ -200,6 +200,40 @@ BOOST_AUTO_TEST_CASE(a_splitting_pool_cuts_large_free_blocks_and_merges_them_aga
   BOOST_TEST(up->mismatches == 0, "every block went back whole, with the size it was asked with");
 }
 
+// Small requests (up to 1 MiB) in a splitting pool share 2 MiB allocations
+// of their own and never cut a large free block, so a long-lived scalar
+// cannot keep a large block from going back; large requests never take
+// memory from the small requests' allocations.
+BOOST_AUTO_TEST_CASE(small_requests_share_allocations_of_their_own) {
+  auto up = std::make_shared<CountingAllocator>();
+  constexpr std::size_t unit = 256;
+  engine::CachingHostAllocator cache(up, std::size_t(-1), unit, engine::BlockReuse::split);
+  const std::size_t segment = deft::thresholds::cache_small_segment_bytes;
+  void* large = cache.allocate(8 * big, unit);
+  cache.deallocate(large, 8 * big, unit);
+  std::vector<void*> small;
+  for (int i = 0; i < 100; ++i) small.push_back(cache.allocate(4096, unit));  // 400 KiB in all
+  BOOST_TEST(up->allocations == 2, "one allocation for the large block, one for every small one");
+  BOOST_TEST(cache.stats().held_bytes == 8 * big + segment);
+  for (std::size_t i = 1; i < small.size(); ++i)
+    BOOST_TEST(static_cast<std::byte*>(small[i]) == static_cast<std::byte*>(small[i - 1]) + 4096);
+  BOOST_TEST(cache.allocate(8 * big, unit) == large, "the large block stayed whole");
+  cache.deallocate(large, 8 * big, unit);
+  for (std::size_t i = 0; i + 1 < small.size(); ++i) cache.deallocate(small[i], 4096, unit);
+  // 2 MiB less 4 KiB is free in the small allocation, yet a 1.5 MiB request is large.
+  void* mid = cache.allocate(3 * big / 2, unit);
+  BOOST_TEST(up->allocations == 2, "cut from the free large block");
+  BOOST_TEST(mid == large);
+  cache.deallocate(mid, 3 * big / 2, unit);
+  cache.release();  // the small allocation is still partly in use
+  BOOST_TEST(up->live() == 1u);
+  BOOST_TEST(cache.stats().held_bytes == segment);
+  cache.deallocate(small.back(), 4096, unit);
+  cache.release();
+  BOOST_TEST(up->live() == 0u);
+  BOOST_TEST(up->mismatches == 0);
+}
+
 // Random requests and frees against a model of what is in use: no two
 // blocks in use overlap, none is overwritten while in use, and the pool's
 // counts add up to what the upstream holds.

@@ -93,8 +93,8 @@ BOOST_AUTO_TEST_CASE(device_pool_is_reused_in_a_steady_loop) {
 // too, which before went to cudaMalloc and cudaFree at every step.
 BOOST_AUTO_TEST_CASE(freed_device_blocks_serve_other_shapes_and_scalars) {
   auto& pool = deft::detail::gpu::emulated_backend().pool(0);
-  const auto values = gpu_tensors::random_values(600 * 500, 63);
-  const deft::Tensor<float> x = deft::Tensor<float>(values, {600, 500}).to(deft::gpu(0));
+  const auto values = gpu_tensors::random_values(1000 * 1000, 63);  // 4 MB: large requests
+  const deft::Tensor<float> x = deft::Tensor<float>(values, {1000, 1000}).to(deft::gpu(0));
   x.wait_to_read();
   deft::engine::release_cached_memory(deft::gpu(0));  // only the block freed below is free and whole
   {
@@ -102,8 +102,10 @@ BOOST_AUTO_TEST_CASE(freed_device_blocks_serve_other_shapes_and_scalars) {
     big.wait_to_read();
   }
   const auto before = pool.stats();
-  const deft::Tensor<float> top = x.rows(0, 200) * 2.0f, bottom = x.rows(200, 600) + 1.0f;
-  std::vector<double> want_top(values.begin(), values.begin() + 200 * 500), want_bottom(values.begin() + 200 * 500, values.end());
+  // 1.2 and 2.4 MB (classes of 1.25 and 2.5 MiB) fit the 4 MiB class of `big`.
+  const deft::Tensor<float> top = x.rows(0, 300) * 2.0f, bottom = x.rows(300, 900) + 1.0f;
+  std::vector<double> want_top(values.begin(), values.begin() + 300 * 1000),
+      want_bottom(values.begin() + 300 * 1000, values.begin() + 900 * 1000);
   for (auto& v : want_top) v *= 2;
   for (auto& v : want_bottom) v += 1;
   gpu_tensors::expect_near(top.to_vector(), want_top, 0, "top rows");
@@ -124,15 +126,15 @@ BOOST_AUTO_TEST_CASE(freed_device_blocks_serve_other_shapes_and_scalars) {
 // next allocation of a freed size asks the upstream again.
 BOOST_AUTO_TEST_CASE(a_devices_cached_memory_can_be_released) {
   auto& pool = deft::detail::gpu::emulated_backend().pool(1);
-  const auto values = gpu_tensors::random_values(300 * 300, 60);
-  deft::Tensor<float> kept = deft::Tensor<float>(values, {300, 300}).to(deft::gpu(1));
+  const auto values = gpu_tensors::random_values(600 * 600, 60);  // 1.44 MB: a large request, an allocation of its own
+  deft::Tensor<float> kept = deft::Tensor<float>(values, {600, 600}).to(deft::gpu(1));
   {
     deft::Tensor<float> dropped = kept * 2.0f;
     dropped.wait_to_read();
   }  // its block goes back to the pool
   const auto before = deft::engine::memory_pool_stats(deft::gpu(1));
   BOOST_TEST(before.cached_bytes == pool.stats().cached_bytes);
-  BOOST_TEST(before.cached_bytes >= 300u * 300u * sizeof(float));
+  BOOST_TEST(before.cached_bytes >= 600u * 600u * sizeof(float));
   deft::engine::release_cached_memory(deft::gpu(1));
   BOOST_TEST(deft::engine::memory_pool_stats(deft::gpu(1)).cached_bytes == 0u);
   BOOST_TEST(kept.to_vector() == values, boost::test_tools::per_element());

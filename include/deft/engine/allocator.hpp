@@ -57,6 +57,8 @@ enum class BlockReuse {
   /// The smallest free block that fits serves a request, and what it has
   /// left over stays free; free neighbours from one upstream allocation
   /// merge again (a GPU's pool: memory freed by one shape serves another).
+  /// Small requests (cache_small_request_bytes) are cut from allocations of
+  /// their own, made cache_small_segment_bytes large at least.
   split,
 };
 
@@ -102,29 +104,20 @@ class CachingHostAllocator final : public HostAllocator {
   void* allocate(std::size_t bytes, std::size_t alignment) override {
     const std::size_t size = size_class(bytes, alignment);
     if (bytes < min_bytes_) return from_upstream(size, alignment);
-    void* reused = nullptr;
+    void* p = nullptr;
     {
       std::lock_guard lk(m_);
-      reused = take_free(size, alignment);
-      ++(reused ? stats_.hits : stats_.misses);
+      p = take_free(size, alignment);
+      ++(p ? stats_.hits : stats_.misses);
     }
-    if (reused && reuse_ == BlockReuse::split) {
+    if (!p) p = new_segment(size, alignment);
+    if (p && reuse_ == BlockReuse::split) {
       try {
-        upstream_->reissue(reused, size);
+        upstream_->reissue(p, size);
       } catch (...) {
-        deallocate(reused, bytes, alignment);
+        deallocate(p, bytes, alignment);
         throw;
       }
-    }
-    if (reused) return reused;
-    void* p = from_upstream(size, alignment);
-    if (!p) return nullptr;
-    try {
-      std::lock_guard lk(m_);
-      add_segment(p, size, alignment);
-    } catch (...) {  // no memory to note the block: it was never handed out
-      upstream_->deallocate(p, size, alignment);
-      throw;
     }
     return p;
   }
@@ -164,10 +157,11 @@ class CachingHostAllocator final : public HostAllocator {
   }
 
  private:
-  // Free blocks by alignment, then size, then the latest freed first (its
-  // memory is the likeliest to be in a cache): the first at or after
-  // {alignment, size} is the smallest that fits.
+  // Free blocks by kind of allocation and alignment, then size, then the
+  // latest freed first (its memory is the likeliest to be in a cache): the
+  // first at or after {small, alignment, size} is the smallest that fits.
   struct FreeKey {
+    bool small;
     std::size_t alignment, size;
     std::uint64_t age;  // counts down as blocks are freed
     std::uintptr_t address;
@@ -178,6 +172,7 @@ class CachingHostAllocator final : public HostAllocator {
   // block in use keeps its node of `free_`, so freeing one allocates nothing.
   struct Block {
     std::size_t size, alignment;
+    bool small;               // part of an allocation for small requests (see new_segment)
     bool starts_segment;      // the start of an upstream allocation: not merged with the block before
     std::uint64_t age = 0;    // its key's, while listed
     FreeSet::node_type node;  // empty while the block is listed in free_
@@ -186,7 +181,13 @@ class CachingHostAllocator final : public HostAllocator {
   using Blocks = std::map<std::uintptr_t, Block>;
 
   static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
-  static FreeKey key(Blocks::const_iterator b) { return {b->second.alignment, b->second.size, b->second.age, b->first}; }
+  static FreeKey key(Blocks::const_iterator b) {
+    return {b->second.small, b->second.alignment, b->second.size, b->second.age, b->first};
+  }
+  // Whether a request is served from allocations for small requests only.
+  bool small(std::size_t size) const {
+    return reuse_ == BlockReuse::split && size <= thresholds::cache_small_request_bytes;
+  }
 
   // An upstream request; when it fails with free blocks held, they go back
   // and it is tried once more (free blocks of other sizes are no use to it).
@@ -202,42 +203,69 @@ class CachingHostAllocator final : public HostAllocator {
     return upstream_->allocate(size, alignment);
   }
 
-  void add_segment(void* p, std::size_t size, std::size_t alignment) {
-    const auto [b, added] = blocks_.emplace(address(p), Block{size, alignment, true, 0, {}});
+  // A new upstream allocation for a request of `size` bytes, in use: that
+  // size, or for a small request in a splitting pool a larger allocation
+  // (cache_small_segment_bytes) whose rest later small requests take. Small
+  // and large requests never share an allocation, so that a long-lived
+  // small tensor never keeps a large block from going back.
+  void* new_segment(std::size_t size, std::size_t alignment) {
+    const bool for_small = small(size);
+    const std::size_t bytes = for_small ? std::max(size, thresholds::cache_small_segment_bytes) : size;
+    void* p = from_upstream(bytes, alignment);
+    if (!p) return nullptr;
     try {
-      b->second.node = free_.extract(free_.insert(key(b)).first);
-    } catch (...) {
-      blocks_.erase(b);
+      std::lock_guard lk(m_);
+      const auto [b, added] = blocks_.emplace(address(p), Block{bytes, alignment, for_small, true, 0, {}});
+      try {
+        b->second.node = free_.extract(free_.insert(key(b)).first);
+      } catch (...) {
+        blocks_.erase(b);
+        throw;
+      }
+      stats_.held_bytes += bytes;
+      if (bytes != size) cut(b, size);
+    } catch (...) {  // no memory to note the block: it was never handed out
+      upstream_->deallocate(p, bytes, alignment);
       throw;
     }
-    stats_.held_bytes += size;
+    return p;
   }
 
-  // A free block for `size` bytes, cut from a larger one where reuse_ allows; null if none.
+  // A free block for `size` bytes of the request's kind, cut from a larger
+  // one where reuse_ allows; null if none.
   void* take_free(std::size_t size, std::size_t alignment) {
-    const auto it = free_.lower_bound({alignment, size, 0, 0});
-    if (it == free_.end() || it->alignment != alignment || (reuse_ == BlockReuse::same_class && it->size != size))
+    const bool for_small = small(size);
+    const auto it = free_.lower_bound({for_small, alignment, size, 0, 0});
+    if (it == free_.end() || it->small != for_small || it->alignment != alignment ||
+        (reuse_ == BlockReuse::same_class && it->size != size))
       return nullptr;
     const auto b = blocks_.find(it->address);
     b->second.node = free_.extract(it);
     stats_.cached_bytes -= b->second.size;
-    const std::size_t rest = b->second.size - size;
-    if (reuse_ == BlockReuse::split && rest >= std::max({min_bytes_, alignment, thresholds::cache_split_min_bytes})) {
-      try {  // no memory to note the rest: the whole block serves the request
-        const auto r = blocks_.emplace_hint(std::next(b), b->first + size, Block{rest, alignment, false, b->second.age, {}});
-        try {
-          free_.insert(key(r));
-        } catch (...) {
-          blocks_.erase(r);
-          throw;
-        }
-        b->second.size = size;
-        stats_.cached_bytes += rest;
-        ++stats_.splits;
-      } catch (...) {
-      }
-    }
+    if (reuse_ == BlockReuse::split && b->second.size != size && cut(b, size)) ++stats_.splits;
     return reinterpret_cast<void*>(b->first);
+  }
+
+  // Cuts block `b` (in use) to `size` bytes, listing the rest as a free
+  // block, when the rest is worth it; false when `b` stays whole.
+  bool cut(Blocks::iterator b, std::size_t size) noexcept {
+    const std::size_t rest = b->second.size - size;
+    if (rest < std::max({min_bytes_, b->second.alignment, thresholds::cache_split_min_bytes})) return false;
+    try {
+      const auto r = blocks_.emplace_hint(std::next(b), b->first + size,
+                                          Block{rest, b->second.alignment, b->second.small, false, b->second.age, {}});
+      try {
+        free_.insert(key(r));
+      } catch (...) {
+        blocks_.erase(r);
+        throw;
+      }
+    } catch (...) {  // no memory to note the rest: the whole block serves the request
+      return false;
+    }
+    b->second.size = size;
+    stats_.cached_bytes += rest;
+    return true;
   }
 
   // Lists block `b` as free, merged with its free neighbours of the same

@@ -145,6 +145,13 @@ inline constexpr std::size_t host_cache_max_bytes = std::size_t(512) << 20;
 // when it leaves at least this much: a smaller rest stays with the request
 // instead of becoming a sliver that fits nothing.
 inline constexpr std::size_t cache_split_min_bytes = 512;
+// In such a pool, requests up to this size are small: they are cut from
+// allocations of their own, made this large at least, and never from the
+// allocations of larger requests (PyTorch's allocator's figures). A steady
+// loop's biases, scalars and small activations then share a few
+// allocations, and a long-lived small tensor never pins a large block.
+inline constexpr std::size_t cache_small_request_bytes = std::size_t(1) << 20;
+inline constexpr std::size_t cache_small_segment_bytes = std::size_t(2) << 20;
 
 // --- task memory (engine/task_memory.hpp) ---------------------------------
 // Freed task blocks each thread keeps for reuse, per size class of

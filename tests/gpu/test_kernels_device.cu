@@ -73,15 +73,18 @@ BOOST_AUTO_TEST_SUITE(gpu_kernels)
 DEFT_GPU_KERNEL_CASES(DeviceMemory)
 DEFT_GPU_TENSOR_CASES(false)
 
+// A large request (over 1 MiB: an allocation of its own class) gets the
+// block of its class freed last. (A small one may be cut from any free part
+// of the small requests' allocations.)
 BOOST_AUTO_TEST_CASE(caching_pool_reuses_device_blocks) {
   auto& pool = *gk::context(0).memory;
-  void* a = pool.allocate(1 << 20, 256);
-  pool.deallocate(a, 1 << 20, 256);
+  void* a = pool.allocate(1 << 22, 256);
+  pool.deallocate(a, 1 << 22, 256);
   const auto hits = pool.stats().hits;
-  void* b = pool.allocate(1 << 20, 256);
+  void* b = pool.allocate(1 << 22, 256);
   BOOST_TEST(b == a);
   BOOST_TEST(pool.stats().hits == hits + 1);
-  pool.deallocate(b, 1 << 20, 256);
+  pool.deallocate(b, 1 << 22, 256);
 }
 
 BOOST_AUTO_TEST_CASE(errors_carry_cuda_text_and_the_device_stays_usable) {

@@ -32,6 +32,14 @@ struct LaneUse {
   std::uint64_t count = 0;
 };
 
+/// Puts `u` into `uses`, which holds at most one use per lane: the latest.
+inline void keep_latest(std::vector<LaneUse>& uses, const LaneUse& u) {
+  if (u.lane < 0) return;
+  const auto same = std::ranges::find(uses, u.lane, &LaneUse::lane);
+  if (same == uses.end()) uses.push_back(u);
+  else same->count = std::max(same->count, u.count);
+}
+
 /// Which work used which device blocks: the latest write of each block, and
 /// the reads since (the latest per lane). Not thread-safe.
 class UseRecord {
@@ -79,11 +87,7 @@ class UseRecord {
   /// Records `uses` as done by the work `now`.
   void record(const LaneUse& now, const MemoryUses& uses) {
     for (const void* p : uses.reads)
-      if (Block* b = find(p)) {
-        auto same = std::ranges::find(b->reads, now.lane, &LaneUse::lane);
-        if (same != b->reads.end()) *same = now;
-        else b->reads.push_back(now);
-      }
+      if (Block* b = find(p)) keep_latest(b->reads, now);
     for (const void* p : uses.writes)
       if (Block* b = find(p)) {
         b->write = now;
@@ -108,12 +112,6 @@ class UseRecord {
     tail.bytes = it->first + it->second.bytes - at;
     it->second.bytes = at - it->first;
     blocks_.emplace_hint(std::next(it), at, std::move(tail));
-  }
-  static void keep_latest(std::vector<LaneUse>& uses, const LaneUse& u) {
-    if (u.lane < 0) return;
-    const auto same = std::ranges::find(uses, u.lane, &LaneUse::lane);
-    if (same == uses.end()) uses.push_back(u);
-    else same->count = std::max(same->count, u.count);
   }
   Block* find(const void* p) {
     if (!p || blocks_.empty()) return nullptr;
@@ -158,9 +156,7 @@ class LaneTracker {
     record_.for_each_conflict(uses, [&](const LaneUse& u) {
       if (u.lane < 0 || u.lane == lane || u.count <= done_[std::size_t(u.lane)] || u.count <= seen(lane, u.lane))
         return;
-      const auto same = std::ranges::find(needed_, u.lane, &LaneUse::lane);
-      if (same == needed_.end()) needed_.push_back(u);
-      else same->count = std::max(same->count, u.count);
+      keep_latest(needed_, u);
     });
     // A wait for a lane also orders this one after every lane that one
     // follows, so lanes another needed lane already follows go last and

@@ -239,6 +239,13 @@ int main(int argc, char** argv) try {
                  << secs << '\n';
   }
   std::printf("test accuracy: %.4f\n", test_acc);
+  for (const Device& d : devices)  // what the GPU's caching pool did (engine::memory_pool_stats)
+    if (d.type == DeviceType::gpu) {
+      const auto m = engine::memory_pool_stats(d);
+      std::printf("%s memory pool: %.1f MiB held, %.1f MiB of it free; %llu hits, %llu misses, %llu cut blocks\n",
+                  d.to_string().c_str(), double(m.held_bytes) / (1 << 20), double(m.cached_bytes) / (1 << 20),
+                  (unsigned long long)m.hits, (unsigned long long)m.misses, (unsigned long long)m.splits);
+    }
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "\ntrain_fashion_mnist: %s\n", e.what());

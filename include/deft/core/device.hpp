@@ -7,10 +7,10 @@
 
 namespace deft {
 
-/// The kinds of device (only cpu has a backend in this build).
+/// The kinds of device (gpu needs the CUDA backend, deft::cuda; docs/gpu.md).
 enum class DeviceType : std::uint8_t { cpu, gpu };
 
-/// Where a tensor lives: the CPU, or a numbered GPU (no GPU backend is built yet).
+/// Where a tensor lives: the CPU, or a numbered GPU.
 struct Device {
   DeviceType type = DeviceType::cpu;  ///< cpu or gpu
   int index = 0;                      ///< which device of that type, from 0

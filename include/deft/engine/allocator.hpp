@@ -110,8 +110,14 @@ class CachingHostAllocator final : public HostAllocator {
       p = take_free(size, alignment);
       ++(p ? stats_.hits : stats_.misses);
     }
-    if (!p) p = new_segment(size, alignment);
-    if (p && reuse_ == BlockReuse::split) {
+    // A new allocation for a large request is the block itself, which its
+    // upstream already knows whole: only cut or merged memory is reissued.
+    bool fresh_whole = false;
+    if (!p) {
+      p = new_segment(size, alignment);
+      fresh_whole = !small(size);
+    }
+    if (p && reuse_ == BlockReuse::split && !fresh_whole) {
       try {
         upstream_->reissue(p, size);
       } catch (...) {

@@ -829,26 +829,57 @@ BOOST_AUTO_TEST_CASE(dropped_and_failed_parts) {
   deft::wait_all();
 }
 
-// The seeds' data-parallel step on two GPUs: the Trainer allreduces each
-// parameter's gradients with the collective. The parameters after 4 steps
-// equal, bit for bit, those of the same training summed through copies (two
-// parts: both sum part 0 + part 1 in float), and stay equal across devices.
+// Many tensors over two GPUs: each bucket is one collective over the packed
+// parts, and each tensor ends with the sum a collective of its own gives it.
+BOOST_AUTO_TEST_CASE(allreduce_of_many_tensors_is_one_collective_per_bucket) {
+  const long races = gk::emulated_backend().checker().races.load();
+  const std::vector<deft::Shape> shapes = {{3, 5}, {}, {40}, {2, 2, 2}};
+  std::vector<std::vector<Tensor<float>>> tensors, alone;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    tensors.push_back(random_parts<float>(both_gpus, shapes[i], 360 + 2 * unsigned(i)));
+    alone.emplace_back();
+    for (const auto& p : tensors.back()) alone.back().push_back(Tensor<float>(p.to_vector(), p.shape()).to(p.device()));
+  }
+  long sums = collective_sums();
+  for (auto& parts : alone) deft::allreduce(parts);
+  deft::wait_all();
+  BOOST_TEST(collective_sums() == sums + long(shapes.size()));
+  sums = collective_sums();
+  deft::allreduce(tensors, 200);  // {}, {40} and {2, 2, 2} (196 bytes) in one bucket, {3, 5} alone
+  deft::wait_all();
+  BOOST_TEST(collective_sums() == sums + 2);
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    for (std::size_t d = 0; d < 2; ++d) {
+      BOOST_TEST(tensors[i][d].device() == both_gpus[d]);
+      BOOST_TEST(tensors[i][d].to_vector() == alone[i][d].to_vector(), boost::test_tools::per_element());
+    }
+  BOOST_TEST(gk::emulated_backend().checker().races.load() == races, gk::emulated_backend().checker().first_race());
+}
+
+// The seeds' data-parallel step on two GPUs: the Trainer allreduces the
+// gradients with the collective, all four parameters' in one bucket (one
+// collective per step), or each alone with buckets off. The parameters
+// after 4 steps equal, bit for bit, those of the same training summed
+// through copies (two parts: both sum part 0 + part 1 in float), and stay
+// equal across devices.
 BOOST_AUTO_TEST_CASE(data_parallel_training_sums_gradients_with_the_collective) {
   deft::random::seed(350);
   const Tensor<float> x = deft::random::normal<float>(0, 1, {8, 5});
   const Tensor<std::int64_t> y(std::vector<std::int64_t>{0, 1, 2, 0, 1, 2, 2, 1}, {8});
   const deft::nn::SoftmaxCrossEntropyLoss loss;
   std::vector<std::vector<std::vector<float>>> trained;
-  long used = 0;
-  for (const bool collective : {true, false}) {
+  enum class Sum { bucketed, per_parameter, copies };
+  std::vector<long> used;
+  for (const Sum how : {Sum::bucketed, Sum::per_parameter, Sum::copies}) {
     std::optional<WithoutCollectives> off;
-    if (!collective) off.emplace();
+    if (how == Sum::copies) off.emplace();
     auto net = two_layer_net();
     deft::random::seed(351);
     net->initialize(deft::nn::init::xavier(), both_gpus);
     const auto xs = deft::split_and_load(x, both_gpus);
     const auto ys = deft::split_and_load(y, both_gpus);
     deft::nn::Trainer trainer(net->collect_params(), deft::nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
+    if (how == Sum::per_parameter) trainer.set_allreduce_bucket_bytes(0);
     const long sums = collective_sums();
     for (int step = 0; step < 4; ++step) {
       {
@@ -864,13 +895,14 @@ BOOST_AUTO_TEST_CASE(data_parallel_training_sums_gradients_with_the_collective) 
       params.push_back(on0);
     }
     trained.push_back(params);
-    if (collective) used = collective_sums() - sums;
-    else BOOST_TEST(collective_sums() == sums);
+    used.push_back(collective_sums() - sums);
   }
-  BOOST_TEST(used == 4 * 4);  // 4 steps, 4 parameters
-  BOOST_TEST_REQUIRE(trained[0].size() == trained[1].size());
-  for (std::size_t i = 0; i < trained[0].size(); ++i)
-    BOOST_TEST(trained[0][i] == trained[1][i], boost::test_tools::per_element());
+  BOOST_TEST(used == (std::vector<long>{4, 4 * 4, 0}), boost::test_tools::per_element());  // 4 steps, 4 parameters
+  for (std::size_t run = 1; run < trained.size(); ++run) {
+    BOOST_TEST_REQUIRE(trained[0].size() == trained[run].size());
+    for (std::size_t i = 0; i < trained[0].size(); ++i)
+      BOOST_TEST(trained[0][i] == trained[run][i], boost::test_tools::per_element());
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -4,6 +4,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -132,6 +133,61 @@ BOOST_AUTO_TEST_CASE(allreduce_writes_the_same_sum_to_every_device) {
                         [](const std::invalid_argument& e) { return mentions(e, "part 1") && mentions(e, "(2, 3)"); });
 }
 
+// Many tensors at once: consecutive ones share a bucket (one packed sum)
+// up to the bucket's bytes, from the last one back; each still gets the
+// bits a sum of its own gives it. Shapes: a scalar, an empty tensor, parts
+// that are rows of a larger tensor, two tensors too large to share a bucket.
+BOOST_AUTO_TEST_CASE(allreduce_of_many_tensors_packs_them_into_buckets) {
+  const std::vector<Device> three = {cpu(0), cpu(1), cpu(2)};
+  const std::vector<Shape> shapes = {{4, 33}, {}, {7}, {0}, {2, 3, 5}, {600}, {5}};
+  random::seed(15);
+  const Tensor<float> big = random::normal<float>(0, 1, {6, 33}).to(cpu(1));
+  const auto big_before = big.to_vector();
+  std::vector<std::vector<Tensor<float>>> tensors(shapes.size()), alone(shapes.size());
+  std::vector<std::vector<double>> want(shapes.size());
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    want[i].assign(std::size_t(shapes[i].size()), 0.0);
+    for (const Device d : three) {
+      Tensor<float> part = i == 0 && d == cpu(1) ? big.rows(1, 5) : random::normal<float>(0, 1, shapes[i]).to(d);
+      const auto v = part.to_vector();
+      for (std::size_t k = 0; k < v.size(); ++k) want[i][k] += v[k];
+      tensors[i].push_back(part);
+      alone[i].push_back(Tensor<float>(v, shapes[i], d));
+    }
+  }
+  // What one sum of its own records, for a tensor of any shape on these devices.
+  const auto recorded = [] { return engine::stats().tasks_recorded; };
+  std::uint64_t before = recorded();
+  for (auto& parts : alone) allreduce(parts);
+  const std::uint64_t one_sum = (recorded() - before) / shapes.size();
+  BOOST_TEST_REQUIRE(one_sum * shapes.size() == recorded() - before);
+
+  // 1024 bytes: {5} and {600} (2,400 bytes) alone, the five before them (680 bytes) packed.
+  before = recorded();
+  allreduce(tensors, 1024);
+  BOOST_TEST(recorded() - before == 3 * one_sum + 3 + 3 * 5);  // a pack and five copies back per device
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    for (std::size_t d = 0; d < three.size(); ++d) {
+      BOOST_TEST(tensors[i][d].device() == three[d]);
+      const auto got = tensors[i][d].to_vector();
+      BOOST_TEST(got == alone[i][d].to_vector(), boost::test_tools::per_element());
+      for (std::size_t k = 0; k < got.size(); ++k) BOOST_TEST(std::abs(got[k] - want[i][k]) <= 1e-5);
+    }
+  const auto big_after = big.to_vector();
+  for (std::size_t k = 0; k < big_after.size(); ++k)
+    if (k < 33 || k >= 5 * 33) BOOST_TEST(big_after[k] == big_before[k]);  // rows outside the part kept
+    else BOOST_TEST(big_after[k] == tensors[0][1].to_vector()[k - 33]);
+
+  // A bad tensor anywhere is refused, naming it, before anything is recorded.
+  std::vector<std::vector<Tensor<float>>> bad = {{zeros<float>({3}), zeros<float>({3}, cpu(1))},
+                                                 {zeros<float>({2, 2}), zeros<float>({2, 3}, cpu(1))}};
+  before = recorded();
+  BOOST_CHECK_EXCEPTION(allreduce(bad), std::invalid_argument, [](const std::invalid_argument& e) {
+    return mentions(e, "tensor 1") && mentions(e, "part 1") && mentions(e, "(2, 3)");
+  });
+  BOOST_TEST(recorded() == before);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(data_parallel)
@@ -188,6 +244,44 @@ BOOST_AUTO_TEST_CASE(two_devices_train_like_one_device_on_the_whole_batch) {
   for (std::size_t d = 0; d < 2; ++d)
     correct = correct + sum(cast<float>(argmax((*many)(xs[d]), 1) == ys[d])).to(cpu(0));
   BOOST_TEST(correct.item() == sum(cast<float>(argmax((*one)(x), 1) == y)).item());
+}
+
+// Packing the gradients into buckets changes how many sums run, not their
+// bits: training with the default buckets equals training with one sum per
+// parameter, bit for bit, parameters and gradients, on three devices.
+BOOST_AUTO_TEST_CASE(bucketed_gradients_train_like_one_sum_per_parameter) {
+  const std::vector<Device> three = {cpu(0), cpu(1), cpu(2)};
+  random::seed(23);
+  const Tensor<float> x = random::normal<float>(0, 1, {9, 6});
+  const Tensor<std::int64_t> y(std::vector<std::int64_t>{0, 1, 2, 0, 1, 2, 2, 1, 0}, {9});
+  const nn::SoftmaxCrossEntropyLoss loss;
+  std::vector<std::vector<std::vector<float>>> trained;  // per run, per parameter: value then gradient
+  for (const std::size_t bucket : {thresholds::allreduce_bucket_bytes, std::size_t(0)}) {
+    auto net = small_net();
+    random::seed(24);
+    net->initialize(nn::init::xavier(), three);
+    nn::Trainer trainer(net->collect_params(), nn::Adam{.learning_rate = 0.01f});
+    BOOST_TEST(trainer.allreduce_bucket_bytes() == thresholds::allreduce_bucket_bytes);
+    trainer.set_allreduce_bucket_bytes(bucket);
+    const auto xs = split_and_load(x, three);
+    const auto ys = split_and_load(y, three);
+    for (int step = 0; step < 3; ++step) {
+      {
+        autograd::record rec;
+        for (std::size_t d = 0; d < three.size(); ++d) loss((*net)(xs[d]), ys[d]).backward();
+      }
+      trainer.step(9);
+    }
+    trained.emplace_back();
+    for (auto* p : net->collect_params())
+      for (const Device d : three) {
+        trained.back().push_back(p->data(d).to_vector());
+        trained.back().push_back(p->grad(d).to_vector());
+      }
+  }
+  BOOST_TEST_REQUIRE(trained[0].size() == trained[1].size());
+  for (std::size_t i = 0; i < trained[0].size(); ++i)
+    BOOST_TEST(trained[0][i] == trained[1][i], boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(a_hybridized_network_keeps_one_graph_per_device) {

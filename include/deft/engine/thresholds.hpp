@@ -153,6 +153,14 @@ inline constexpr std::size_t cache_split_min_bytes = 512;
 inline constexpr std::size_t cache_small_request_bytes = std::size_t(1) << 20;
 inline constexpr std::size_t cache_small_segment_bytes = std::size_t(2) << 20;
 
+// --- several devices (ops/devices.hpp) -------------------------------------
+// allreduce of many tensors packs consecutive ones into buckets of at most
+// this many bytes, one sum across the devices each (PyTorch DDP's default
+// bucket): a net's many small gradients then cost a few collectives or
+// copies between devices instead of one each, and the first bucket can be
+// summed while the backward still writes the others.
+inline constexpr std::size_t allreduce_bucket_bytes = std::size_t(25) << 20;
+
 // --- task memory (engine/task_memory.hpp) ---------------------------------
 // Freed task blocks each thread keeps for reuse, per size class of
 // task_block_granule bytes up to task_block_classes of them (4 KiB): a

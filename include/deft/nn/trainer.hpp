@@ -3,6 +3,7 @@
 // Each update is one or a few fused in-place tasks per parameter.
 #pragma once
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <variant>
 #include <vector>
@@ -39,27 +40,38 @@ class Trainer {
   }
 
   /// One update of every parameter from its current gradient / batch_size.
-  /// A parameter held on several devices first sums its copies' gradients
-  /// (allreduce: batch_size counts the rows of all of them), then updates
-  /// every copy the same way, so the copies stay equal.
+  /// Parameters held on several devices first sum their copies' gradients
+  /// (allreduce, packed into buckets of allreduce_bucket_bytes(); batch_size
+  /// counts the rows of all of them), then update every copy the same way,
+  /// so the copies stay equal. A parameter without a value yet is refused
+  /// before anything is recorded.
   void step(std::int64_t batch_size) {
     if (batch_size < 1) detail::raise("Trainer::step: batch_size must be at least 1, got ", batch_size);
+    for (const Parameter* p : params_)
+      if (!p->initialized())
+        detail::raise<std::logic_error>("Trainer::step: parameter '", p->name(),
+                                        "' has no value yet; run a forward and backward pass before step()");
     const float rescale = 1.0f / float(batch_size);
     autograd::pause no_recording;  // updates are never differentiated
     ++steps_;
+    std::vector<std::vector<Tensor<float>>> values(params_.size()), grads(params_.size());
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      Parameter& p = *params_[i];
-      if (!p.initialized())
-        detail::raise<std::logic_error>("Trainer::step: parameter '", p.name(),
-                                        "' has no value yet; run a forward and backward pass before step()");
-      std::vector<Tensor<float>> values = p.list_data(), grads;
-      for (const auto& v : values) grads.push_back(v.grad());
-      allreduce(grads);
-      if (state_[i].size() != values.size()) state_[i].assign(values.size(), State{});
-      for (std::size_t r = 0; r < values.size(); ++r)
-        std::visit([&](const auto& o) { update(o, values[r], grads[r], rescale, state_[i][r]); }, opt_);
+      values[i] = params_[i]->list_data();
+      for (const auto& v : values[i]) grads[i].push_back(v.grad());
+    }
+    allreduce(grads, bucket_bytes_);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (state_[i].size() != values[i].size()) state_[i].assign(values[i].size(), State{});
+      for (std::size_t r = 0; r < values[i].size(); ++r)
+        std::visit([&](const auto& o) { update(o, values[i][r], grads[i][r], rescale, state_[i][r]); }, opt_);
     }
   }
+
+  /// The largest bucket, in bytes, that step() packs gradients of several
+  /// parameters into for one sum across devices (thresholds::allreduce_bucket_bytes
+  /// by default); 0 sums each parameter's gradients alone.
+  std::size_t allreduce_bucket_bytes() const { return bucket_bytes_; }
+  void set_allreduce_bucket_bytes(std::size_t bytes) { bucket_bytes_ = bytes; }
 
   /// The current learning rate.
   float learning_rate() const {
@@ -104,6 +116,7 @@ class Trainer {
   std::variant<SGD, Adam> opt_;
   std::vector<std::vector<State>> state_;  // per parameter, per device
   std::int64_t steps_ = 0;
+  std::size_t bucket_bytes_ = thresholds::allreduce_bucket_bytes;
 };
 
 }  // namespace deft::nn

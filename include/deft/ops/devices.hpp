@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "../autograd/meta.hpp"
@@ -85,6 +86,15 @@ struct ReadAfterSum {
   void operator()(Buffer& out) const { read_after_sum(out); }
 };
 
+/// Raises unless every part has part 0's shape (`what` starts the message).
+template <Element T>
+void check_parts(const std::vector<Tensor<T>>& parts, const std::string& what) {
+  for (std::size_t i = 1; i < parts.size(); ++i)
+    if (!(parts[i].shape() == parts[0].shape()))
+      raise(what, "part ", i, " has shape ", parts[i].shape().to_string(), " but part 0 has shape ",
+            parts[0].shape().to_string());
+}
+
 /// allreduce through the GPU backend's collective (NCCL): false, with
 /// nothing recorded, unless every part covers its own storage on a
 /// distinct GPU the backend can sum over. Records one task that queues the
@@ -141,18 +151,97 @@ bool sum_across_devices(std::vector<Tensor<T>>& parts) {
 /// differentiated.
 template <Element T>
 void allreduce(std::vector<Tensor<T>>& parts) {
-  if (parts.empty()) return;
-  for (std::size_t i = 1; i < parts.size(); ++i)
-    if (!(parts[i].shape() == parts[0].shape()))
-      detail::raise("allreduce: part ", i, " has shape ", parts[i].shape().to_string(), " but part 0 has shape ",
-                    parts[0].shape().to_string());
-  if (parts.size() == 1) return;
+  detail::check_parts(parts, "allreduce: ");
+  if (parts.size() < 2) return;
   autograd::pause no_recording;
   if (detail::sum_across_devices(parts)) return;
   const Device home = parts[0].device();
   Tensor<T> total = parts[0] + parts[1].to(home);
   for (std::size_t i = 2; i < parts.size(); ++i) total = total + parts[i].to(home);
   for (auto& p : parts) p.assign(total.to(p.device()));
+}
+
+namespace detail {
+
+/// The kernel of a bucket's packing: copies each part (a contiguous range of
+/// its storage, on the output's device) right after the one before.
+template <class T>
+struct PackParts {
+  std::vector<Leaf<T>> parts;
+  void operator()(Buffer& out) const {
+    std::byte* at = out.data;
+    for (const Leaf<T>& p : parts) {
+      const std::size_t bytes = std::size_t(p.shape().size()) * sizeof(T);
+      copy_bytes(at, out.device, p.source->template as<const T>() + p.offset, p.device(), bytes);
+      at += bytes;
+    }
+  }
+};
+
+/// Sums tensors[begin, end) (parts on the same devices) as one bucket: a
+/// packed tensor per device, one allreduce of those, and a copy of each
+/// tensor's slice of the sum back into its parts.
+template <Element T>
+void allreduce_bucket(std::vector<std::vector<Tensor<T>>>& tensors, std::size_t begin, std::size_t end) {
+  std::int64_t total = 0;
+  for (std::size_t i = begin; i < end; ++i) total += tensors[i][0].size();
+  std::vector<Tensor<T>> packed;
+  for (std::size_t d = 0; d < tensors[begin].size(); ++d) {
+    PackParts<T> pack;
+    for (std::size_t i = begin; i < end; ++i) pack.parts.push_back(as_expr(tensors[i][d]));
+    packed.push_back(record_new<T>("allreduce pack", Shape{total}, tensors[begin][d].device(), std::move(pack),
+                                   [](auto& t) {
+                                     for (const auto& p : t.kernel().parts) t.add_input(p.buffer);
+                                   }));
+  }
+  allreduce(packed);
+  for (std::size_t d = 0; d < packed.size(); ++d) {
+    std::int64_t at = 0;
+    for (std::size_t i = begin; i < end; ++i) {
+      Tensor<T>& part = tensors[i][d];
+      const std::vector<std::int64_t> dims(part.shape().begin(), part.shape().end());
+      part.assign(packed[d].rows(at, at + part.size()).reshape(dims));
+      at += part.size();
+    }
+  }
+}
+
+/// Whether tensors a and b have their parts on the same devices, in order.
+template <Element T>
+bool same_devices(const std::vector<Tensor<T>>& a, const std::vector<Tensor<T>>& b) {
+  return std::ranges::equal(a, b, {}, &Tensor<T>::device, &Tensor<T>::device);
+}
+
+}  // namespace detail
+
+/// allreduce of many tensors at once: tensors[i] holds the parts of tensor i,
+/// one per device (each parameter's gradients, as Trainer::step passes
+/// them). Consecutive tensors whose parts are on the same devices are packed
+/// into buckets of at most `bucket_bytes`, from the last tensor back (a
+/// backward writes the last layers' gradients first); each bucket is one sum
+/// across the devices (one collective, or one round of copies) and one copy
+/// of each tensor's share back into its parts. Each tensor gets the sum
+/// allreduce(tensors[i]) gives it. A tensor larger than `bucket_bytes`, or
+/// any with `bucket_bytes` = 0, is summed alone. Every tensor's parts are
+/// checked before anything is recorded.
+template <Element T>
+void allreduce(std::vector<std::vector<Tensor<T>>>& tensors,
+               std::size_t bucket_bytes = thresholds::allreduce_bucket_bytes) {
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    detail::check_parts(tensors[i], "allreduce: tensor " + std::to_string(i) + ": ");
+  autograd::pause no_recording;
+  const auto bytes_of = [&](std::size_t i) { return std::size_t(tensors[i][0].size()) * sizeof(T); };
+  for (std::size_t end = tensors.size(); end > 0;) {
+    std::size_t begin = end - 1, bytes = tensors[begin].size() < 2 ? 0 : bytes_of(begin);
+    while (bytes > 0 && begin > 0 && tensors[begin - 1].size() >= 2 && bytes + bytes_of(begin - 1) <= bucket_bytes &&
+           detail::same_devices(tensors[begin - 1], tensors[begin])) {
+      --begin;
+      bytes += bytes_of(begin);
+    }
+    if (end - begin == 1) allreduce(tensors[begin]);
+    else detail::allreduce_bucket(tensors, begin, end);
+    end = begin;
+  }
 }
 
 namespace detail {

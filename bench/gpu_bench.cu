@@ -13,7 +13,9 @@
 //     bare Thrust and deft (engine::Limits::gpu_lanes);
 //   - the seeds' MLP step and the batch-1 forward (imperative; hybridized
 //     kernel by kernel and as one CUDA graph) on gpu(0), with PyTorch's step on the same GPU when `python3 -c "import
-//     torch"` works (bench/gpu_torch_step.py, a child process).
+//     torch"` works (bench/gpu_torch_step.py, a child process);
+//   - the data-parallel step on the host and gpu(0) (and on two GPUs where
+//     there are two), gradients summed in buckets and one per parameter.
 // Each row is the median of repeats; every timed call ends with the device
 // idle (a sync point), so host clocks measure device work. Ratios are
 // printed last.
@@ -36,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "data_parallel.hpp"
 #include "dense_net.hpp"
 #include "harness.hpp"
 
@@ -453,6 +456,11 @@ void training_rows(const std::string& torch_script) {
     add_time(g, "forward 512-256-128-2 hybridized, one CUDA graph", "deft", 1, size, "us", graphed, calls);
     std::printf("%-12s hybridized forward: kernel by kernel / CUDA graph %.2f\n", g, by_kernel.median / graphed.median);
   }
+  // Gradient buckets: each sum is DMAs between the host and the GPU here,
+  // and one NCCL call per bucket (or per parameter) across two GPUs.
+  bench::data_parallel_rows(g, {cpu(), dev}, "cpu,gpu0");
+  if (num_gpus() >= 2) bench::data_parallel_rows(g, {gpu(0), gpu(1)}, "gpu0,gpu1");
+  else bench::skip(g, "deft", "data-parallel step gpu0,gpu1: one GPU on this machine");
 }
 
 }  // namespace

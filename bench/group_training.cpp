@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "common.hpp"
+#include "data_parallel.hpp"
 #include "dense_net.hpp"
 
 #include <chrono>
@@ -166,58 +167,6 @@ void forward_rows(const char* g) {
 #endif
 }
 
-// --- a data-parallel step over two devices, with and without buckets ----------
-
-/// The seeds' data-parallel step on the logical devices cpu(0) and cpu(1), a
-/// net of many small parameters (8 layers of 64, 16 parameters): gradients
-/// summed in one bucket, against one sum per parameter ("deft-per-param").
-/// Each sum here is host copies, so the row shows what the bucket saves in
-/// recorded work; across GPUs each sum is a collective or DMA.
-void data_parallel_rows(const char* g) {
-  const std::string name = "data-parallel step cpu,cpu1 8x64", size = "256x64";
-  const int w = engine::num_workers();
-  const std::vector<Device> devices = {cpu(0), cpu(1)};
-  random::seed(13);
-  const Tensor<float> x = random::normal<float>(0, 1, {256, 64});
-  const Tensor<std::int64_t> y = cast<std::int64_t>(random::uniform<float>(0, 10, {256}));
-  const auto xs = split_and_load(x, devices);
-  const auto ys = split_and_load(y, devices);
-  const nn::SoftmaxCrossEntropyLoss loss;
-  std::vector<std::shared_ptr<nn::Sequential>> nets;
-  std::vector<nn::Trainer> trainers;
-  for (const std::size_t bucket : {thresholds::allreduce_bucket_bytes, std::size_t(0)}) {
-    auto net = dense_net({{64, nn::Act::relu}, {64, nn::Act::relu}, {64, nn::Act::relu}, {64, nn::Act::relu},
-                          {64, nn::Act::relu}, {64, nn::Act::relu}, {64, nn::Act::relu}, {10, nn::Act::none}});
-    random::seed(14);
-    net->initialize(nn::init::xavier(), devices);
-    (void)(*net)(xs[0]).to_vector();  // draws the weights now, from the same seed for both nets
-    trainers.emplace_back(net->collect_params(), nn::SGD{.learning_rate = 0.01f});
-    trainers.back().set_allreduce_bucket_bytes(bucket);
-    nets.push_back(std::move(net));
-  }
-  std::vector<std::uint64_t> tasks(2);
-  auto step = [&](std::size_t k) {
-    return [&, k] {
-      const auto before = engine::stats().tasks_recorded;
-      {
-        autograd::record rec;
-        for (std::size_t d = 0; d < devices.size(); ++d) loss((*nets[k])(xs[d]), ys[d]).backward();
-      }
-      trainers[k].step(256);
-      tasks[k] = engine::stats().tasks_recorded - before;
-      wait_all();
-    };
-  };
-  const auto t = measure_interleaved({step(0), step(1)});
-  add_time(g, name, "deft", w, size, "us", t[0]);
-  add_time(g, name, "deft-per-param", w, size, "us", t[1]);
-  std::printf("%-12s tasks recorded per step: %llu with one bucket, %llu with a sum per parameter\n", g,
-              static_cast<unsigned long long>(tasks[0]), static_cast<unsigned long long>(tasks[1]));
-  const auto a = nets[0]->collect_params().front()->data(cpu(1)).to_vector(),
-             b = nets[1]->collect_params().front()->data(cpu(1)).to_vector();
-  check_same(g, name + " bucketed vs per parameter", a.data(), b.data(), a.size(), 0);
-}
-
 // --- one Fashion-MNIST epoch ----------------------------------------------------
 
 void epoch_rows(const char* g) {
@@ -276,7 +225,7 @@ void bench_training() {
   const char* g = "training";
   step_rows(g);
   forward_rows(g);
-  data_parallel_rows(g);
+  data_parallel_rows(g, {cpu(0), cpu(1)}, "cpu,cpu1");
   epoch_rows(g);
 }
 

@@ -17,6 +17,7 @@ namespace {
 class CountingAllocator final : public engine::HostAllocator {
  public:
   void* allocate(std::size_t bytes, std::size_t alignment) override {
+    if (bytes > refuse_above) throw std::bad_alloc();  // a nearly full device
     void* p = std::aligned_alloc(alignment, bytes);
     std::lock_guard lk(m_);
     ++allocations;
@@ -44,6 +45,7 @@ class CountingAllocator final : public engine::HostAllocator {
     return n;
   }
   std::atomic<int> allocations{0}, deallocations{0}, mismatches{0};
+  std::size_t refuse_above = std::size_t(-1);
 
  private:
   std::mutex m_;
@@ -163,7 +165,7 @@ BOOST_AUTO_TEST_CASE(a_splitting_pool_cuts_large_free_blocks_and_merges_them_aga
   auto up = std::make_shared<CountingAllocator>();
   constexpr std::size_t unit = 256;  // a GPU pool's alignment and smallest cached size
   engine::CachingHostAllocator cache(up, std::size_t(-1), unit, engine::BlockReuse::split);
-  const std::size_t whole = 8 * big, part1 = 3 * big, part2 = 4 * big;
+  const std::size_t whole = 16 * big, part1 = 6 * big, part2 = 8 * big;  // 16 MiB: an allocation of its size
   auto* a = static_cast<std::byte*>(cache.allocate(whole, unit));
   cache.deallocate(a, whole, unit);
   void* b = cache.allocate(part1, unit);
@@ -183,13 +185,13 @@ BOOST_AUTO_TEST_CASE(a_splitting_pool_cuts_large_free_blocks_and_merges_them_aga
   // b's range is free but apart from the tail while c sits between them.
   cache.deallocate(b, part1, unit);
   BOOST_TEST(cache.stats().cached_bytes == whole - part2);
-  void* e = cache.allocate(part1 + big, unit);  // fits neither 3 MiB nor 1 MiB free
+  void* e = cache.allocate(part1 + big, unit);  // fits neither 6 MiB nor 2 MiB free
   BOOST_TEST(up->allocations == 2);
   cache.deallocate(e, part1 + big, unit);
   // With c freed, the three ranges merge into the whole first block again.
   cache.deallocate(c, part2, unit);
   s = cache.stats();
-  BOOST_TEST(s.held_bytes == whole + cache.size_class(part1 + big, unit));
+  BOOST_TEST(s.held_bytes == whole + deft::thresholds::cache_mid_segment_bytes);  // e's, 20 MiB
   BOOST_TEST(s.cached_bytes == s.held_bytes);
   BOOST_TEST(cache.allocate(whole, unit) == a, "the merged block serves the whole size");
   BOOST_TEST(cache.stats().splits == 2u);
@@ -209,16 +211,16 @@ BOOST_AUTO_TEST_CASE(small_requests_share_allocations_of_their_own) {
   constexpr std::size_t unit = 256;
   engine::CachingHostAllocator cache(up, std::size_t(-1), unit, engine::BlockReuse::split);
   const std::size_t segment = deft::thresholds::cache_small_segment_bytes;
-  void* large = cache.allocate(8 * big, unit);
-  cache.deallocate(large, 8 * big, unit);
+  void* large = cache.allocate(16 * big, unit);
+  cache.deallocate(large, 16 * big, unit);
   std::vector<void*> small;
   for (int i = 0; i < 100; ++i) small.push_back(cache.allocate(4096, unit));  // 400 KiB in all
   BOOST_TEST(up->allocations == 2, "one allocation for the large block, one for every small one");
-  BOOST_TEST(cache.stats().held_bytes == 8 * big + segment);
+  BOOST_TEST(cache.stats().held_bytes == 16 * big + segment);
   for (std::size_t i = 1; i < small.size(); ++i)
     BOOST_TEST(static_cast<std::byte*>(small[i]) == static_cast<std::byte*>(small[i - 1]) + 4096);
-  BOOST_TEST(cache.allocate(8 * big, unit) == large, "the large block stayed whole");
-  cache.deallocate(large, 8 * big, unit);
+  BOOST_TEST(cache.allocate(16 * big, unit) == large, "the large block stayed whole");
+  cache.deallocate(large, 16 * big, unit);
   for (std::size_t i = 0; i + 1 < small.size(); ++i) cache.deallocate(small[i], 4096, unit);
   // 2 MiB less 4 KiB is free in the small allocation, yet a 1.5 MiB request is large.
   void* mid = cache.allocate(3 * big / 2, unit);
@@ -232,6 +234,54 @@ BOOST_AUTO_TEST_CASE(small_requests_share_allocations_of_their_own) {
   cache.release();
   BOOST_TEST(up->live() == 0u);
   BOOST_TEST(up->mismatches == 0);
+}
+
+// Larger requests in a splitting pool: those under 10 MiB are cut from 20
+// MiB allocations, larger ones get allocations rounded up to 2 MiB; a
+// large block is not cut where it would leave 1 MiB or less, which no large
+// request could use. An upstream that cannot give the larger allocation
+// gives the request's size.
+BOOST_AUTO_TEST_CASE(mid_sized_requests_share_allocations_and_large_ones_round_up) {
+  namespace th = deft::thresholds;
+  auto up = std::make_shared<CountingAllocator>();
+  constexpr std::size_t unit = 256;
+  {
+    engine::CachingHostAllocator cache(up, std::size_t(-1), unit, engine::BlockReuse::split);
+    auto* a = static_cast<std::byte*>(cache.allocate(3 * big, unit));
+    BOOST_TEST(up->allocations == 1);
+    BOOST_TEST(cache.stats().held_bytes == th::cache_mid_segment_bytes);
+    void* b = cache.allocate(5 * big, unit);
+    BOOST_TEST(up->allocations == 1, "cut from the same 20 MiB allocation");
+    BOOST_TEST(b == a + 3 * big);
+    BOOST_TEST(cache.stats().cached_bytes == th::cache_mid_segment_bytes - 8 * big);
+    const std::size_t odd = 12 * big + 4096;  // class 13 MiB, an allocation of 14 MiB: its 1 MiB rest stays with it
+    void* c = cache.allocate(odd, unit);
+    BOOST_TEST(up->allocations == 2);
+    BOOST_TEST(cache.stats().held_bytes == th::cache_mid_segment_bytes + 14 * big);
+    BOOST_TEST(cache.stats().cached_bytes == 12 * big);
+    void* d = cache.allocate(11 * big, unit);  // the free 12 MiB, whole: no large request fits a 1 MiB rest
+    BOOST_TEST(d == a + 8 * big);
+    BOOST_TEST(cache.stats().cached_bytes == 0u);
+    BOOST_TEST(up->allocations == 2);
+    cache.deallocate(c, odd, unit);
+    cache.deallocate(b, 5 * big, unit);
+    cache.deallocate(d, 11 * big, unit);
+    cache.deallocate(a, 3 * big, unit);
+    const auto s = cache.stats();
+    BOOST_TEST(s.cached_bytes == s.held_bytes);
+    BOOST_TEST(cache.allocate(th::cache_mid_segment_bytes, unit) == a, "the 20 MiB merged whole again");
+    cache.deallocate(a, th::cache_mid_segment_bytes, unit);
+    cache.release();
+    BOOST_TEST(up->live() == 0u);
+
+    up->refuse_above = 4 * big;  // a nearly full device
+    void* e = cache.allocate(3 * big, unit);
+    BOOST_TEST(e != nullptr);
+    BOOST_TEST(cache.stats().held_bytes == 3 * big, "the request's size when 20 MiB cannot be had");
+    cache.deallocate(e, 3 * big, unit);
+  }
+  BOOST_TEST(up->live() == 0u);
+  BOOST_TEST(up->mismatches == 0, "every allocation went back with the size it was asked with");
 }
 
 // Random requests and frees against a model of what is in use: no two

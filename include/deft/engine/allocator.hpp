@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -110,13 +111,10 @@ class CachingHostAllocator final : public HostAllocator {
       p = take_free(size, alignment);
       ++(p ? stats_.hits : stats_.misses);
     }
-    // A new allocation for a large request is the block itself, which its
-    // upstream already knows whole: only cut or merged memory is reissued.
+    // A new allocation that is the block itself is known whole to its
+    // upstream already: only cut or merged memory is reissued.
     bool fresh_whole = false;
-    if (!p) {
-      p = new_segment(size, alignment);
-      fresh_whole = !small(size);
-    }
+    if (!p) p = new_segment(size, alignment, fresh_whole);
     if (p && reuse_ == BlockReuse::split && !fresh_whole) {
       try {
         upstream_->reissue(p, size);
@@ -209,16 +207,36 @@ class CachingHostAllocator final : public HostAllocator {
     return upstream_->allocate(size, alignment);
   }
 
-  // A new upstream allocation for a request of `size` bytes, in use: that
-  // size, or for a small request in a splitting pool a larger allocation
-  // (cache_small_segment_bytes) whose rest later small requests take. Small
-  // and large requests never share an allocation, so that a long-lived
-  // small tensor never keeps a large block from going back.
-  void* new_segment(std::size_t size, std::size_t alignment) {
+  // How large a new upstream allocation for a request of `size` bytes is:
+  // that size, or in a splitting pool a larger one whose rest later requests
+  // are cut from (thresholds::cache_small_segment_bytes and the figures after it).
+  std::size_t segment_bytes(std::size_t size) const {
+    if (reuse_ != BlockReuse::split) return size;
+    if (small(size)) return std::max(size, thresholds::cache_small_segment_bytes);
+    if (size < thresholds::cache_mid_request_bytes) return thresholds::cache_mid_segment_bytes;
+    const std::size_t round = thresholds::cache_large_round_bytes;
+    return size > std::numeric_limits<std::size_t>::max() - round ? size : (size + round - 1) / round * round;
+  }
+
+  // A new upstream allocation for a request of `size` bytes, cut to that
+  // size and in use: segment_bytes(size), or just `size` when the upstream
+  // has not that much (`whole` then says so). Small and large requests never
+  // share an allocation, so that a long-lived small tensor never keeps a
+  // large block from going back.
+  void* new_segment(std::size_t size, std::size_t alignment, bool& whole) {
     const bool for_small = small(size);
-    const std::size_t bytes = for_small ? std::max(size, thresholds::cache_small_segment_bytes) : size;
-    void* p = from_upstream(bytes, alignment);
+    std::size_t bytes = segment_bytes(size);
+    void* p = nullptr;
+    if (bytes != size) {
+      try {
+        p = from_upstream(bytes, alignment);
+      } catch (...) {  // a nearly full device: the request alone may still fit
+      }
+      if (!p) bytes = size;
+    }
+    if (!p) p = from_upstream(bytes, alignment);
     if (!p) return nullptr;
+    whole = bytes == size;
     try {
       std::lock_guard lk(m_);
       const auto [b, added] = blocks_.emplace(address(p), Block{bytes, alignment, for_small, true, 0, {}});
@@ -257,6 +275,7 @@ class CachingHostAllocator final : public HostAllocator {
   bool cut(Blocks::iterator b, std::size_t size) noexcept {
     const std::size_t rest = b->second.size - size;
     if (rest < std::max({min_bytes_, b->second.alignment, thresholds::cache_split_min_bytes})) return false;
+    if (!b->second.small && rest <= thresholds::cache_small_request_bytes) return false;  // no large request fits it
     try {
       const auto r = blocks_.emplace_hint(std::next(b), b->first + size,
                                           Block{rest, b->second.alignment, b->second.small, false, b->second.age, {}});

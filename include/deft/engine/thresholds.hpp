@@ -152,6 +152,15 @@ inline constexpr std::size_t cache_split_min_bytes = 512;
 // allocations, and a long-lived small tensor never pins a large block.
 inline constexpr std::size_t cache_small_request_bytes = std::size_t(1) << 20;
 inline constexpr std::size_t cache_small_segment_bytes = std::size_t(2) << 20;
+// Larger requests below cache_mid_request_bytes get allocations of
+// cache_mid_segment_bytes, which later such requests are cut from; larger
+// ones are rounded up to a multiple of cache_large_round_bytes (PyTorch's
+// figures). A loop's many mid-sized tensors then warm the pool with a few
+// allocations instead of one per size. A large block is cut only when what
+// it leaves is larger than a small request: no large request could use less.
+inline constexpr std::size_t cache_mid_request_bytes = std::size_t(10) << 20;
+inline constexpr std::size_t cache_mid_segment_bytes = std::size_t(20) << 20;
+inline constexpr std::size_t cache_large_round_bytes = std::size_t(2) << 20;
 
 // --- several devices (ops/devices.hpp) -------------------------------------
 // allreduce of many tensors packs consecutive ones into buckets of at most

@@ -354,38 +354,45 @@ BOOST_AUTO_TEST_CASE(reissued_memory_keeps_its_uses_and_parts_stay_apart) {
   BOOST_TEST(conflicts({{}, {segment}}).empty());
 }
 
-// Random work on 6 lanes over 5 blocks, with host waits now and then: the
-// tracker's waits leave no race; work on one lane needs none.
+// Random work on 6 lanes over 5 blocks, with host waits now and then, and
+// then again with marks made after a third of the pieces (as the engine
+// marks each GPU buffer after its writer): the tracker's waits leave no
+// race; work on one lane needs none.
 BOOST_AUTO_TEST_CASE(tracker_orders_random_work_on_many_lanes) {
   constexpr int lanes = 6;
-  gk::LaneClockChecker checker(lanes);
-  gk::LaneTracker<gk::LaneClockChecker::Ref> tracker(lanes, {&checker});
   static std::array<std::array<char, 64>, 5> memory;
-  for (auto& b : memory) tracker.add_block(b.data(), b.size()), checker.add_block(b.data(), b.size());
-  std::mt19937 rng(7);
-  long work = 0;
-  for (int i = 0; i < 5000; ++i) {
-    const int lane = int(rng() % lanes);
-    if (rng() % 50 == 0) {  // the host waits for a lane
-      const auto queued = tracker.issued(lane);
-      checker.host_waited(lane);
-      tracker.finished(lane, queued);
-      continue;
+  for (const bool with_marks : {false, true}) {  // with marks, some waits are for a mark after a use, not for the lane
+    gk::LaneClockChecker checker(lanes);
+    gk::LaneTracker<gk::LaneClockChecker::Ref> tracker(lanes, {&checker});
+    for (auto& b : memory) tracker.add_block(b.data(), b.size()), checker.add_block(b.data(), b.size());
+    std::mt19937 rng(7);
+    long work = 0;
+    for (int i = 0; i < 5000; ++i) {
+      const int lane = int(rng() % lanes);
+      if (rng() % 50 == 0) {  // the host waits for a lane
+        const auto queued = tracker.issued(lane);
+        checker.host_waited(lane);
+        tracker.finished(lane, queued);
+        continue;
+      }
+      MemoryUses uses;
+      for (auto& b : memory) {
+        const auto pick = rng() % 6;
+        if (pick == 0) uses.writes.push_back(b.data() + rng() % b.size());
+        else if (pick < 3) uses.reads.push_back(b.data() + rng() % b.size());
+      }
+      const long races = checker.races.load();
+      tracker.before(lane, uses);
+      tracker.after(lane, uses);
+      if (with_marks && rng() % 3 == 0) tracker.mark(lane, [] { return std::make_shared<int>(0); });  // a buffer's ready mark
+      BOOST_REQUIRE_MESSAGE(checker.races.load() == races, "work " << work << ": " << checker.first_race());
+      ++work;
     }
-    MemoryUses uses;
-    for (auto& b : memory) {
-      const auto pick = rng() % 6;
-      if (pick == 0) uses.writes.push_back(b.data() + rng() % b.size());
-      else if (pick < 3) uses.reads.push_back(b.data() + rng() % b.size());
-    }
-    const long races = checker.races.load();
-    tracker.before(lane, uses);
-    tracker.after(lane, uses);
-    BOOST_REQUIRE_MESSAGE(checker.races.load() == races, "work " << work << ": " << checker.first_race());
-    ++work;
+    BOOST_TEST_MESSAGE("waits: " << tracker.waits() << ", for marks: " << tracker.marked_waits()
+                                 << (with_marks ? "" : " (no marks)"));  // docs/gpu.md quotes these counts
+    BOOST_TEST(tracker.waits() > 100u);
+    BOOST_TEST((tracker.marked_waits() > 100u) == with_marks);
   }
-  BOOST_TEST_MESSAGE("waits: " << tracker.waits());  // docs/gpu.md quotes this count
-  BOOST_TEST(tracker.waits() > 100u);
   // The same work on one lane needs no waits at all.
   gk::LaneClockChecker one_checker(1);
   gk::LaneTracker<gk::LaneClockChecker::Ref> one(1, {&one_checker});
@@ -397,6 +404,42 @@ BOOST_AUTO_TEST_CASE(tracker_orders_random_work_on_many_lanes) {
   }
   BOOST_TEST(one.waits() == 0u);
   BOOST_TEST(one_checker.races.load() == 0);
+}
+
+// A reader on another lane waits for the mark made after its input's
+// writer, not for work the writer's lane queued later: the checker's clock
+// of the reader's lane then does not cover that later work, and a second
+// reader of the later work's output waits again.
+BOOST_AUTO_TEST_CASE(a_wait_for_a_marked_write_leaves_later_work_out) {
+  gk::LaneClockChecker checker(2);
+  gk::LaneTracker<gk::LaneClockChecker::Ref> tracker(2, {&checker});
+  static char x[64], y[64];
+  for (char* b : {x, y}) tracker.add_block(b, 64), checker.add_block(b, 64);
+  const auto run = [&](int lane, const MemoryUses& uses) {
+    tracker.before(lane, uses);
+    tracker.after(lane, uses);
+  };
+  const auto make = [] { return std::make_shared<int>(0); };
+  run(0, {{}, {x}});  // lane 0 writes x, and the engine marks x
+  const auto x_ready = tracker.mark(0, make);
+  BOOST_TEST(x_ready != nullptr);
+  run(0, {{x}, {y}});  // lane 0 goes on: y from x, unmarked
+  run(1, {{x}, {}});   // lane 1 reads x: waits for x's mark only
+  BOOST_TEST(tracker.waits() == 1u);
+  BOOST_TEST(tracker.marked_waits() == 1u);
+  run(1, {{y}, {}});  // y's writer came after the mark: another wait, for the lane
+  BOOST_TEST(tracker.waits() == 2u);
+  BOOST_TEST(tracker.marked_waits() == 1u);
+  run(0, {{}, {x}});  // x written again after lane 1's read: lane 0 waits for it
+  BOOST_TEST(tracker.waits() == 3u);
+  BOOST_TEST(checker.races.load() == 0, checker.first_race());
+  (void)tracker.mark(0, make);  // after x's second write
+  run(0, {{}, {y}});             // more work on lane 0
+  run(1, {{x}, {}});             // lane 1 reads the new x: waits for its mark, not for y's write
+  BOOST_TEST(tracker.marked_waits() == 2u);
+  run(1, {{y}, {}});
+  BOOST_TEST(tracker.waits() == 5u);
+  BOOST_TEST(checker.races.load() == 0, checker.first_race());
 }
 
 // A wait for a lane orders the waiting lane after every lane that one
@@ -460,6 +503,27 @@ BOOST_AUTO_TEST_CASE(chains_keep_their_lane_and_forks_spread) {
     want[i] = p + q;
   }
   gpu_tensors::expect_near(got, want, 1e-5, "fork and join");
+}
+
+// A second reader of x, on another lane than x's writer, waits for x's
+// ready mark, not for the first reader's kernels queued on x's lane since.
+BOOST_AUTO_TEST_CASE(a_second_reader_waits_for_its_inputs_mark) {
+  auto& backend = gk::emulated_backend();
+  const long races = backend.checker().races.load();
+  const auto v = gpu_tensors::random_values(4096, 52);
+  const deft::Tensor<float> x = deft::Tensor<float>(v, {4096}).to(deft::gpu(0)) * 3.0f;
+  x.wait_to_read();
+  const auto marked = backend.tracker().marked_waits();
+  const deft::Tensor<float> y = x * 2.0f;  // goes on on x's lane
+  y.wait_to_read();
+  const deft::Tensor<float> w = x + 1.0f;  // the fork: the next lane
+  const auto got = w.to_vector(), first = y.to_vector();
+  BOOST_TEST(backend.tracker().marked_waits() == marked + 1);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    BOOST_TEST(got[i] == v[i] * 3.0f + 1.0f);
+    BOOST_TEST(first[i] == v[i] * 3.0f * 2.0f);
+  }
+  BOOST_TEST(backend.checker().races.load() == races, backend.checker().first_race());
 }
 
 // A write in place after readers on other lanes, and a freed block handed

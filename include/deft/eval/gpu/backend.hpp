@@ -62,7 +62,11 @@ class CudaBackend final : public DeviceBackend {
   std::shared_ptr<void> mark(int index) override {
     DeviceContext& ctx = context(index);
     DeviceGuard on(ctx.device);
-    return ctx.mark(ctx.stream(current_lane(index)));
+    const int k = current_lane(index);
+    if (k >= DeviceContext::tracked_lanes) return ctx.mark(ctx.stream(k));  // a capture's: no lane's work
+    // Kept by the lanes' record: a later wait for this work waits for this
+    // event, not for everything the lane queued by then.
+    return lane_tracker().mark(ctx.global_lane(k), [&] { return ctx.mark(ctx.stream(k)); });
   }
   void wait_for(int index, const void* mark) override {
     if (!mark) return synchronize(index);

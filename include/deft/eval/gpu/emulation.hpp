@@ -44,7 +44,7 @@ class LaneClockChecker {
  public:
   explicit LaneClockChecker(int lanes)
       : clocks_(std::size_t(lanes), std::vector<std::uint64_t>(std::size_t(lanes), 0)),
-        host_(std::size_t(lanes), 0) {}
+        host_(std::size_t(lanes), 0), marks_(std::size_t(lanes)) {}
 
   void add_block(const void* base, std::size_t bytes) {
     std::lock_guard lk(m_);
@@ -62,6 +62,24 @@ class LaneClockChecker {
   void order(int from, int to) {
     std::lock_guard lk(m_);
     join(clocks_[std::size_t(to)], clocks_[std::size_t(from)]);
+  }
+  /// A mark on `lane` after its first `count` pieces of work: what a wait
+  /// for it orders after is the lane's clock now.
+  void marked(int lane, std::uint64_t count) {
+    std::lock_guard lk(m_);
+    auto& kept = marks_[std::size_t(lane)];
+    if (kept.size() == kept_marks) kept.erase(kept.begin());
+    kept.emplace_back(count, clocks_[std::size_t(lane)]);
+  }
+  /// Lane `to` waits for the mark on lane `from` after its first `count`
+  /// pieces of work; a mark the checker was not told of is a race.
+  void order_at(int from, std::uint64_t count, int to) {
+    std::lock_guard lk(m_);
+    for (const auto& [c, clock] : marks_[std::size_t(from)])
+      if (c == count) return join(clocks_[std::size_t(to)], clock);
+    if (races.fetch_add(1) == 0)
+      first_race_ = "lane " + std::to_string(to) + " waits for an unknown mark " + std::to_string(count) + " on lane " +
+                    std::to_string(from);
   }
   /// The host saw what `lane` queued so far finish: work queued later, on
   /// any lane, runs after it.
@@ -91,6 +109,10 @@ class LaneClockChecker {
   struct Ref {
     LaneClockChecker* checker;
     void order(int from, int to) const { checker->order(from, to); }
+    void order_at(int from, std::uint64_t count, const std::shared_ptr<void>&, int to) const {
+      checker->order_at(from, count, to);
+    }
+    void marked(int lane, std::uint64_t count) const { checker->marked(lane, count); }
     void queued(int lane, const MemoryUses& uses) const { checker->queued(lane, uses); }
   };
 
@@ -98,10 +120,13 @@ class LaneClockChecker {
   static void join(std::vector<std::uint64_t>& into, const std::vector<std::uint64_t>& from) {
     for (std::size_t i = 0; i < into.size(); ++i) into[i] = std::max(into[i], from[i]);
   }
+  // At least as many marks per lane as a tracker keeps.
+  static constexpr std::size_t kept_marks = 2 * lane_marks_kept;
   std::mutex m_;
   UseRecord record_;
   std::vector<std::vector<std::uint64_t>> clocks_;
   std::vector<std::uint64_t> host_;
+  std::vector<std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>>> marks_;  // per lane: (count, clock)
   std::string first_race_;
 };
 
@@ -130,7 +155,9 @@ class EmulatedBackend final : public DeviceBackend {
   std::shared_ptr<engine::HostAllocator> memory(int index) override { return pools_.at(std::size_t(index)); }
   /// A mark that names its device, so a copy or wait ordered after another
   /// device's mark (a wrong buffer's) is caught.
-  std::shared_ptr<void> mark(int index) override { return std::make_shared<int>(index); }
+  std::shared_ptr<void> mark(int index) override {
+    return tracker_.mark(global_lane(index, current_lane(index)), [index] { return std::make_shared<int>(index); });
+  }
   std::shared_ptr<engine::HostAllocator> pinned_memory() override { return pinned_; }
   void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
             const void* after) override {

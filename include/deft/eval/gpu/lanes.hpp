@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -123,16 +124,22 @@ class UseRecord {
   std::map<std::uintptr_t, Block> blocks_;
 };
 
+/// Marks a LaneTracker keeps per lane for waits to use (the latest ones).
+inline constexpr std::size_t lane_marks_kept = 16;
+
 /// Queue: `order(from, to)` makes work queued on lane `to` from now on wait
-/// for the work queued on lane `from` so far; `queued(lane, uses)` is told
-/// of each piece of work once it is queued (a checker's hook; may do
-/// nothing).
+/// for the work queued on lane `from` so far; `order_at(from, count, mark,
+/// to)` makes it wait for a mark made on `from` after its first `count`
+/// pieces of work (see LaneTracker::mark). `marked(lane, count)` and
+/// `queued(lane, uses)` are told of each mark and of each piece of work once
+/// it is queued (a checker's hooks; may do nothing).
 template <class Queue>
 class LaneTracker {
  public:
   LaneTracker(int lanes, Queue queue)
       : queue_(std::move(queue)), issued_(std::size_t(lanes), 0), done_(std::size_t(lanes), 0),
-        seen_(std::size_t(lanes) * std::size_t(lanes), 0), lanes_(lanes) {}
+        seen_(std::size_t(lanes) * std::size_t(lanes), 0), marks_(std::size_t(lanes) * lane_marks_kept),
+        mark_seen_(marks_.size() * std::size_t(lanes), 0), next_mark_(std::size_t(lanes), 0), lanes_(lanes) {}
 
   /// A device allocation, given back, and handed out again (see UseRecord).
   void add_block(const void* base, std::size_t bytes) {
@@ -164,11 +171,28 @@ class LaneTracker {
     for (const bool last : {false, true})
       for (const LaneUse& u : needed_) {
         if (u.count <= seen(lane, u.lane) || (!last && followed_by_another(lane, u))) continue;
-        queue_.order(u.lane, lane);
-        ++waits_;
-        for (int k = 0; k < lanes_; ++k) seen(lane, k) = std::max(seen(lane, k), seen(u.lane, k));
-        seen(lane, u.lane) = issued_[std::size_t(u.lane)];
+        wait(lane, u);
       }
+  }
+
+  /// Makes a mark on `lane` (make() records it, the engine's ready mark of
+  /// a buffer) and keeps it with the count of work queued there so far:
+  /// later waits for that work wait for the mark, not for everything the
+  /// lane queued by then. Under the tracker's lock, so that no work queued
+  /// meanwhile is taken to be before the mark. Returns make()'s mark.
+  template <class Make>
+  std::shared_ptr<void> mark(int lane, Make&& make) {
+    std::lock_guard lk(m_);
+    std::shared_ptr<void> m = make();
+    const std::uint64_t count = issued_[std::size_t(lane)];
+    const std::size_t latest = slot(lane, next_mark_[std::size_t(lane)] + lane_marks_kept - 1);
+    // Nothing to wait for, or an earlier mark covers the same work.
+    if (!m || count <= done_[std::size_t(lane)] || marks_[latest].count == count) return m;
+    const std::size_t at = slot(lane, next_mark_[std::size_t(lane)]++);
+    marks_[at] = {count, m};
+    std::copy_n(&seen(lane, 0), lanes_, &mark_seen_[at * std::size_t(lanes_)]);
+    queue_.marked(lane, count);
+    return m;
   }
 
   /// Once that work is queued: records its uses. (Recorded only now, so
@@ -192,14 +216,49 @@ class LaneTracker {
     d = std::max(d, upto);
   }
 
-  /// Waits made so far (one per order() call).
+  /// Waits made so far, and how many of them waited for a mark (order_at)
+  /// rather than for everything the other lane had queued (order).
   std::uint64_t waits() {
     std::lock_guard lk(m_);
     return waits_;
   }
+  std::uint64_t marked_waits() {
+    std::lock_guard lk(m_);
+    return marked_waits_;
+  }
 
  private:
+  struct Marked {
+    std::uint64_t count = 0;  // the lane's work before the mark; 0: an empty slot
+    std::shared_ptr<void> mark;
+  };
+
   std::uint64_t& seen(int to, int from) { return seen_[std::size_t(to) * std::size_t(lanes_) + std::size_t(from)]; }
+  std::size_t slot(int lane, std::size_t i) const { return std::size_t(lane) * lane_marks_kept + i % lane_marks_kept; }
+
+  // Orders `lane` after use u on another lane: after the earliest kept mark
+  // made after it (and what that lane followed then), or else after
+  // everything that lane queued so far (and what it follows now).
+  void wait(int lane, const LaneUse& u) {
+    ++waits_;
+    const Marked* best = nullptr;
+    std::size_t best_at = 0;
+    for (std::size_t i = 0; i < lane_marks_kept; ++i) {
+      const std::size_t at = slot(u.lane, i);
+      if (marks_[at].count >= u.count && (!best || marks_[at].count < best->count)) best = &marks_[at], best_at = at;
+    }
+    if (best && best->count < issued_[std::size_t(u.lane)]) {
+      queue_.order_at(u.lane, best->count, best->mark, lane);
+      ++marked_waits_;
+      const std::uint64_t* then = &mark_seen_[best_at * std::size_t(lanes_)];
+      for (int k = 0; k < lanes_; ++k) seen(lane, k) = std::max(seen(lane, k), then[k]);
+      seen(lane, u.lane) = std::max(seen(lane, u.lane), best->count);
+      return;
+    }
+    queue_.order(u.lane, lane);
+    for (int k = 0; k < lanes_; ++k) seen(lane, k) = std::max(seen(lane, k), seen(u.lane, k));
+    seen(lane, u.lane) = issued_[std::size_t(u.lane)];
+  }
   // Whether another lane in needed_ that `lane` must still wait for follows u.
   bool followed_by_another(int lane, const LaneUse& u) {
     return std::ranges::any_of(needed_, [&](const LaneUse& other) {
@@ -215,7 +274,12 @@ class LaneTracker {
   // up to this count (a wait queued on `to`, or on a lane `to` waited for).
   std::vector<std::uint64_t> seen_;
   std::vector<LaneUse> needed_;  // before()'s, kept to reuse its memory
-  std::uint64_t waits_ = 0;
+  // Each lane's latest marks (a ring of lane_marks_kept from lane * lane_marks_kept),
+  // with what the lane followed when each was made (lanes_ counts each).
+  std::vector<Marked> marks_;
+  std::vector<std::uint64_t> mark_seen_;
+  std::vector<std::size_t> next_mark_;
+  std::uint64_t waits_ = 0, marked_waits_ = 0;
   int lanes_;
 };
 

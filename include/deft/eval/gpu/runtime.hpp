@@ -30,6 +30,8 @@ namespace deft::detail::gpu {
 /// DeviceContext::global_lane's.
 struct CudaLaneQueue {
   void order(int from, int to) const;  // defined below, with the contexts
+  void order_at(int from, std::uint64_t count, const std::shared_ptr<void>& mark, int to) const;
+  static void marked(int, std::uint64_t) {}
   static void queued(int, const MemoryUses&) {}
 };
 /// The process's record of which lanes of which GPUs used each device block.
@@ -265,6 +267,14 @@ inline void CudaLaneQueue::order(int from, int to) const {
   DeviceGuard on(src.device);
   const auto m = src.mark(src.stream(from % per_device));
   check(cudaStreamWaitEvent(dst.stream(to % per_device), static_cast<cudaEvent_t>(m.get()), 0),
+        "cudaStreamWaitEvent", dst.device);
+}
+
+inline void CudaLaneQueue::order_at(int /*from*/, std::uint64_t /*count*/, const std::shared_ptr<void>& mark,
+                                    int to) const {
+  DeviceContext& dst = context(to / DeviceContext::tracked_lanes);
+  DeviceGuard on(dst.device);
+  check(cudaStreamWaitEvent(dst.stream(to % DeviceContext::tracked_lanes), static_cast<cudaEvent_t>(mark.get()), 0),
         "cudaStreamWaitEvent", dst.device);
 }
 

@@ -367,6 +367,7 @@ BOOST_AUTO_TEST_CASE(tracker_orders_random_work_on_many_lanes) {
     for (auto& b : memory) tracker.add_block(b.data(), b.size()), checker.add_block(b.data(), b.size());
     std::mt19937 rng(7);
     long work = 0;
+    std::vector<std::shared_ptr<void>> marks;
     for (int i = 0; i < 5000; ++i) {
       const int lane = int(rng() % lanes);
       if (rng() % 50 == 0) {  // the host waits for a lane
@@ -384,7 +385,9 @@ BOOST_AUTO_TEST_CASE(tracker_orders_random_work_on_many_lanes) {
       const long races = checker.races.load();
       tracker.before(lane, uses);
       tracker.after(lane, uses);
-      if (with_marks && rng() % 3 == 0) tracker.mark(lane, [] { return std::make_shared<int>(0); });  // a buffer's ready mark
+      if (with_marks && rng() % 3 == 0)  // a buffer's ready mark; now and then the host waits for one
+        marks.push_back(tracker.mark(lane, [] { return std::make_shared<int>(0); }));
+      if (!marks.empty() && rng() % 40 == 0) tracker.finished_mark(marks[rng() % marks.size()].get(), 0, lanes);
       BOOST_REQUIRE_MESSAGE(checker.races.load() == races, "work " << work << ": " << checker.first_race());
       ++work;
     }
@@ -439,6 +442,18 @@ BOOST_AUTO_TEST_CASE(a_wait_for_a_marked_write_leaves_later_work_out) {
   BOOST_TEST(tracker.marked_waits() == 2u);
   run(1, {{y}, {}});
   BOOST_TEST(tracker.waits() == 5u);
+  BOOST_TEST(checker.races.load() == 0, checker.first_race());
+  // The host saw a mark finish: the work before it needs no waits, later work does.
+  run(0, {{}, {x}});
+  const auto seen = tracker.mark(0, make);
+  run(0, {{}, {y}});
+  BOOST_TEST(tracker.waits() == 6u);  // the write of x waited for lane 1's read
+  tracker.finished_mark(seen.get(), 0, 2);
+  tracker.finished_mark(&tracker, 0, 2);  // not a mark: nothing
+  run(1, {{x}, {}});
+  BOOST_TEST(tracker.waits() == 6u);
+  run(1, {{y}, {}});
+  BOOST_TEST(tracker.waits() == 7u);
   BOOST_TEST(checker.races.load() == 0, checker.first_race());
 }
 
@@ -507,18 +522,26 @@ BOOST_AUTO_TEST_CASE(chains_keep_their_lane_and_forks_spread) {
 
 // A second reader of x, on another lane than x's writer, waits for x's
 // ready mark, not for the first reader's kernels queued on x's lane since.
+// Once the host waited for both readers' marks, work reading both needs no
+// wait on the device.
 BOOST_AUTO_TEST_CASE(a_second_reader_waits_for_its_inputs_mark) {
   auto& backend = gk::emulated_backend();
   const long races = backend.checker().races.load();
   const auto v = gpu_tensors::random_values(4096, 52);
-  const deft::Tensor<float> x = deft::Tensor<float>(v, {4096}).to(deft::gpu(0)) * 3.0f;
-  x.wait_to_read();
   const auto marked = backend.tracker().marked_waits();
+  deft::engine::set_mode(deft::engine::Mode::synchronous);  // tasks run as recorded: a fixed order
+  const deft::Tensor<float> x = deft::Tensor<float>(v, {4096}).to(deft::gpu(0)) * 3.0f;
   const deft::Tensor<float> y = x * 2.0f;  // goes on on x's lane
-  y.wait_to_read();
   const deft::Tensor<float> w = x + 1.0f;  // the fork: the next lane
+  deft::engine::set_mode(deft::engine::Mode::deferred);
+  BOOST_TEST(backend.tracker().marked_waits() >= marked + 1);  // (x's block may have had uses of its own on other lanes)
+  y.wait_to_read();
+  w.wait_to_read();
+  const auto waits = backend.tracker().waits();
+  const deft::Tensor<float> both = y + w;  // on y's lane or w's: the other's work is done
+  both.wait_to_read();
+  BOOST_TEST(backend.tracker().waits() == waits);
   const auto got = w.to_vector(), first = y.to_vector();
-  BOOST_TEST(backend.tracker().marked_waits() == marked + 1);
   for (std::size_t i = 0; i < v.size(); ++i) {
     BOOST_TEST(got[i] == v[i] * 3.0f + 1.0f);
     BOOST_TEST(first[i] == v[i] * 3.0f * 2.0f);
@@ -532,12 +555,13 @@ BOOST_AUTO_TEST_CASE(writes_wait_for_earlier_uses_on_other_lanes) {
   auto& backend = gk::emulated_backend();
   const auto v = gpu_tensors::random_values(8192, 52);
   deft::Tensor<float> x = deft::Tensor<float>(v, {8192}).to(deft::gpu(0));
+  // Tasks run as recorded, so the readers are done with x (queued) before
+  // x += 1 is recorded, and the host waited for none of it.
+  deft::engine::set_mode(deft::engine::Mode::synchronous);
   deft::Tensor<float> a = x * 3.0f, b = x - 2.0f;  // readers of x on two lanes
-  a.wait_to_read();
-  b.wait_to_read();
   const auto waits = backend.tracker().waits();
   x += 1.0f;  // in place, on x's lane, after b's read on another
-  x.wait_to_read();
+  deft::engine::set_mode(deft::engine::Mode::deferred);
   BOOST_TEST(backend.tracker().waits() > waits);
   b = deft::Tensor<float>();  // its block goes back to the pool...
   deft::Tensor<float> c = a * 0.25f;  // ...and comes out for a writer, perhaps on another lane

@@ -71,6 +71,7 @@ class CudaBackend final : public DeviceBackend {
   void wait_for(int index, const void* mark) override {
     if (!mark) return synchronize(index);
     check(cudaEventSynchronize(event_of(mark)), "a kernel", index);
+    lane_tracker().finished_mark(mark, context(index).global_lane(0), DeviceContext::tracked_lanes);
   }
   void synchronize_all() override {
     for (DeviceContext* ctx : live_contexts()) ctx->synchronize();
@@ -118,6 +119,8 @@ class CudaBackend final : public DeviceBackend {
       const std::uint64_t queued = lane_tracker().issued(lane);
       check(cudaStreamSynchronize(src.copy_stream), "a copy to the host", src.device);
       lane_tracker().finished(lane, queued);
+      // The copy stream waited for `after` itself, so the host saw it finish.
+      lane_tracker().finished_mark(after, src.global_lane(0), DeviceContext::tracked_lanes);
       return;
     }
     // Between GPUs or on one: on the calling thread's lane of the destination

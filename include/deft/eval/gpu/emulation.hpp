@@ -71,6 +71,15 @@ class LaneClockChecker {
     if (kept.size() == kept_marks) kept.erase(kept.begin());
     kept.emplace_back(count, clocks_[std::size_t(lane)]);
   }
+  /// The host saw the mark on `lane` after its first `count` pieces of work
+  /// finish: work queued later, on any lane, runs after what it covers.
+  void finished_at(int lane, std::uint64_t count) {
+    std::lock_guard lk(m_);
+    for (const auto& [c, clock] : marks_[std::size_t(lane)])
+      if (c == count) return join(host_, clock);
+    if (races.fetch_add(1) == 0)
+      first_race_ = "the host waited for an unknown mark " + std::to_string(count) + " on lane " + std::to_string(lane);
+  }
   /// Lane `to` waits for the mark on lane `from` after its first `count`
   /// pieces of work; a mark the checker was not told of is a race.
   void order_at(int from, std::uint64_t count, int to) {
@@ -113,6 +122,7 @@ class LaneClockChecker {
       checker->order_at(from, count, to);
     }
     void marked(int lane, std::uint64_t count) const { checker->marked(lane, count); }
+    void finished_at(int lane, std::uint64_t count) const { checker->finished_at(lane, count); }
     void queued(int lane, const MemoryUses& uses) const { checker->queued(lane, uses); }
   };
 
@@ -184,8 +194,10 @@ class EmulatedBackend final : public DeviceBackend {
     for (int k = 0; k < lanes_per_device; ++k) host_waits_for(global_lane(index, k));
   }
   void wait_for(int index, const void* mark) override {
-    if (mark) check_mark(index, mark), ++marked_waits;
-    else synchronize(index);
+    if (!mark) return synchronize(index);
+    check_mark(index, mark);
+    ++marked_waits;
+    tracker_.finished_mark(mark, global_lane(index, 0), lanes_per_device);
   }
   void synchronize_all() override {
     for (int i = 0; i < devices; ++i) synchronize(i);

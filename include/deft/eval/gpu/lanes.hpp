@@ -130,9 +130,10 @@ inline constexpr std::size_t lane_marks_kept = 16;
 /// Queue: `order(from, to)` makes work queued on lane `to` from now on wait
 /// for the work queued on lane `from` so far; `order_at(from, count, mark,
 /// to)` makes it wait for a mark made on `from` after its first `count`
-/// pieces of work (see LaneTracker::mark). `marked(lane, count)` and
-/// `queued(lane, uses)` are told of each mark and of each piece of work once
-/// it is queued (a checker's hooks; may do nothing).
+/// pieces of work (see LaneTracker::mark). `marked(lane, count)`,
+/// `finished_at(lane, count)` and `queued(lane, uses)` are told of each
+/// mark, of each the host saw finish, and of each piece of work once it is
+/// queued (a checker's hooks; may do nothing).
 template <class Queue>
 class LaneTracker {
  public:
@@ -214,6 +215,24 @@ class LaneTracker {
     std::lock_guard lk(m_);
     auto& d = done_[std::size_t(lane)];
     d = std::max(d, upto);
+  }
+
+  /// The host saw `mark` finish (one mark() kept, on one of the lanes
+  /// [first, first + count)): the work before it, and what its lane followed
+  /// then, needs no waits any more. Nothing for a mark no longer kept.
+  void finished_mark(const void* mark, int first, int count) {
+    if (!mark) return;
+    std::lock_guard lk(m_);
+    for (int lane = first; lane < first + count; ++lane)
+      for (std::size_t i = 0; i < lane_marks_kept; ++i) {
+        const std::size_t at = slot(lane, i);
+        if (marks_[at].mark.get() != mark) continue;
+        const std::uint64_t* then = &mark_seen_[at * std::size_t(lanes_)];
+        for (int k = 0; k < lanes_; ++k) done_[std::size_t(k)] = std::max(done_[std::size_t(k)], then[k]);
+        done_[std::size_t(lane)] = std::max(done_[std::size_t(lane)], marks_[at].count);
+        queue_.finished_at(lane, marks_[at].count);
+        return;
+      }
   }
 
   /// Waits made so far, and how many of them waited for a mark (order_at)

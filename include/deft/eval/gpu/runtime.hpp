@@ -32,6 +32,7 @@ struct CudaLaneQueue {
   void order(int from, int to) const;  // defined below, with the contexts
   void order_at(int from, std::uint64_t count, const std::shared_ptr<void>& mark, int to) const;
   static void marked(int, std::uint64_t) {}
+  static void finished_at(int, std::uint64_t) {}
   static void queued(int, const MemoryUses&) {}
 };
 /// The process's record of which lanes of which GPUs used each device block.

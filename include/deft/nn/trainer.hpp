@@ -71,6 +71,7 @@ class Trainer {
   /// parameters into for one sum across devices (thresholds::allreduce_bucket_bytes
   /// by default); 0 sums each parameter's gradients alone.
   std::size_t allreduce_bucket_bytes() const { return bucket_bytes_; }
+  /// Changes that bucket size (0: one sum per parameter); the sums' bits do not change.
   void set_allreduce_bucket_bytes(std::size_t bytes) { bucket_bytes_ = bytes; }
 
   /// The current learning rate.

@@ -297,6 +297,23 @@ std::array<long, gk::EmulatedBackend::compute_lanes> queued_since(
 
 BOOST_TEST_GLOBAL_FIXTURE(NoLaneRaces);
 
+namespace {
+// A tracker and the checker of its waits over `lanes` lanes, with two
+// 64-byte blocks x and y; run() queues a piece of work on a lane.
+struct CheckedLanes {
+  explicit CheckedLanes(int lanes) : checker(lanes), tracker(lanes, {&checker}) {
+    for (char* b : {x, y}) tracker.add_block(b, sizeof x), checker.add_block(b, sizeof x);
+  }
+  void run(int lane, const MemoryUses& uses) {
+    tracker.before(lane, uses);
+    tracker.after(lane, uses);
+  }
+  gk::LaneClockChecker checker;
+  gk::LaneTracker<gk::LaneClockChecker::Ref> tracker;
+  char x[64], y[64];
+};
+}  // namespace
+
 BOOST_AUTO_TEST_SUITE(gpu_lanes)
 
 BOOST_AUTO_TEST_CASE(checker_sees_work_not_ordered_after_a_conflicting_use) {
@@ -414,72 +431,58 @@ BOOST_AUTO_TEST_CASE(tracker_orders_random_work_on_many_lanes) {
 // of the reader's lane then does not cover that later work, and a second
 // reader of the later work's output waits again.
 BOOST_AUTO_TEST_CASE(a_wait_for_a_marked_write_leaves_later_work_out) {
-  gk::LaneClockChecker checker(2);
-  gk::LaneTracker<gk::LaneClockChecker::Ref> tracker(2, {&checker});
-  static char x[64], y[64];
-  for (char* b : {x, y}) tracker.add_block(b, 64), checker.add_block(b, 64);
-  const auto run = [&](int lane, const MemoryUses& uses) {
-    tracker.before(lane, uses);
-    tracker.after(lane, uses);
-  };
+  CheckedLanes l(2);
   const auto make = [] { return std::make_shared<int>(0); };
-  run(0, {{}, {x}});  // lane 0 writes x, and the engine marks x
-  const auto x_ready = tracker.mark(0, make);
+  l.run(0, {{}, {l.x}});  // lane 0 writes x, and the engine marks x
+  const auto x_ready = l.tracker.mark(0, make);
   BOOST_TEST(x_ready != nullptr);
-  run(0, {{x}, {y}});  // lane 0 goes on: y from x, unmarked
-  run(1, {{x}, {}});   // lane 1 reads x: waits for x's mark only
-  BOOST_TEST(tracker.waits() == 1u);
-  BOOST_TEST(tracker.marked_waits() == 1u);
-  run(1, {{y}, {}});  // y's writer came after the mark: another wait, for the lane
-  BOOST_TEST(tracker.waits() == 2u);
-  BOOST_TEST(tracker.marked_waits() == 1u);
-  run(0, {{}, {x}});  // x written again after lane 1's read: lane 0 waits for it
-  BOOST_TEST(tracker.waits() == 3u);
-  BOOST_TEST(checker.races.load() == 0, checker.first_race());
-  (void)tracker.mark(0, make);  // after x's second write
-  run(0, {{}, {y}});             // more work on lane 0
-  run(1, {{x}, {}});             // lane 1 reads the new x: waits for its mark, not for y's write
-  BOOST_TEST(tracker.marked_waits() == 2u);
-  run(1, {{y}, {}});
-  BOOST_TEST(tracker.waits() == 5u);
-  BOOST_TEST(checker.races.load() == 0, checker.first_race());
+  l.run(0, {{l.x}, {l.y}});  // lane 0 goes on: y from x, unmarked
+  l.run(1, {{l.x}, {}});    // lane 1 reads x: waits for x's mark only
+  BOOST_TEST(l.tracker.waits() == 1u);
+  BOOST_TEST(l.tracker.marked_waits() == 1u);
+  l.run(1, {{l.y}, {}});  // y's writer came after the mark: another wait, for the lane
+  BOOST_TEST(l.tracker.waits() == 2u);
+  BOOST_TEST(l.tracker.marked_waits() == 1u);
+  l.run(0, {{}, {l.x}});  // x written again after lane 1's read: lane 0 waits for it
+  BOOST_TEST(l.tracker.waits() == 3u);
+  BOOST_TEST(l.checker.races.load() == 0, l.checker.first_race());
+  (void)l.tracker.mark(0, make);  // after x's second write
+  l.run(0, {{}, {l.y}});          // more work on lane 0
+  l.run(1, {{l.x}, {}});          // lane 1 reads the new x: waits for its mark, not for y's write
+  BOOST_TEST(l.tracker.marked_waits() == 2u);
+  l.run(1, {{l.y}, {}});
+  BOOST_TEST(l.tracker.waits() == 5u);
+  BOOST_TEST(l.checker.races.load() == 0, l.checker.first_race());
   // The host saw a mark finish: the work before it needs no waits, later work does.
-  run(0, {{}, {x}});
-  const auto seen = tracker.mark(0, make);
-  run(0, {{}, {y}});
-  BOOST_TEST(tracker.waits() == 6u);  // the write of x waited for lane 1's read
-  tracker.finished_mark(seen.get(), 0, 2);
-  tracker.finished_mark(&tracker, 0, 2);  // not a mark: nothing
-  run(1, {{x}, {}});
-  BOOST_TEST(tracker.waits() == 6u);
-  run(1, {{y}, {}});
-  BOOST_TEST(tracker.waits() == 7u);
-  BOOST_TEST(checker.races.load() == 0, checker.first_race());
+  l.run(0, {{}, {l.x}});
+  const auto seen = l.tracker.mark(0, make);
+  l.run(0, {{}, {l.y}});
+  BOOST_TEST(l.tracker.waits() == 6u);  // the write of x waited for lane 1's read
+  l.tracker.finished_mark(seen.get(), 0, 2);
+  l.tracker.finished_mark(&l.tracker, 0, 2);  // not a mark: nothing
+  l.run(1, {{l.x}, {}});
+  BOOST_TEST(l.tracker.waits() == 6u);
+  l.run(1, {{l.y}, {}});
+  BOOST_TEST(l.tracker.waits() == 7u);
+  BOOST_TEST(l.checker.races.load() == 0, l.checker.first_race());
 }
 
 // A wait for a lane orders the waiting lane after every lane that one
 // follows: a lane needing work of lanes 0 and 1, where lane 1 already
 // waited for lane 0's, waits once.
 BOOST_AUTO_TEST_CASE(a_wait_for_a_lane_covers_the_lanes_it_follows) {
-  gk::LaneClockChecker checker(3);
-  gk::LaneTracker<gk::LaneClockChecker::Ref> tracker(3, {&checker});
-  static char x[64], y[64];
-  for (char* b : {x, y}) tracker.add_block(b, 64), checker.add_block(b, 64);
-  const auto run = [&](int lane, const MemoryUses& uses) {
-    tracker.before(lane, uses);
-    tracker.after(lane, uses);
-  };
-  run(0, {{}, {x}});   // lane 0 writes x
-  run(1, {{x}, {}});   // lane 1 reads it: waits for lane 0
-  run(1, {{}, {y}});   // and writes y
-  BOOST_TEST(tracker.waits() == 1u);
-  run(2, {{x, y}, {}});  // lane 2 reads both: one wait, for lane 1, covers lane 0's write of x
-  BOOST_TEST(tracker.waits() == 2u);
-  run(2, {{x}, {}});
-  BOOST_TEST(tracker.waits() == 2u);
-  run(0, {{}, {x}});   // lane 0 writes x again, after lane 1's and lane 2's reads
-  BOOST_TEST(tracker.waits() == 3u, "lane 2 followed lane 1 after its read of x, so one wait covers both");
-  BOOST_TEST(checker.races.load() == 0, checker.first_race());
+  CheckedLanes l(3);
+  l.run(0, {{}, {l.x}});   // lane 0 writes x
+  l.run(1, {{l.x}, {}});   // lane 1 reads it: waits for lane 0
+  l.run(1, {{}, {l.y}});   // and writes y
+  BOOST_TEST(l.tracker.waits() == 1u);
+  l.run(2, {{l.x, l.y}, {}});  // lane 2 reads both: one wait, for lane 1, covers lane 0's write of x
+  BOOST_TEST(l.tracker.waits() == 2u);
+  l.run(2, {{l.x}, {}});
+  BOOST_TEST(l.tracker.waits() == 2u);
+  l.run(0, {{}, {l.x}});   // lane 0 writes x again, after lane 1's and lane 2's reads
+  BOOST_TEST(l.tracker.waits() == 3u, "lane 2 followed lane 1 after its read of x, so one wait covers both");
+  BOOST_TEST(l.checker.races.load() == 0, l.checker.first_race());
 }
 
 // A chain of statements stays on one lane; two chains forked from one

@@ -75,20 +75,13 @@ class LaneClockChecker {
   /// finish: work queued later, on any lane, runs after what it covers.
   void finished_at(int lane, std::uint64_t count) {
     std::lock_guard lk(m_);
-    for (const auto& [c, clock] : marks_[std::size_t(lane)])
-      if (c == count) return join(host_, clock);
-    if (races.fetch_add(1) == 0)
-      first_race_ = "the host waited for an unknown mark " + std::to_string(count) + " on lane " + std::to_string(lane);
+    join_mark(host_, lane, count, "the host");
   }
   /// Lane `to` waits for the mark on lane `from` after its first `count`
-  /// pieces of work; a mark the checker was not told of is a race.
+  /// pieces of work.
   void order_at(int from, std::uint64_t count, int to) {
     std::lock_guard lk(m_);
-    for (const auto& [c, clock] : marks_[std::size_t(from)])
-      if (c == count) return join(clocks_[std::size_t(to)], clock);
-    if (races.fetch_add(1) == 0)
-      first_race_ = "lane " + std::to_string(to) + " waits for an unknown mark " + std::to_string(count) + " on lane " +
-                    std::to_string(from);
+    join_mark(clocks_[std::size_t(to)], from, count, "lane " + std::to_string(to));
   }
   /// The host saw what `lane` queued so far finish: work queued later, on
   /// any lane, runs after it.
@@ -102,9 +95,8 @@ class LaneClockChecker {
     join(clock, host_);
     record_.for_each_conflict(uses, [&](const LaneUse& u) {
       if (u.lane < 0 || u.lane == lane || clock[std::size_t(u.lane)] >= u.count) return;
-      if (races.fetch_add(1) == 0)
-        first_race_ = "work on lane " + std::to_string(lane) + " is not ordered after work " + std::to_string(u.count) +
-                      " on lane " + std::to_string(u.lane) + " that used the same block";
+      race("work on lane " + std::to_string(lane) + " is not ordered after work " + std::to_string(u.count) +
+           " on lane " + std::to_string(u.lane) + " that used the same block");
     });
     record_.record({lane, ++clock[std::size_t(lane)]}, uses);
   }
@@ -129,6 +121,17 @@ class LaneClockChecker {
  private:
   static void join(std::vector<std::uint64_t>& into, const std::vector<std::uint64_t>& from) {
     for (std::size_t i = 0; i < into.size(); ++i) into[i] = std::max(into[i], from[i]);
+  }
+  // Joins the clock `lane` had at its mark after `count` pieces into `into`;
+  // waiting (`who`) for a mark the checker was not told of is a race.
+  void join_mark(std::vector<std::uint64_t>& into, int lane, std::uint64_t count, const std::string& who) {
+    for (const auto& [c, clock] : marks_[std::size_t(lane)])
+      if (c == count) return join(into, clock);
+    race(who + " waits for an unknown mark " + std::to_string(count) + " on lane " + std::to_string(lane));
+  }
+  // Counts a race; the first one's description is kept.
+  void race(std::string what) {
+    if (races.fetch_add(1) == 0) first_race_ = std::move(what);
   }
   // At least as many marks per lane as a tracker keeps.
   static constexpr std::size_t kept_marks = 2 * lane_marks_kept;

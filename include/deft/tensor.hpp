@@ -128,7 +128,7 @@ struct CopyAcross {
   Leaf<T> from;
   void operator()(Buffer& out) const {
     copy_bytes(out.data, out.device, from.source->template as<const T>() + from.offset, from.device(),
-               std::size_t(from.shape().size()) * sizeof(T), from.source->ready_mark.get());
+               std::size_t(from.shape().size()) * sizeof(T));
   }
 };
 
@@ -341,8 +341,7 @@ class Tensor {
     auto b = buffer();
     wait(b);
     std::vector<T> values(static_cast<std::size_t>(size()));
-    detail::copy_bytes(values.data(), cpu(), b->template as<const T>() + offset_, b->device, values.size() * sizeof(T),
-                       b->ready_mark.get());
+    detail::copy_bytes(values.data(), cpu(), b->template as<const T>() + offset_, b->device, values.size() * sizeof(T));
     return values;
   }
   /// The single value of a one-element tensor (MXNet's asscalar).
@@ -352,7 +351,7 @@ class Tensor {
     auto b = buffer();
     wait(b);
     T value{};
-    detail::copy_bytes(&value, cpu(), b->template as<const T>() + offset_, b->device, sizeof(T), b->ready_mark.get());
+    detail::copy_bytes(&value, cpu(), b->template as<const T>() + offset_, b->device, sizeof(T));
     return value;
   }
 

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include <thrust/system/cpp/execution_policy.h>
@@ -57,21 +58,29 @@ DEFT_GPU_TENSOR_CASES(true)
 
 BOOST_AUTO_TEST_CASE(num_gpus_counts_the_backends_devices) { BOOST_TEST(deft::num_gpus() == 2); }
 
-// Copies to the host and waits go after the mark of the buffer's writer (on
-// CUDA: its event, so later kernels keep running); the emulated marks name
-// their device, so a wrong buffer's mark would throw.
+// A copy to the host waits for the mark of its source's writer (on CUDA:
+// its event), not for the work queued after it on the writer's lane, and
+// wait_to_read waits for that mark; the emulated marks name their device,
+// so a wrong buffer's mark would throw.
 BOOST_AUTO_TEST_CASE(copies_and_waits_follow_the_buffers_mark) {
   auto& backend = deft::detail::gpu::emulated_backend();
-  const long copies = backend.marked_copies, waits = backend.marked_waits;
+  const long races = backend.checker().races.load();
   const auto v = gpu_tensors::random_values(64, 21);
-  deft::Tensor<float> x = deft::Tensor<float>(v, {64}).to(deft::gpu(1)) * 2.0f;
+  deft::engine::set_mode(deft::engine::Mode::synchronous);  // tasks run as recorded: a fixed order
+  const deft::Tensor<float> x = deft::Tensor<float>(v, {64}).to(deft::gpu(1)) * 2.0f;
+  const deft::Tensor<float> later = x * 5.0f;  // on x's lane, after x's mark
+  deft::engine::set_mode(deft::engine::Mode::deferred);
+  const auto marked = backend.tracker().marked_waits();
+  std::vector<double> want(v.begin(), v.end()), want_later(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) want[i] *= 2, want_later[i] = double(v[i]) * 2 * 5;
+  gpu_tensors::expect_near(x.to_vector(), want, 0, "to_vector");
+  BOOST_TEST(backend.tracker().marked_waits() == marked + 1);
+  const long waits = backend.marked_waits;
   x.wait_to_read();
   BOOST_TEST(backend.marked_waits == waits + 1);
-  std::vector<double> want(v.begin(), v.end());
-  for (auto& e : want) e *= 2;
-  gpu_tensors::expect_near(x.to_vector(), want, 0, "to_vector");
   gpu_tensors::expect_near(x.to(deft::cpu()).to_vector(), want, 0, "to(cpu())");
-  BOOST_TEST(backend.marked_copies == copies + 2);
+  gpu_tensors::expect_near(later.to_vector(), want_later, 1e-6, "the later work");
+  BOOST_TEST(backend.checker().races.load() == races, backend.checker().first_race());
 }
 
 BOOST_AUTO_TEST_CASE(device_pool_is_reused_in_a_steady_loop) {
@@ -388,9 +397,7 @@ BOOST_AUTO_TEST_CASE(tracker_orders_random_work_on_many_lanes) {
     for (int i = 0; i < 5000; ++i) {
       const int lane = int(rng() % lanes);
       if (rng() % 50 == 0) {  // the host waits for a lane
-        const auto queued = tracker.issued(lane);
-        checker.host_waited(lane);
-        tracker.finished(lane, queued);
+        tracker.host_waits(lane, [&] { checker.host_waited(lane); });
         continue;
       }
       MemoryUses uses;
@@ -464,6 +471,36 @@ BOOST_AUTO_TEST_CASE(a_wait_for_a_marked_write_leaves_later_work_out) {
   BOOST_TEST(l.tracker.waits() == 6u);
   l.run(1, {{l.y}, {}});
   BOOST_TEST(l.tracker.waits() == 7u);
+  BOOST_TEST(l.checker.races.load() == 0, l.checker.first_race());
+}
+
+// The host waiting for a whole lane (a copy to the host waits for the copy
+// lane) also sees the work that lane waited for finish: a third lane then
+// reads the copied block without a wait. Work queued after the host's wait
+// began is not covered.
+BOOST_AUTO_TEST_CASE(a_host_wait_for_a_lane_covers_what_it_followed) {
+  CheckedLanes l(3);
+  l.run(0, {{}, {l.x}});  // lane 0 writes x
+  l.run(1, {{l.x}, {}});  // lane 1 (the copy lane) reads x: waits for lane 0
+  BOOST_TEST(l.tracker.waits() == 1u);
+  int host_waits = 0;
+  l.tracker.host_waits(1, [&] {
+    ++host_waits;
+    l.checker.host_waited(1);
+    l.run(0, {{}, {l.y}});  // queued on lane 0 while the host waits: not seen finish
+  });
+  BOOST_TEST(host_waits == 1);
+  l.run(2, {{l.x}, {}});  // lane 2 reads x: its writer is done
+  BOOST_TEST(l.tracker.waits() == 1u);
+  l.run(2, {{l.y}, {}});  // y's writer may still run
+  BOOST_TEST(l.tracker.waits() == 2u);
+  // A wait that throws tells the tracker nothing.
+  l.run(0, {{}, {l.x}});  // waits for lane 2's read of x
+  l.run(1, {{l.x}, {}});
+  const auto waits = l.tracker.waits();
+  BOOST_CHECK_THROW(l.tracker.host_waits(1, [] { throw std::runtime_error("a kernel failed"); }), std::runtime_error);
+  l.run(2, {{l.x}, {}});
+  BOOST_TEST(l.tracker.waits() == waits + 1);
   BOOST_TEST(l.checker.races.load() == 0, l.checker.first_race());
 }
 

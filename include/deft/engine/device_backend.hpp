@@ -72,15 +72,15 @@ class DeviceBackend {
   /// order after everything queued.
   virtual std::shared_ptr<void> mark(int /*index*/) { return nullptr; }
   /// Copies `bytes` between two places, either of which may be the host,
-  /// after the work already queued on the devices involved, or, for a copy
-  /// from a GPU with `after` (the source's mark), after the marked work only:
-  /// work queued later keeps running while the copy does. A host
+  /// after the earlier work that writes the source or uses the destination
+  /// (for a GPU: the waits of LaneAccess, which order a copy to the host
+  /// after its source's writer only, so work queued later keeps running
+  /// while the copy does). A host
   /// destination holds the bytes on return; a host source may be reused on
   /// return (the copy may still be running from a staged copy of it). A
   /// failure of earlier queued work on the source device is raised here,
   /// with the device's error text.
-  virtual void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
-                    const void* after) = 0;
+  virtual void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) = 0;
   /// Blocks until the work queued on device `index` finished; raises its failure.
   virtual void synchronize(int index) = 0;
   /// Blocks until the marked work on device `index` finished (all of it
@@ -144,12 +144,10 @@ inline DeviceBackend& backend_of(Device d) {
 }
 
 /// Copies bytes from one place to another, either of which may be on a GPU
-/// (see DeviceBackend::copy; `after` is the source buffer's ready_mark);
-/// host to host is a plain memcpy. While a program records, only copies
+/// (see DeviceBackend::copy); host to host is a plain memcpy. While a program records, only copies
 /// within one GPU can be part of it: a launch would reread or rewrite the
 /// same host memory, and staging through pinned blocks is host work.
-inline void copy_bytes(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
-                       const void* after = nullptr) {
+inline void copy_bytes(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) {
   const bool from_host = from_device.type == DeviceType::cpu, to_host = to_device.type == DeviceType::cpu;
   if (from_host || to_host || from_device.index != to_device.index)
     ProgramCapture::refuse(from_host ? "a copy from the host" : to_host ? "a copy to the host" : "a copy between GPUs");
@@ -158,7 +156,7 @@ inline void copy_bytes(void* to, Device to_device, const void* from, Device from
     return;
   }
   backend_of(to_host ? from_device : to_device)
-      .copy(to, to_device, from, from_device, bytes, after);
+      .copy(to, to_device, from, from_device, bytes);
 }
 
 /// Declares the memory uses of the GPU work queued while it lives, on the

@@ -91,8 +91,7 @@ class CudaBackend final : public DeviceBackend {
     nccl_sum(*this, parts, count, dtype);
   }
 
-  void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
-            const void* after) override {
+  void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) override {
     if (bytes == 0) return;
     // copy_bytes handles host to host; here at least one side is a GPU.
     const bool to_host = to_device.type == DeviceType::cpu, from_host = from_device.type == DeviceType::cpu;
@@ -108,19 +107,18 @@ class CudaBackend final : public DeviceBackend {
     if (to_host) {  // on the copy stream, after the source's writer; done on return
       DeviceGuard on(src.device);
       {
+        // The lanes' record orders the copy after the source's writer (after
+        // the writer's ready mark, when that is still kept), not after work
+        // queued since on the writer's lane.
         LaneScope copy_lane(src.device, DeviceContext::copy_lane);
         LaneAccess access(*this, src.device, {{from}, {}});
-        if (after)  // the source's mark: the lanes' record orders the same
-          check(cudaStreamWaitEvent(src.copy_stream, event_of(after), 0), "cudaStreamWaitEvent", src.device);
         check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, src.copy_stream), "a copy to the host",
               src.device);
       }
-      const int lane = src.global_lane(DeviceContext::copy_lane);
-      const std::uint64_t queued = lane_tracker().issued(lane);
-      check(cudaStreamSynchronize(src.copy_stream), "a copy to the host", src.device);
-      lane_tracker().finished(lane, queued);
-      // The copy stream waited for `after` itself, so the host saw it finish.
-      lane_tracker().finished_mark(after, src.global_lane(0), DeviceContext::tracked_lanes);
+      // Once done, the work the copy stream waited for needs no waits either.
+      lane_tracker().host_waits(src.global_lane(DeviceContext::copy_lane), [&] {
+        check(cudaStreamSynchronize(src.copy_stream), "a copy to the host", src.device);
+      });
       return;
     }
     // Between GPUs or on one: on the calling thread's lane of the destination

@@ -172,9 +172,7 @@ class EmulatedBackend final : public DeviceBackend {
     return tracker_.mark(global_lane(index, current_lane(index)), [index] { return std::make_shared<int>(index); });
   }
   std::shared_ptr<engine::HostAllocator> pinned_memory() override { return pinned_; }
-  void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes,
-            const void* after) override {
-    if (after) check_mark(from_device.index, after), ++marked_copies;
+  void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) override {
     const bool from_host = from_device.type == DeviceType::cpu, to_host = to_device.type == DeviceType::cpu;
     if (from_host) {  // on the calling thread's lane of the destination
       LaneAccess access(*this, to_device.index, {{}, {to}});
@@ -250,7 +248,7 @@ class EmulatedBackend final : public DeviceBackend {
   std::atomic<long> programs_recorded{0}, program_launches{0};
   /// Copies from a device and waits that were ordered by a buffer's mark;
   /// copies to a device (each staged through pinned blocks).
-  std::atomic<long> marked_copies{0}, marked_waits{0}, staged_uploads{0};
+  std::atomic<long> marked_waits{0}, staged_uploads{0};
   /// Kernels and copies queued on each compute lane (device * compute_lanes + lane).
   std::array<std::atomic<long>, devices * compute_lanes> lane_work{};
 
@@ -316,9 +314,7 @@ class EmulatedBackend final : public DeviceBackend {
     ++collective_sums;
   }
   void host_waits_for(int lane) {
-    const std::uint64_t queued = tracker_.issued(lane);
-    checker_.host_waited(lane);
-    tracker_.finished(lane, queued);
+    tracker_.host_waits(lane, [&] { checker_.host_waited(lane); });
   }
 
   LaneClockChecker checker_{devices * lanes_per_device};

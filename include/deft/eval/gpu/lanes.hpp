@@ -205,16 +205,21 @@ class LaneTracker {
     queue_.queued(lane, uses);
   }
 
-  /// How much work was queued on `lane` so far (read before waiting for it on the host)...
-  std::uint64_t issued(int lane) {
+  /// Runs wait(), which makes the host wait for everything queued on `lane`
+  /// so far (outside the tracker's lock), then drops the waits that work,
+  /// and the work the lane was ordered after, would still need. Nothing is
+  /// dropped when wait() throws.
+  template <class Wait>
+  void host_waits(int lane, Wait&& wait) {
+    std::vector<std::uint64_t> upto(std::size_t(lanes_), 0);
+    {
+      std::lock_guard lk(m_);
+      std::copy_n(&seen(lane, 0), lanes_, upto.begin());
+      upto[std::size_t(lane)] = issued_[std::size_t(lane)];
+    }
+    wait();
     std::lock_guard lk(m_);
-    return issued_[std::size_t(lane)];
-  }
-  /// ...and, once the host saw it finish, that it needs no waits any more.
-  void finished(int lane, std::uint64_t upto) {
-    std::lock_guard lk(m_);
-    auto& d = done_[std::size_t(lane)];
-    d = std::max(d, upto);
+    for (std::size_t k = 0; k < upto.size(); ++k) done_[k] = std::max(done_[k], upto[k]);
   }
 
   /// The host saw `mark` finish (one mark() kept, on one of the lanes

@@ -173,12 +173,8 @@ struct DeviceContext {
   /// Waits for every kernel queued on the device's streams; rethrows their
   /// failure. (The tracker then needs no waits for that work.)
   void synchronize() {
-    for (int k = 0; k < tracked_lanes; ++k) {
-      const int lane = global_lane(k);
-      const std::uint64_t queued = lane_tracker().issued(lane);
-      check(cudaStreamSynchronize(stream(k)), "a kernel", device);
-      lane_tracker().finished(lane, queued);
-    }
+    for (int k = 0; k < tracked_lanes; ++k)
+      lane_tracker().host_waits(global_lane(k), [&] { check(cudaStreamSynchronize(stream(k)), "a kernel", device); });
   }
 
   /// An event recorded on `on` (one of this device's streams) now, returned

@@ -3,9 +3,61 @@
 // synchronous mode), against libtorch eager and a plain loop.
 // sync_vs_deferred: the seeds' 1000 x `y = x + 1` on 2000 x 2000, a sync per
 // step against one wait_all (which runs one step and discards 999).
+#include <deft/eval/gpu/lanes.hpp>
+
+#include <memory>
+
 #include "common.hpp"
 
 namespace bench {
+namespace {
+
+// What the GPU lanes' record (eval/gpu/lanes.hpp) adds to each GPU op, on
+// the host alone: a queue that does nothing stands for CUDA's events.
+struct NoQueue {
+  void order(int, int) const {}
+  void order_at(int, std::uint64_t, const std::shared_ptr<void>&, int) const {}
+  void marked(int, std::uint64_t) const {}
+  void finished_at(int, std::uint64_t) const {}
+  void queued(int, const deft::detail::MemoryUses&) const {}
+};
+
+// Four chains of ops, one per compute lane of a GPU's six (with the copy
+// and collective lanes), over 240 pooled blocks and 16 parameters: each op
+// reads its chain's last output and a parameter, writes the block the pool
+// hands out next (whose readers on other lanes it waits for), and every
+// eighth also reads another chain's output (a wait). With `marks`, the
+// engine's ready mark after each op goes through the record.
+void bench_lane_bookkeeping() {
+  namespace gpu = deft::detail::gpu;
+  const char* g = "record";
+  constexpr int ops = 100000, lanes = 6, chains = 4, blocks = 256, pooled = blocks - 16;
+  constexpr std::size_t block_bytes = 4096;
+  static std::vector<char> memory(blocks * block_bytes);
+  const auto block = [](int i) { return memory.data() + std::size_t(i) * block_bytes; };
+  const auto run = [&](bool marks) {
+    gpu::LaneTracker<NoQueue> tracker(lanes, NoQueue{});
+    for (int i = 0; i < blocks; ++i) tracker.add_block(block(i), block_bytes);
+    const auto make = [] { return std::make_shared<int>(0); };
+    int last[chains] = {0, 1, 2, 3}, next = chains;
+    for (int i = 0; i < ops; ++i) {
+      const int chain = i % chains, out = next;
+      next = (next + 1) % pooled;
+      deft::detail::MemoryUses uses{{block(last[chain]), block(blocks - 1 - i % 16)}, {block(out)}};
+      if (i % 8 == 7) uses.reads.push_back(block(last[(chain + 1) % chains]));
+      tracker.before(chain, uses);
+      tracker.after(chain, uses);
+      if (marks) clobber(tracker.mark(chain, make).get());
+      last[chain] = out;
+    }
+    clobber(&tracker);
+  };
+  auto times = measure_interleaved({[&] { run(true); }, [&] { run(false); }});
+  add_time(g, "GPU lanes' record per op (host only)", "deft", 1, "6 lanes", "ns/op", times[0], ops);
+  add_time(g, "GPU lanes' record per op (host only)", "deft-no-marks", 1, "6 lanes", "ns/op", times[1], ops);
+}
+
+}  // namespace
 
 void bench_overhead() {
   using namespace deft;
@@ -63,6 +115,7 @@ void bench_overhead() {
     }
   });
   add_time(g, "record+run y=x+1", "hand", 1, "4", "ns/op", hand, n);
+  bench_lane_bookkeeping();
 }
 
 void bench_seeds() {

@@ -4,12 +4,15 @@
 //                       [--lr X] [--optimizer sgd|adam] [--device LIST]
 //                       (defaults: SGD lr 0.1 momentum 0.9 for the MLP,
 //                        Adam lr 0.001 for LeNet)
-//                       [--data DIR] [--csv FILE] [--seed N]
+//                       [--shares LIST] [--data DIR] [--csv FILE] [--seed N]
 //
 // --device takes one device or a comma-separated list (cpu, cpu1, gpu0,
 // cpu,gpu0). With several, training is data-parallel as in Gluon: each
 // batch is split over the devices, each runs the network on its part with
 // its own copy of the parameters, and the trainer sums the gradients.
+// --shares gives each device's share of a batch (cpu,gpu0 --shares 1,8: the
+// GPU takes 8 rows for each of the CPU's), for devices of different speeds;
+// by default the rows are split evenly.
 // cpuN are logical devices sharing the CPU's workers: they run the
 // data-parallel path without a GPU, at the speed of one device. gpuN needs
 // this file compiled by nvcc against deft::cuda (train_fashion_mnist_gpu,
@@ -24,6 +27,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -48,6 +52,7 @@ struct Options {
   std::optional<float> lr;
   std::string optimizer;  // default: sgd for the MLP, adam for LeNet
   std::string device = "cpu";
+  std::vector<double> shares;  // empty: an even split
   std::optional<std::filesystem::path> data;
   std::string csv;
   std::uint64_t seed = 42;
@@ -58,7 +63,7 @@ struct Options {
                "train_fashion_mnist: %s\n"
                "usage: train_fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size N] [--lr X]\n"
                "                           [--optimizer sgd|adam] [--device cpu|cpu1|gpu0|cpu,gpu0|...]\n"
-               "                           [--data DIR] [--csv FILE] [--seed N]\n",
+               "                           [--shares X,Y,...] [--data DIR] [--csv FILE] [--seed N]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -87,6 +92,16 @@ Options parse(int argc, char** argv) {
     else if (a == "--lr") o.lr = float(number(value()));
     else if (a == "--optimizer") o.optimizer = value();
     else if (a == "--device") o.device = value();
+    else if (a == "--shares") {
+      const std::string list = value();
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t end = std::min(list.find(',', at), list.size());
+        o.shares.push_back(number(list.substr(at, end - at)));
+        if (!(o.shares.back() > 0) || !std::isfinite(o.shares.back()))
+          usage("--shares: each share must be a positive number, got '" + list.substr(at, end - at) + "'");
+        at = end + 1;
+      }
+    }
     else if (a == "--data") o.data = value();
     else if (a == "--csv") o.csv = value();
     else if (a == "--seed") o.seed = std::uint64_t(number(value()));
@@ -154,6 +169,9 @@ void progress(int epoch, std::int64_t done, std::int64_t total, double loss) {
 int main(int argc, char** argv) try {
   const Options opt = parse(argc, argv);
   const std::vector<Device> devices = parse_devices(opt.device);
+  if (!opt.shares.empty() && opt.shares.size() != devices.size())
+    usage("--shares needs one share per device (" + std::to_string(devices.size()) + "), got " +
+          std::to_string(opt.shares.size()));
   const auto dir = data::find_fashion_mnist_dir(opt.data);
   const auto layout = opt.model == "mlp" ? data::Layout::flat : data::Layout::grid;
   const auto train = data::load_fashion_mnist(dir, data::Split::train, layout);
@@ -162,6 +180,11 @@ int main(int argc, char** argv) try {
               dir.string().c_str(), static_cast<long long>(train.size()), static_cast<long long>(test.size()),
               opt.model.c_str(), opt.epochs, static_cast<long long>(opt.batch_size), opt.optimizer.c_str(),
               names(devices).c_str(), engine::num_workers());
+  if (!opt.shares.empty()) {
+    std::printf("shares of a batch:");
+    for (std::size_t d = 0; d < devices.size(); ++d) std::printf(" %s %g", devices[d].to_string().c_str(), opt.shares[d]);
+    std::printf("\n");
+  }
 
   random::seed(opt.seed);
   auto net = build(opt.model);
@@ -177,12 +200,15 @@ int main(int argc, char** argv) try {
     return images ? x.reshape({x.shape()[0], 1, x.shape()[1], x.shape()[2]}) : x;
   };
 
-  // A part of the batch per device (the batch itself for one device); a last
-  // batch with fewer rows than devices goes to fewer devices.
-  auto split = [&devices](const Tensor<float>& x, const Tensor<std::int64_t>& y) {
+  // A part of the batch per device (the batch itself for one device), in
+  // proportion to --shares when given; a last batch with fewer rows than
+  // devices goes to fewer devices.
+  auto split = [&devices, &opt](const Tensor<float>& x, const Tensor<std::int64_t>& y) {
     const auto n = std::min(devices.size(), std::size_t(x.shape()[0]));
     const std::vector<Device> use(devices.begin(), devices.begin() + std::ptrdiff_t(n));
-    return std::pair{split_and_load(x, use), split_and_load(y, use)};
+    if (opt.shares.empty()) return std::pair{split_and_load(x, use), split_and_load(y, use)};
+    const std::vector<double> shares(opt.shares.begin(), opt.shares.begin() + std::ptrdiff_t(n));
+    return std::pair{split_and_load(x, use, shares), split_and_load(y, use, shares)};
   };
 
   data::DataLoader train_loader(train.images, train.labels, opt.batch_size, {.shuffle = true, .seed = opt.seed});

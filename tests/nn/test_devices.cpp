@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,68 @@ BOOST_AUTO_TEST_CASE(split_and_load_gives_one_balanced_part_per_device) {
                         [](const std::invalid_argument& e) { return mentions(e, "no devices"); });
   BOOST_CHECK_EXCEPTION(split_and_load(sum(batch), three), std::invalid_argument,
                         [](const std::invalid_argument& e) { return mentions(e, "scalar"); });
+}
+
+// Devices of different speeds get rows in proportion to their shares, in
+// whole rows, at least one each; the rows keep their order.
+BOOST_AUTO_TEST_CASE(split_and_load_shares_rows_in_proportion) {
+  random::seed(14);
+  const Tensor<float> batch = random::normal<float>(0, 1, {10, 3});
+  const auto v = batch.to_vector();
+  const std::vector<Device> three = {cpu(0), cpu(1), cpu(2)};
+  const auto parts = split_and_load(batch, three, std::vector<double>{1, 2.5, 1.5});  // quotas 2, 5, 3
+  BOOST_TEST_REQUIRE(parts.size() == 3u);
+  const std::int64_t sizes[] = {2, 5, 3};
+  std::size_t at = 0;
+  for (std::size_t p = 0; p < 3; ++p) {
+    BOOST_TEST(parts[p].device() == three[p]);
+    BOOST_TEST(parts[p].shape() == (Shape{sizes[p], 3}));
+    for (float x : parts[p].to_vector()) BOOST_TEST(x == v[at++]);
+  }
+  BOOST_TEST(at == v.size());
+  const auto rows_of = [](const std::vector<Tensor<float>>& ps) {
+    std::vector<std::int64_t> r;
+    for (const auto& p : ps) r.push_back(p.shape()[0]);
+    return r;
+  };
+  // Equal shares split as the default does; a tiny share still gets a row.
+  BOOST_TEST(rows_of(split_and_load(batch.rows(0, 7), three, std::vector<double>{2, 2, 2})) ==
+             rows_of(split_and_load(batch.rows(0, 7), three)), boost::test_tools::per_element());
+  BOOST_TEST(rows_of(split_and_load(batch.rows(0, 5), two, std::vector<double>{0.001, 1})) ==
+             (std::vector<std::int64_t>{1, 4}), boost::test_tools::per_element());
+
+  // Against the quotas, on random shares: whole rows that add up, at least
+  // one each, and within one row of each quota when every quota is a row or more.
+  std::mt19937 rng(5);
+  for (int c = 0; c < 300; ++c) {
+    const std::size_t n = 1 + rng() % 5;
+    const std::int64_t rows = std::int64_t(n + rng() % 300);
+    std::vector<double> shares(n);
+    for (double& s : shares) s = 0.05 + double(rng() % 1000) / 100.0;
+    const auto counts = detail::split_rows(rows, shares);
+    double total = 0;
+    for (double s : shares) total += s;
+    std::int64_t sum = 0;
+    bool all_quotas_a_row = true;
+    for (double s : shares) all_quotas_a_row = all_quotas_a_row && double(rows) * s / total >= 1;
+    for (std::size_t i = 0; i < n; ++i) {
+      BOOST_TEST(counts[i] >= 1);
+      if (all_quotas_a_row) BOOST_TEST(std::abs(double(counts[i]) - double(rows) * shares[i] / total) < 1.0);
+      sum += counts[i];
+    }
+    BOOST_TEST(sum == rows);
+  }
+
+  BOOST_CHECK_EXCEPTION(split_and_load(batch, three, std::vector<double>{1, 2}), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "2 shares for 3 devices"); });
+  BOOST_CHECK_EXCEPTION(split_and_load(batch, three, std::vector<double>{1, 0, 2}), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "share of cpu(1) is 0"); });
+  BOOST_CHECK_EXCEPTION(split_and_load(batch, two, std::vector<double>{-1, 2}), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "share of cpu(0) is -1"); });
+  BOOST_CHECK_EXCEPTION(split_and_load(batch, two, std::vector<double>{1, std::nan("")}), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "share of cpu(1)"); });
+  BOOST_CHECK_EXCEPTION(split_and_load(batch.rows(0, 2), three, std::vector<double>{1, 1, 1}), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "2 rows"); });
 }
 
 BOOST_AUTO_TEST_CASE(allreduce_writes_the_same_sum_to_every_device) {
@@ -244,6 +307,48 @@ BOOST_AUTO_TEST_CASE(two_devices_train_like_one_device_on_the_whole_batch) {
   for (std::size_t d = 0; d < 2; ++d)
     correct = correct + sum(cast<float>(argmax((*many)(xs[d]), 1) == ys[d])).to(cpu(0));
   BOOST_TEST(correct.item() == sum(cast<float>(argmax((*one)(x), 1) == y)).item());
+}
+
+// The seeds' question for devices of different speeds: give the faster one
+// more rows. With the loss summed over the samples and step(batch size),
+// an uneven split trains as one device on the whole batch does.
+BOOST_AUTO_TEST_CASE(an_uneven_split_trains_like_one_device) {
+  random::seed(23);
+  const Tensor<float> x = random::normal<float>(0, 1, {10, 6});
+  const Tensor<std::int64_t> y(std::vector<std::int64_t>{2, 1, 0, 0, 1, 2, 1, 1, 0, 2}, {10});
+  const nn::SoftmaxCrossEntropyLoss loss;
+  auto one = small_net(), many = small_net();
+  random::seed(24);
+  one->initialize(nn::init::xavier());
+  (void)(*one)(x);
+  random::seed(24);
+  many->initialize(nn::init::xavier(), two);
+  const std::vector<double> shares = {1, 4};  // cpu(1) taken to be 4x as fast
+  const auto xs = split_and_load(x, two, shares);
+  const auto ys = split_and_load(y, two, shares);
+  BOOST_TEST_REQUIRE(xs[0].shape()[0] == 2);
+  BOOST_TEST_REQUIRE(ys[1].shape()[0] == 8);
+  (void)(*many)(xs[0]);  // draws the same weights as one's first call
+  nn::Trainer t_one(one->collect_params(), nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
+  nn::Trainer t_many(many->collect_params(), nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
+  for (int step = 0; step < 4; ++step) {
+    {
+      autograd::record rec;
+      loss((*one)(x), y).backward();
+    }
+    t_one.step(10);
+    {
+      autograd::record rec;
+      for (std::size_t d = 0; d < 2; ++d) loss((*many)(xs[d]), ys[d]).backward();
+    }
+    t_many.step(10);
+  }
+  const auto p_one = one->collect_params(), p_many = many->collect_params();
+  for (std::size_t i = 0; i < p_one.size(); ++i) {
+    const auto ref = p_one[i]->data().to_vector(), on1 = p_many[i]->data(cpu(1)).to_vector();
+    BOOST_TEST(p_many[i]->data(cpu(0)).to_vector() == on1, boost::test_tools::per_element());
+    for (std::size_t k = 0; k < ref.size(); ++k) BOOST_TEST(std::abs(on1[k] - ref[k]) <= 1e-5);
+  }
 }
 
 // Packing the gradients into buckets changes how many sums run, not their

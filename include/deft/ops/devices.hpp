@@ -5,9 +5,11 @@
 // copies and sums, and return at once.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../autograd/meta.hpp"
@@ -18,6 +20,61 @@
 
 namespace deft {
 
+namespace detail {
+
+/// Rows per part when `rows` are shared in proportion to `shares`: each part
+/// gets the whole rows of its quota, the rows left go to the largest
+/// remainders (ties to the earlier part), and a part left with none takes
+/// one from the largest part. Equal shares give parts that differ by at most
+/// one row, the first ones larger. Needs rows >= shares.size().
+inline std::vector<std::int64_t> split_rows(std::int64_t rows, const std::vector<double>& shares) {
+  const std::size_t n = shares.size();
+  double total = 0;
+  for (double s : shares) total += s;
+  std::vector<std::int64_t> counts(n);
+  std::vector<std::pair<double, std::size_t>> rest(n);  // (remainder, part)
+  std::int64_t given = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double quota = double(rows) * shares[i] / total;
+    counts[i] = std::min(rows, std::int64_t(quota));
+    given += counts[i];
+    rest[i] = {quota - double(counts[i]), i};
+  }
+  std::stable_sort(rest.begin(), rest.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (std::size_t k = 0; given < rows; k = (k + 1) % n, ++given) ++counts[rest[k].second];
+  for (std::size_t i = 0; i < n; ++i)
+    if (counts[i] == 0) {
+      --*std::max_element(counts.begin(), counts.end());
+      counts[i] = 1;
+    }
+  return counts;
+}
+
+template <Element T>
+std::vector<Tensor<T>> load_rows(const Tensor<T>& batch, const std::vector<Device>& devices,
+                                 const std::vector<std::int64_t>& counts) {
+  std::vector<Tensor<T>> out;
+  out.reserve(devices.size());
+  std::int64_t begin = 0;
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    out.push_back(batch.rows(begin, begin + counts[i]).to(devices[i]));
+    begin += counts[i];
+  }
+  return out;
+}
+
+template <Element T>
+void check_split(const Tensor<T>& batch, const std::vector<Device>& devices) {
+  if (devices.empty()) raise("split_and_load: no devices given");
+  if (batch.rank() == 0) raise("split_and_load: a scalar tensor has no rows to split");
+  const std::int64_t rows = batch.shape()[0], parts = std::int64_t(devices.size());
+  if (rows < parts)
+    raise("split_and_load: ", rows, " rows (shape ", batch.shape().to_string(), ") cannot give each of ", parts,
+          " devices (", device_list(devices), ") at least one");
+}
+
+}  // namespace detail
+
 /// Splits `batch` along its first axis into one part per device, in order,
 /// and copies each part to its device (a part already there is a view).
 /// Parts differ by at most one row, the first ones being larger; with
@@ -26,24 +83,33 @@ namespace deft {
 template <Element T>
 std::vector<Tensor<T>> split_and_load(const Tensor<T>& batch, const std::vector<Device>& devices,
                                       bool even_split = false) {
-  if (devices.empty()) detail::raise("split_and_load: no devices given");
-  if (batch.rank() == 0) detail::raise("split_and_load: a scalar tensor has no rows to split");
+  detail::check_split(batch, devices);
   const std::int64_t rows = batch.shape()[0], parts = std::int64_t(devices.size());
-  if (rows < parts)
-    detail::raise("split_and_load: ", rows, " rows (shape ", batch.shape().to_string(), ") cannot give each of ", parts,
-                  " devices (", detail::device_list(devices), ") at least one");
   if (even_split && rows % parts != 0)
     detail::raise("split_and_load: ", rows, " rows do not split evenly over ", parts, " devices (",
                   detail::device_list(devices), "); pass even_split = false for parts that differ by one row");
-  std::vector<Tensor<T>> out;
-  out.reserve(devices.size());
-  std::int64_t begin = 0;
-  for (std::int64_t i = 0; i < parts; ++i) {
-    const std::int64_t end = begin + rows / parts + (i < rows % parts ? 1 : 0);
-    out.push_back(batch.rows(begin, end).to(devices[std::size_t(i)]));
-    begin = end;
-  }
-  return out;
+  return detail::load_rows(batch, devices, detail::split_rows(rows, std::vector<double>(devices.size(), 1.0)));
+}
+
+/// Splits `batch` over devices of different speeds (a CPU and a GPU, two
+/// GPU models): device i gets a part in proportion to shares[i] (its rows
+/// per second, say), rounded to whole rows with at least one row each.
+/// With the loss summed over the samples and `Trainer::step(batch size)`,
+/// the summed gradients are the whole batch's, however the rows are shared.
+/// std::invalid_argument as above, and for a share per device missing or
+/// one that is not a positive finite number.
+template <Element T>
+std::vector<Tensor<T>> split_and_load(const Tensor<T>& batch, const std::vector<Device>& devices,
+                                      const std::vector<double>& shares) {
+  detail::check_split(batch, devices);
+  if (shares.size() != devices.size())
+    detail::raise("split_and_load: ", shares.size(), " shares for ", devices.size(), " devices (",
+                  detail::device_list(devices), ")");
+  for (std::size_t i = 0; i < shares.size(); ++i)
+    if (!(shares[i] > 0) || !std::isfinite(shares[i]))
+      detail::raise("split_and_load: the share of ", devices[i], " is ", shares[i],
+                    "; each device needs a positive share (leave a device out to give it no rows)");
+  return detail::load_rows(batch, devices, detail::split_rows(batch.shape()[0], shares));
 }
 
 namespace detail {

@@ -459,6 +459,9 @@ void training_rows(const std::string& torch_script) {
   // Gradient buckets: each sum is DMAs between the host and the GPU here,
   // and one NCCL call per bucket (or per parameter) across two GPUs.
   bench::data_parallel_rows(g, {cpu(), dev}, "cpu,gpu0");
+  // The seeds' question: the host and the GPU differ in speed, so split the
+  // batch by the rows per second each manages alone.
+  bench::data_parallel_shares_rows(g, {cpu(), dev}, "cpu,gpu0");
   if (num_gpus() >= 2) bench::data_parallel_rows(g, {gpu(0), gpu(1)}, "gpu0,gpu1");
   else bench::skip(g, "deft", "data-parallel step gpu0,gpu1: one GPU on this machine");
 }

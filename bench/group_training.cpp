@@ -226,6 +226,7 @@ void bench_training() {
   step_rows(g);
   forward_rows(g);
   data_parallel_rows(g, {cpu(0), cpu(1)}, "cpu,cpu1");
+  data_parallel_shares_rows(g, {cpu(0), cpu(1)}, "cpu,cpu1");
   epoch_rows(g);
 }
 

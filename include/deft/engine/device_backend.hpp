@@ -75,11 +75,10 @@ class DeviceBackend {
   /// after the earlier work that writes the source or uses the destination
   /// (for a GPU: the waits of LaneAccess, which order a copy to the host
   /// after its source's writer only, so work queued later keeps running
-  /// while the copy does). A host
-  /// destination holds the bytes on return; a host source may be reused on
-  /// return (the copy may still be running from a staged copy of it). A
-  /// failure of earlier queued work on the source device is raised here,
-  /// with the device's error text.
+  /// while the copy does). A host destination holds the bytes on return; a
+  /// host source may be reused on return (the copy may still be running
+  /// from a staged copy of it). A failure of earlier queued work on the
+  /// source device is raised here, with the device's error text.
   virtual void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) = 0;
   /// Blocks until the work queued on device `index` finished; raises its failure.
   virtual void synchronize(int index) = 0;
@@ -144,9 +143,10 @@ inline DeviceBackend& backend_of(Device d) {
 }
 
 /// Copies bytes from one place to another, either of which may be on a GPU
-/// (see DeviceBackend::copy); host to host is a plain memcpy. While a program records, only copies
-/// within one GPU can be part of it: a launch would reread or rewrite the
-/// same host memory, and staging through pinned blocks is host work.
+/// (see DeviceBackend::copy); host to host is a plain memcpy. While a
+/// program records, only copies within one GPU can be part of it: a launch
+/// would reread or rewrite the same host memory, and staging through pinned
+/// blocks is host work.
 inline void copy_bytes(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) {
   const bool from_host = from_device.type == DeviceType::cpu, to_host = to_device.type == DeviceType::cpu;
   if (from_host || to_host || from_device.index != to_device.index)

@@ -246,8 +246,8 @@ class EmulatedBackend final : public DeviceBackend {
 
   /// Programs recorded and launched since (not counting the recording's run).
   std::atomic<long> programs_recorded{0}, program_launches{0};
-  /// Copies from a device and waits that were ordered by a buffer's mark;
-  /// copies to a device (each staged through pinned blocks).
+  /// Host waits for a buffer's mark (wait_to_read); copies to a device
+  /// (each staged through pinned blocks).
   std::atomic<long> marked_waits{0}, staged_uploads{0};
   /// Kernels and copies queued on each compute lane (device * compute_lanes + lane).
   std::array<std::atomic<long>, devices * compute_lanes> lane_work{};

@@ -380,7 +380,116 @@ inline void hybridized_forward() {
   }
 }
 
+/// Lane races the runner's backend saw so far (the emulation's clock
+/// checker; 0 where nothing checks). Each runner defines it.
+long lane_races();
+
+/// Random programs over five slots on the host and the GPUs (two where there
+/// are two): fused expressions whose operands are first copied to one
+/// device, in-place updates, copies to another device, new values uploaded,
+/// sums read as scalars, values read back, waits. A quarter run in
+/// synchronous mode, the rest deferred with 1 to 3 workers. Every value read
+/// is compared with a double-precision run of the same program, within a
+/// bound on float32's rounding from each element's magnitude. This reaches
+/// what the fixed cases order by hand: lanes the engine picks, blocks the
+/// pools hand from one lane to the next, marks, and waits after host waits.
+inline void random_programs(int programs = 150) {
+  std::vector<deft::Device> devices = {deft::cpu()};
+  for (int g = 0; g < std::min(deft::num_gpus(), 2); ++g) devices.push_back(deft::gpu(g));
+  struct Slot {
+    Tensor<float> t;
+    std::vector<double> value, size;  // the reference, and the sum of |terms| behind each element
+  };
+  std::mt19937 rng(2029);
+  const int workers = deft::engine::num_workers();
+  const long races = lane_races();
+  for (int p = 0; p < programs; ++p) {
+    const i64 n = std::vector<i64>{1, 33, 1000, 6000}[rng() % 4];
+    const bool synchronous = rng() % 4 == 0;
+    if (synchronous) deft::engine::set_mode(deft::engine::Mode::synchronous);
+    else deft::engine::set_num_workers(1 + int(rng() % 3));
+    const auto any_device = [&] { return devices[rng() % devices.size()]; };
+    const auto fresh = [&](Slot& s) {
+      const auto v = random_values(n, unsigned(rng()));
+      s.t = Tensor<float>(v, {n}, any_device());
+      s.value.assign(v.begin(), v.end());
+      s.size.resize(v.size());
+      for (std::size_t e = 0; e < v.size(); ++e) s.size[e] = std::abs(s.value[e]);
+    };
+    std::vector<Slot> slots(5);
+    for (Slot& s : slots) fresh(s);
+    const auto check = [&](const Slot& s, const std::vector<float>& got, const char* what) {
+      BOOST_REQUIRE_EQUAL(got.size(), s.value.size());
+      for (std::size_t e = 0; e < got.size(); ++e)
+        if (!(std::abs(double(got[e]) - s.value[e]) <= 1e-5 * s.size[e] + 1e-30))
+          BOOST_FAIL("program " << p << ", " << what << ": element " << e << " is " << got[e] << ", want " << s.value[e]);
+    };
+    // x on device d: itself, or a copy recorded now.
+    const auto on = [](const Slot& x, deft::Device d) { return x.t.device() == d ? x.t : x.t.to(d); };
+    for (int op = 0; op < 30; ++op) {
+      Slot &a = slots[rng() % 5], &b = slots[rng() % 5], &c = slots[rng() % 5];
+      switch (rng() % 8) {
+        case 0: {  // a = (b + c) * 0.5, on b's device
+          const deft::Device d = b.t.device();
+          a.t = (on(b, d) + on(c, d)) * 0.5f;
+          std::vector<double> v(b.value.size()), m(v.size());
+          for (std::size_t e = 0; e < v.size(); ++e)
+            v[e] = (b.value[e] + c.value[e]) * 0.5, m[e] = (b.size[e] + c.size[e]) * 0.5;
+          a.value = std::move(v), a.size = std::move(m);
+          break;
+        }
+        case 1: {  // a = maximum(b, 0) - c * 0.5, on c's device
+          const deft::Device d = c.t.device();
+          a.t = deft::maximum(on(b, d), 0.0f) - on(c, d) * 0.5f;
+          std::vector<double> v(b.value.size()), m(v.size());
+          for (std::size_t e = 0; e < v.size(); ++e)
+            v[e] = std::max(b.value[e], 0.0) - c.value[e] * 0.5, m[e] = b.size[e] + c.size[e] * 0.5;
+          a.value = std::move(v), a.size = std::move(m);
+          break;
+        }
+        case 2: {  // a += b * 0.25, in a's storage
+          const deft::Device d = a.t.device();
+          const Tensor<float> add = on(b, d) * 0.25f;  // before a changes (b may be a)
+          a.t += add;
+          for (std::size_t e = 0; e < a.value.size(); ++e)
+            a.value[e] += b.value[e] * 0.25, a.size[e] += b.size[e] * 0.25;
+          break;
+        }
+        case 3: {  // a = b on another device (a clone on the same one: no shared storage)
+          const deft::Device d = any_device();
+          a.t = b.t.device() == d ? b.t.clone() : b.t.to(d);
+          a.value = b.value, a.size = b.size;
+          break;
+        }
+        case 4:
+          fresh(a);
+          break;
+        case 5:
+          check(a, a.t.to_vector(), "to_vector");
+          break;
+        case 6: {  // the sum, read as a scalar
+          double want = 0, size = 0;
+          for (std::size_t e = 0; e < a.value.size(); ++e) want += a.value[e], size += a.size[e];
+          const double got = deft::sum(a.t).item();
+          if (!(std::abs(got - want) <= (double(n) * 1.2e-7 + 1e-5) * size + 1e-30))
+            BOOST_FAIL("program " << p << ": sum is " << got << ", want " << want);
+          break;
+        }
+        default:
+          if (rng() % 2) a.t.wait_to_read();
+          else deft::wait_all();
+      }
+    }
+    for (const Slot& s : slots) check(s, s.t.to(deft::cpu()).to_vector(), "at the end");
+    if (synchronous) deft::engine::set_mode(deft::engine::Mode::deferred);
+  }
+  deft::engine::set_num_workers(workers);
+  BOOST_TEST(lane_races() == races);
+}
+
 }  // namespace gpu_tensors
+
+/// Registers the checks above;}  // namespace gpu_tensors
 
 /// Registers the checks above; `exact`: the backend runs the host's code.
 #define DEFT_GPU_TENSOR_CASES(exact)                                                             \
@@ -394,4 +503,5 @@ inline void hybridized_forward() {
   BOOST_AUTO_TEST_CASE(errors_name_the_devices) { gpu_tensors::errors(); }                      \
   BOOST_AUTO_TEST_CASE(convolution_and_pooling_on_gpu) { gpu_tensors::convolution_and_pooling(); } \
   BOOST_AUTO_TEST_CASE(autograd_and_sgd_on_gpu) { gpu_tensors::autograd_and_sgd(); }             \
-  BOOST_AUTO_TEST_CASE(hybridized_forward_on_gpu) { gpu_tensors::hybridized_forward(); }
+  BOOST_AUTO_TEST_CASE(hybridized_forward_on_gpu) { gpu_tensors::hybridized_forward(); }      \
+  BOOST_AUTO_TEST_CASE(random_programs_on_the_host_and_gpus) { gpu_tensors::random_programs(); }

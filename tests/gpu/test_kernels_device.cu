@@ -20,6 +20,9 @@
 #include "kernel_checks.hpp"
 #include "tensor_checks.hpp"
 
+// A real GPU's lanes are not checked: a race shows as a wrong value.
+long gpu_tensors::lane_races() { return 0; }
+
 namespace {
 
 namespace gk = deft::detail::gpu;

@@ -19,6 +19,9 @@
 #include "kernel_checks.hpp"
 #include "tensor_checks.hpp"
 
+// Every piece of emulated GPU work is checked against the lanes' waits.
+long gpu_tensors::lane_races() { return deft::detail::gpu::emulated_backend().checker().races.load(); }
+
 namespace {
 
 struct HostMemory {

@@ -79,18 +79,22 @@ inline void data_parallel_rows(const char* g, const std::vector<deft::Device>& d
 }
 
 /// Rows "data-parallel step <label> 8x64, rows by speed": each device's step
-/// alone on the whole batch is timed first, then the batch is split in
-/// proportion to the rows per second each managed (deft) against an even
-/// split (deft-even-split). Prints the shares found.
+/// alone on the whole batch is timed first (measure_shares), then the batch
+/// is split in proportion to the speed each managed (deft) against an even
+/// split (deft-even-split). Prints the split found.
 inline void data_parallel_shares_rows(const char* g, const std::vector<deft::Device>& devices,
                                       const std::string& label) {
   const std::string name = "data-parallel step " + label + " 8x64, rows by speed", size = "256x64";
   const std::size_t bucket = deft::thresholds::allreduce_bucket_bytes;
-  std::vector<double> shares;
-  for (const deft::Device& d : devices) {
-    DataParallelStep alone({d}, {1.0}, bucket);
-    shares.push_back(256.0 / measure([&] { alone(); }).median);  // rows per second
-  }
+  std::vector<std::unique_ptr<DataParallelStep>> alone;
+  for (const deft::Device& d : devices) alone.push_back(std::make_unique<DataParallelStep>(std::vector{d}, std::vector{1.0}, bucket));
+  const std::vector<double> shares = deft::measure_shares(
+      devices,
+      [&](deft::Device d) {
+        for (auto& a : alone)
+          if (a->devices.front() == d) (*a)();
+      },
+      opts.repeats);  // steps per second
   DataParallelStep by_speed(devices, shares, bucket), even(devices, std::vector<double>(devices.size(), 1.0), bucket);
   const auto t = measure_interleaved({[&] { by_speed(); }, [&] { even(); }});
   const int w = deft::engine::num_workers();
@@ -99,7 +103,7 @@ inline void data_parallel_shares_rows(const char* g, const std::vector<deft::Dev
   std::printf("%-12s rows by speed:", g);
   for (std::size_t d = 0; d < devices.size(); ++d)
     std::printf(" %s %lld rows (%.0f rows/s alone)", devices[d].to_string().c_str(),
-                static_cast<long long>(by_speed.xs[d].shape()[0]), shares[d]);
+                static_cast<long long>(by_speed.xs[d].shape()[0]), 256 * shares[d]);
   std::printf("\n");
 }
 

@@ -12,7 +12,9 @@
 // its own copy of the parameters, and the trainer sums the gradients.
 // --shares gives each device's share of a batch (cpu,gpu0 --shares 1,8: the
 // GPU takes 8 rows for each of the CPU's), for devices of different speeds;
-// by default the rows are split evenly.
+// --shares auto times a forward and backward of one batch on each device
+// alone first (measure_shares) and splits by those speeds. By default the
+// rows are split evenly.
 // cpuN are logical devices sharing the CPU's workers: they run the
 // data-parallel path without a GPU, at the speed of one device. gpuN needs
 // this file compiled by nvcc against deft::cuda (train_fashion_mnist_gpu,
@@ -53,6 +55,7 @@ struct Options {
   std::string optimizer;  // default: sgd for the MLP, adam for LeNet
   std::string device = "cpu";
   std::vector<double> shares;  // empty: an even split
+  bool measure_shares = false;  // --shares auto
   std::optional<std::filesystem::path> data;
   std::string csv;
   std::uint64_t seed = 42;
@@ -63,7 +66,7 @@ struct Options {
                "train_fashion_mnist: %s\n"
                "usage: train_fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size N] [--lr X]\n"
                "                           [--optimizer sgd|adam] [--device cpu|cpu1|gpu0|cpu,gpu0|...]\n"
-               "                           [--shares X,Y,...] [--data DIR] [--csv FILE] [--seed N]\n",
+               "                           [--shares X,Y,...|auto] [--data DIR] [--csv FILE] [--seed N]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -94,7 +97,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--device") o.device = value();
     else if (a == "--shares") {
       const std::string list = value();
-      for (std::size_t at = 0; at <= list.size();) {
+      o.measure_shares = list == "auto";
+      for (std::size_t at = 0; !o.measure_shares && at <= list.size();) {
         const std::size_t end = std::min(list.find(',', at), list.size());
         o.shares.push_back(number(list.substr(at, end - at)));
         if (!(o.shares.back() > 0) || !std::isfinite(o.shares.back()))
@@ -180,11 +184,6 @@ int main(int argc, char** argv) try {
               dir.string().c_str(), static_cast<long long>(train.size()), static_cast<long long>(test.size()),
               opt.model.c_str(), opt.epochs, static_cast<long long>(opt.batch_size), opt.optimizer.c_str(),
               names(devices).c_str(), engine::num_workers());
-  if (!opt.shares.empty()) {
-    std::printf("shares of a batch:");
-    for (std::size_t d = 0; d < devices.size(); ++d) std::printf(" %s %g", devices[d].to_string().c_str(), opt.shares[d]);
-    std::printf("\n");
-  }
 
   random::seed(opt.seed);
   auto net = build(opt.model);
@@ -200,15 +199,33 @@ int main(int argc, char** argv) try {
     return images ? x.reshape({x.shape()[0], 1, x.shape()[1], x.shape()[2]}) : x;
   };
 
+  // --shares auto: each device's speed on a whole batch, alone. The first
+  // call draws the weights, as the first training step would.
+  std::vector<double> shares = opt.shares;
+  if (opt.measure_shares && devices.size() > 1) {
+    const std::int64_t rows = std::min(opt.batch_size, train.size());
+    const Tensor<float> x = as_input(train.images.rows(0, rows));
+    const Tensor<std::int64_t> y = train.labels.rows(0, rows);
+    shares = measure_shares(devices, [&](Device d) {
+      autograd::record rec;
+      loss_fn((*net)(x.to(d)), y.to(d)).backward();
+    });
+  }
+  if (!shares.empty()) {
+    std::printf("shares of a batch%s:", opt.measure_shares ? " (batches per second, measured)" : "");
+    for (std::size_t d = 0; d < devices.size(); ++d) std::printf(" %s %.4g", devices[d].to_string().c_str(), shares[d]);
+    std::printf("\n");
+  }
+
   // A part of the batch per device (the batch itself for one device), in
-  // proportion to --shares when given; a last batch with fewer rows than
-  // devices goes to fewer devices.
-  auto split = [&devices, &opt](const Tensor<float>& x, const Tensor<std::int64_t>& y) {
+  // proportion to the shares when there are some; a last batch with fewer
+  // rows than devices goes to fewer devices.
+  auto split = [&devices, &shares](const Tensor<float>& x, const Tensor<std::int64_t>& y) {
     const auto n = std::min(devices.size(), std::size_t(x.shape()[0]));
     const std::vector<Device> use(devices.begin(), devices.begin() + std::ptrdiff_t(n));
-    if (opt.shares.empty()) return std::pair{split_and_load(x, use), split_and_load(y, use)};
-    const std::vector<double> shares(opt.shares.begin(), opt.shares.begin() + std::ptrdiff_t(n));
-    return std::pair{split_and_load(x, use, shares), split_and_load(y, use, shares)};
+    if (shares.empty()) return std::pair{split_and_load(x, use), split_and_load(y, use)};
+    const std::vector<double> part(shares.begin(), shares.begin() + std::ptrdiff_t(n));
+    return std::pair{split_and_load(x, use, part), split_and_load(y, use, part)};
   };
 
   data::DataLoader train_loader(train.images, train.labels, opt.batch_size, {.shuffle = true, .seed = opt.seed});

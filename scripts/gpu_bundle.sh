@@ -55,7 +55,7 @@ for data in "$here/fashion-mnist" /usr/share/datasets/fashion-mnist; do
   if [ -n "$data" ] && [ -d "$data" ]; then
     step train_gpu0 "$here/train_fashion_mnist_gpu" --device gpu0 --epochs 1 --data "$data"
     step train_cpu_gpu0 "$here/train_fashion_mnist_gpu" --device cpu,gpu0 --epochs 1 --data "$data"
-    step train_cpu_gpu0_shares "$here/train_fashion_mnist_gpu" --device cpu,gpu0 --shares 1,8 --epochs 1 --data "$data"
+    step train_cpu_gpu0_shares "$here/train_fashion_mnist_gpu" --device cpu,gpu0 --shares auto --epochs 1 --data "$data"
     break
   fi
 done

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -170,6 +171,41 @@ BOOST_AUTO_TEST_CASE(split_and_load_shares_rows_in_proportion) {
                         [](const std::invalid_argument& e) { return mentions(e, "share of cpu(1)"); });
   BOOST_CHECK_EXCEPTION(split_and_load(batch.rows(0, 2), three, std::vector<double>{1, 1, 1}), std::invalid_argument,
                         [](const std::invalid_argument& e) { return mentions(e, "2 rows"); });
+}
+
+// measure_shares runs each device's step alone, a warm-up and then the
+// timed repeats, each waited for before the next; it returns steps per
+// second (not checked against a clock: speed is the benchmarks' business).
+BOOST_AUTO_TEST_CASE(measure_shares_times_each_device_alone) {
+  const std::vector<Device> three = {cpu(0), cpu(1), cpu(2)};
+  std::vector<Device> calls;
+  Tensor<float> last;
+  bool waited = true;
+  const auto shares = measure_shares(three, [&](Device d) {
+    if (last) waited = waited && last.is_ready();  // the previous step's work ran before this call
+    calls.push_back(d);
+    const Tensor<float> x = random::normal<float>(0, 1, {64, 64}, d);
+    last = dot(x, x) + 1.0f;
+    BOOST_TEST(!last.is_ready());  // deferred until measure_shares waits
+  });
+  BOOST_TEST(waited);
+  BOOST_TEST(last.is_ready());
+  const std::vector<Device> want = {cpu(0), cpu(0), cpu(0), cpu(0), cpu(1), cpu(1),
+                                    cpu(1), cpu(1), cpu(2), cpu(2), cpu(2), cpu(2)};
+  BOOST_TEST(calls == want, boost::test_tools::per_element());
+  BOOST_TEST_REQUIRE(shares.size() == 3u);
+  for (double s : shares) BOOST_TEST((s > 0 && std::isfinite(s)));
+  // The shares split a batch directly.
+  BOOST_TEST(split_and_load(random::normal<float>(0, 1, {9, 2}), three, shares).size() == 3u);
+
+  int once = 0;
+  (void)measure_shares(two, [&](Device) { ++once; }, 1);
+  BOOST_TEST(once == 4);
+  BOOST_CHECK_EXCEPTION(measure_shares({}, [](Device) {}), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "no devices"); });
+  BOOST_CHECK_EXCEPTION(measure_shares(two, [](Device) {}, 0), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "repeats must be at least 1, got 0"); });
+  BOOST_CHECK_THROW(measure_shares(two, [](Device) { throw std::runtime_error("step failed"); }), std::runtime_error);
 }
 
 BOOST_AUTO_TEST_CASE(allreduce_writes_the_same_sum_to_every_device) {

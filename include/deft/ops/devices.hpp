@@ -5,7 +5,9 @@
 // copies and sums, and return at once.
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -110,6 +112,33 @@ std::vector<Tensor<T>> split_and_load(const Tensor<T>& batch, const std::vector<
       detail::raise("split_and_load: the share of ", devices[i], " is ", shares[i],
                     "; each device needs a positive share (leave a device out to give it no rows)");
   return detail::load_rows(batch, devices, detail::split_rows(batch.shape()[0], shares));
+}
+
+/// Shares for split_and_load(batch, devices, shares) from each device's own
+/// speed: for each device in turn, calls step(device), which should record
+/// the same work on that device (a forward and backward of one batch, say),
+/// and waits for everything (wait_all), once to warm up and `repeats` times
+/// timed. Returns 1 / the median seconds of each device's timed calls: the
+/// steps per second it manages alone. A step's failure is rethrown.
+/// std::invalid_argument for no devices or repeats below 1.
+template <class Step>
+std::vector<double> measure_shares(const std::vector<Device>& devices, Step&& step, int repeats = 3) {
+  if (devices.empty()) detail::raise("measure_shares: no devices given");
+  if (repeats < 1) detail::raise("measure_shares: repeats must be at least 1, got ", repeats);
+  std::vector<double> shares;
+  for (const Device& d : devices) {
+    std::vector<double> seconds;
+    for (int i = 0; i <= repeats; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      step(d);
+      wait_all();
+      if (i > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::nth_element(seconds.begin(), seconds.begin() + std::ptrdiff_t(seconds.size() / 2), seconds.end());
+    // A step too quick for the clock still gets a finite share.
+    shares.push_back(1.0 / std::max(seconds[seconds.size() / 2], 1e-9));
+  }
+  return shares;
 }
 
 namespace detail {

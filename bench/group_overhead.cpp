@@ -6,6 +6,9 @@
 #include <deft/eval/gpu/lanes.hpp>
 
 #include <memory>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "common.hpp"
 
@@ -27,7 +30,9 @@ struct NoQueue {
 // reads its chain's last output and a parameter, writes the block the pool
 // hands out next (whose readers on other lanes it waits for), and every
 // eighth also reads another chain's output (a wait). With `marks`, the
-// engine's ready mark after each op goes through the record.
+// engine's ready mark after each op goes through the record. With two
+// threads, each drives two of the chains over half the pool, as two workers
+// queueing GPU work at once contend for the record's one lock.
 void bench_lane_bookkeeping() {
   namespace gpu = deft::detail::gpu;
   const char* g = "record";
@@ -35,26 +40,39 @@ void bench_lane_bookkeeping() {
   constexpr std::size_t block_bytes = 4096;
   static std::vector<char> memory(blocks * block_bytes);
   const auto block = [](int i) { return memory.data() + std::size_t(i) * block_bytes; };
-  const auto run = [&](bool marks) {
-    gpu::LaneTracker<NoQueue> tracker(lanes, NoQueue{});
-    for (int i = 0; i < blocks; ++i) tracker.add_block(block(i), block_bytes);
+  using Tracker = gpu::LaneTracker<NoQueue>;
+  // `count` ops over chains [first, first + n) and pool blocks [from, to).
+  const auto drive = [&](Tracker& tracker, bool marks, int first, int n, int from, int to, int count) {
     const auto make = [] { return std::make_shared<int>(0); };
-    int last[chains] = {0, 1, 2, 3}, next = chains;
-    for (int i = 0; i < ops; ++i) {
-      const int chain = i % chains, out = next;
-      next = (next + 1) % pooled;
-      deft::detail::MemoryUses uses{{block(last[chain]), block(blocks - 1 - i % 16)}, {block(out)}};
-      if (i % 8 == 7) uses.reads.push_back(block(last[(chain + 1) % chains]));
-      tracker.before(chain, uses);
-      tracker.after(chain, uses);
-      if (marks) clobber(tracker.mark(chain, make).get());
-      last[chain] = out;
+    std::vector<int> last(static_cast<std::size_t>(n));
+    for (int c = 0; c < n; ++c) last[std::size_t(c)] = from + c;
+    int next = from + n;
+    for (int i = 0; i < count; ++i) {
+      const int c = i % n, out = next;
+      next = next + 1 == to ? from : next + 1;
+      deft::detail::MemoryUses uses{{block(last[std::size_t(c)]), block(blocks - 1 - i % 16)}, {block(out)}};
+      if (i % 8 == 7) uses.reads.push_back(block(last[std::size_t((c + 1) % n)]));
+      tracker.before(first + c, uses);
+      tracker.after(first + c, uses);
+      if (marks) clobber(tracker.mark(first + c, make).get());
+      last[std::size_t(c)] = out;
     }
-    clobber(&tracker);
   };
-  auto times = measure_interleaved({[&] { run(true); }, [&] { run(false); }});
-  add_time(g, "GPU lanes' record per op (host only)", "deft", 1, "6 lanes", "ns/op", times[0], ops);
-  add_time(g, "GPU lanes' record per op (host only)", "deft-no-marks", 1, "6 lanes", "ns/op", times[1], ops);
+  const auto run = [&](bool marks, int threads) {
+    Tracker tracker(lanes, NoQueue{});
+    for (int i = 0; i < blocks; ++i) tracker.add_block(block(i), block_bytes);
+    if (threads == 1) return drive(tracker, marks, 0, chains, 0, pooled, ops);
+    const int per = chains / threads, part = pooled / threads;
+    std::vector<std::thread> team;
+    for (int t = 0; t < threads; ++t)
+      team.emplace_back([&, t] { drive(tracker, marks, t * per, per, t * part, (t + 1) * part, ops / threads); });
+    for (auto& th : team) th.join();
+  };
+  auto times = measure_interleaved({[&] { run(true, 1); }, [&] { run(false, 1); }, [&] { run(true, 2); }});
+  const std::string name = "GPU lanes' record per op (host only)";
+  add_time(g, name, "deft", 1, "6 lanes", "ns/op", times[0], ops);
+  add_time(g, name, "deft-no-marks", 1, "6 lanes", "ns/op", times[1], ops);
+  add_time(g, name, "deft", 2, "6 lanes", "ns/op", times[2], ops);
 }
 
 }  // namespace

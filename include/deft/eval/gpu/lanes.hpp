@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../../engine/device_backend.hpp"
+#include "../../engine/light_mutex.hpp"
 
 namespace deft::detail::gpu {
 
@@ -290,7 +291,9 @@ class LaneTracker {
     });
   }
 
-  std::mutex m_;
+  // Held for a few map lookups per GPU op by every worker queueing GPU
+  // work: the engine's lock, which spins briefly before it sleeps.
+  LightMutex m_;
   Queue queue_;
   UseRecord record_;
   std::vector<std::uint64_t> issued_, done_;

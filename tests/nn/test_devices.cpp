@@ -29,6 +29,39 @@ std::shared_ptr<nn::Sequential> small_net() {
   return net;
 }
 
+// Trains `one` on the whole batch and `many` on its parts (xs, ys on
+// `two`) side by side: `steps` SGD-with-momentum steps of batch size 10.
+void train_side_by_side(nn::Block& one, nn::Block& many, const Tensor<float>& x, const Tensor<std::int64_t>& y,
+                        const std::vector<Tensor<float>>& xs, const std::vector<Tensor<std::int64_t>>& ys, int steps) {
+  const nn::SoftmaxCrossEntropyLoss loss;
+  nn::Trainer t_one(one.collect_params(), nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
+  nn::Trainer t_many(many.collect_params(), nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
+  for (int step = 0; step < steps; ++step) {
+    {
+      autograd::record rec;
+      loss(one(x), y).backward();
+    }
+    t_one.step(10);
+    {
+      autograd::record rec;
+      for (std::size_t d = 0; d < xs.size(); ++d) loss(many(xs[d]), ys[d]).backward();
+    }
+    t_many.step(10);
+  }
+}
+
+// many's copies on cpu(0) and cpu(1) hold the same bits, within 1e-5 of one's.
+void expect_trained_alike(nn::Block& one, nn::Block& many) {
+  const auto p_one = one.collect_params(), p_many = many.collect_params();
+  BOOST_TEST_REQUIRE(p_one.size() == p_many.size());
+  for (std::size_t i = 0; i < p_one.size(); ++i) {
+    const auto ref = p_one[i]->data().to_vector();
+    const auto on0 = p_many[i]->data(cpu(0)).to_vector(), on1 = p_many[i]->data(cpu(1)).to_vector();
+    BOOST_TEST(on0 == on1, boost::test_tools::per_element());  // the copies stay equal, bit for bit
+    for (std::size_t k = 0; k < ref.size(); ++k) BOOST_TEST(std::abs(on0[k] - ref[k]) <= 1e-5);
+  }
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(devices)
@@ -298,7 +331,6 @@ BOOST_AUTO_TEST_CASE(two_devices_train_like_one_device_on_the_whole_batch) {
   random::seed(21);
   const Tensor<float> x = random::normal<float>(0, 1, {10, 6});
   const Tensor<std::int64_t> y(std::vector<std::int64_t>{0, 1, 2, 0, 1, 2, 2, 1, 0, 1}, {10});
-  const nn::SoftmaxCrossEntropyLoss loss;
 
   auto one = small_net(), many = small_net();
   random::seed(22);
@@ -312,32 +344,12 @@ BOOST_AUTO_TEST_CASE(two_devices_train_like_one_device_on_the_whole_batch) {
     BOOST_TEST(p->data(cpu(1)).device() == cpu(1));
   }
 
-  nn::Trainer t_one(one->collect_params(), nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
-  nn::Trainer t_many(many->collect_params(), nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
   const auto xs = split_and_load(x, two);
   const auto ys = split_and_load(y, two);
-  for (int step = 0; step < 5; ++step) {
-    {
-      autograd::record rec;
-      loss((*one)(x), y).backward();
-    }
-    t_one.step(10);
-    {
-      autograd::record rec;
-      for (std::size_t d = 0; d < 2; ++d) loss((*many)(xs[d]), ys[d]).backward();
-    }
-    t_many.step(10);
-  }
-  const auto p_one = one->collect_params(), p_many = many->collect_params();
-  BOOST_TEST_REQUIRE(p_one.size() == p_many.size());
-  for (std::size_t i = 0; i < p_one.size(); ++i) {
-    const auto ref = p_one[i]->data().to_vector();
-    const auto on0 = p_many[i]->data(cpu(0)).to_vector(), on1 = p_many[i]->data(cpu(1)).to_vector();
-    BOOST_TEST(on0 == on1, boost::test_tools::per_element());  // the copies stay equal, bit for bit
-    for (std::size_t k = 0; k < ref.size(); ++k) BOOST_TEST(std::abs(on0[k] - ref[k]) <= 1e-5);
-    BOOST_TEST(p_many[i]->grad(cpu(1)).to_vector() == p_many[i]->grad(cpu(0)).to_vector(),
-               boost::test_tools::per_element());  // allreduced
-  }
+  train_side_by_side(*one, *many, x, y, xs, ys, 5);
+  expect_trained_alike(*one, *many);
+  for (auto* p : many->collect_params())
+    BOOST_TEST(p->grad(cpu(1)).to_vector() == p->grad(cpu(0)).to_vector(), boost::test_tools::per_element());  // allreduced
   // Accuracy over the devices equals the whole batch's.
   Tensor<float> correct = zeros<float>({});
   for (std::size_t d = 0; d < 2; ++d)
@@ -352,7 +364,6 @@ BOOST_AUTO_TEST_CASE(an_uneven_split_trains_like_one_device) {
   random::seed(23);
   const Tensor<float> x = random::normal<float>(0, 1, {10, 6});
   const Tensor<std::int64_t> y(std::vector<std::int64_t>{2, 1, 0, 0, 1, 2, 1, 1, 0, 2}, {10});
-  const nn::SoftmaxCrossEntropyLoss loss;
   auto one = small_net(), many = small_net();
   random::seed(24);
   one->initialize(nn::init::xavier());
@@ -365,26 +376,8 @@ BOOST_AUTO_TEST_CASE(an_uneven_split_trains_like_one_device) {
   BOOST_TEST_REQUIRE(xs[0].shape()[0] == 2);
   BOOST_TEST_REQUIRE(ys[1].shape()[0] == 8);
   (void)(*many)(xs[0]);  // draws the same weights as one's first call
-  nn::Trainer t_one(one->collect_params(), nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
-  nn::Trainer t_many(many->collect_params(), nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
-  for (int step = 0; step < 4; ++step) {
-    {
-      autograd::record rec;
-      loss((*one)(x), y).backward();
-    }
-    t_one.step(10);
-    {
-      autograd::record rec;
-      for (std::size_t d = 0; d < 2; ++d) loss((*many)(xs[d]), ys[d]).backward();
-    }
-    t_many.step(10);
-  }
-  const auto p_one = one->collect_params(), p_many = many->collect_params();
-  for (std::size_t i = 0; i < p_one.size(); ++i) {
-    const auto ref = p_one[i]->data().to_vector(), on1 = p_many[i]->data(cpu(1)).to_vector();
-    BOOST_TEST(p_many[i]->data(cpu(0)).to_vector() == on1, boost::test_tools::per_element());
-    for (std::size_t k = 0; k < ref.size(); ++k) BOOST_TEST(std::abs(on1[k] - ref[k]) <= 1e-5);
-  }
+  train_side_by_side(*one, *many, x, y, xs, ys, 4);
+  expect_trained_alike(*one, *many);
 }
 
 // Packing the gradients into buckets changes how many sums run, not their

@@ -468,7 +468,10 @@ class Tensor {
       l.buffer.reset();
     });
     const bool whole = offset_ == 0 && covers_storage();
-    const bool in_place = !overlaps && detail::Buffer::unshared(cur);
+    // A trace's owned buffers (TrainStep's state) stay in place although the
+    // trace holds them: replays must update the storage the next one reads.
+    const detail::Trace* trace = detail::active_trace();
+    const bool in_place = !overlaps && (detail::Buffer::unshared(cur) || (trace && trace->owns(cur.get())));
     using Kernel = detail::EvaluateInto<std::remove_cvref_t<decltype(e)>>;
     if (in_place) {
       // Nobody but its running writer can see this version: write it where

@@ -62,6 +62,12 @@ struct Buffer {
   /// a write recorded meanwhile waits for that task, so it may still write in
   /// place. Another reference is a reader that the write cannot order.
   static bool unshared(const std::shared_ptr<Buffer>& b) { return b.use_count() == 1 || unshared_but_held(b); }
+  /// The references to `b`, not counting the engine's holds on a running
+  /// writer's output (WriterHold): the readers and handles that keep it.
+  static long references(const std::shared_ptr<Buffer>& b) {
+    std::lock_guard lk(b->hold_lock_);
+    return b.use_count() - b->writer_holds_;
+  }
 
  private:
   DEFT_NOINLINE static bool unshared_but_held(const std::shared_ptr<Buffer>& b) {

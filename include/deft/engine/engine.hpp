@@ -77,7 +77,7 @@ class Engine {
   /// under the engine's lock after reading their inputs' producers, so that
   /// write is ordered after those reads.
   void record(const std::shared_ptr<Task>& t, const std::shared_ptr<Task>& overwritten = nullptr) {
-    if (Trace* trace = active_trace()) trace->capture(*t);
+    if (Trace* trace = active_trace()) trace->capture(t);
     auto& c = counters();
     TaskList<4> cancelled;  // in place: a tiny op's overwrite allocates nothing
     if (mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) {  // run it here, now

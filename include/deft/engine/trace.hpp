@@ -34,6 +34,7 @@ class Trace {
     std::shared_ptr<Buffer> output;   // null: nobody could read it when traced (dead work, not replayed)
     std::vector<std::size_t> inner;          // traced tasks it waits for
     std::vector<std::weak_ptr<Task>> outer;  // tasks recorded before the trace
+    bool after_all = false;  // writes an owned buffer in place: waits for every step before it
   };
   /// Steps one replay task runs in order. Each step after the first reads the
   /// step before it and nothing outside the chain, so running them on one
@@ -65,18 +66,39 @@ class Trace {
   };
 
   /// Called by Engine::record for every task recorded while this trace is active.
-  void capture(const Task& t) {
+  void capture(const std::shared_ptr<Task>& t) {
     Step s;
-    s.prototype = t.clone();
-    s.output = t.output.lock();
-    for (const auto& d : t.deps) {
+    s.prototype = t->clone();
+    s.output = t->output.lock();
+    for (const auto& d : t->deps) {
       const auto it = index_.find(d.get());
       if (it != index_.end()) s.inner.push_back(it->second);
       else s.outer.push_back(d);
     }
-    index_.emplace(&t, plan_->steps.size());
+    if (!owned_.empty()) {
+      // Buffers are not told who reads them, so an in-place write of an
+      // owned buffer waits for every earlier step (some may read the old value).
+      if (s.output && owns(s.output.get())) {
+        s.after_all = true;
+        for (const auto& o : originals_)
+          if (!o->finished() && std::ranges::find(t->deps, o) == t->deps.end()) t->deps.push_back(o);
+      }
+      originals_.push_back(t);
+    }
+    index_.emplace(t.get(), plan_->steps.size());
     plan_->steps.push_back(std::move(s));
   }
+
+  /// Declares `b` a buffer the traced program reads and writes again on
+  /// every run (a training step's parameters, gradients and optimizer
+  /// state). Tensor::write keeps writes to it in place while tracing, so
+  /// each replay updates the storage the next one reads.
+  void own(std::shared_ptr<Buffer> b) {
+    const Buffer* key = b.get();
+    owned_.emplace(key, std::move(b));
+  }
+  bool owns(const Buffer* b) const { return owned_.contains(b); }
+  const std::unordered_map<const Buffer*, std::shared_ptr<Buffer>>& owned() const { return owned_; }
 
   const std::shared_ptr<const Plan>& plan() const { return shared_; }
   static constexpr std::size_t none = std::size_t(-1);
@@ -112,6 +134,9 @@ class Trace {
   /// Ends the capture: forgets the tracing run's task identities and groups the steps into chains.
   void seal() {
     index_.clear();
+    // The first replay overwrites owned buffers: it waits for the traced run.
+    for (auto& t : originals_) last_.push_back(std::move(t));
+    originals_.clear();
     plan_chains();
     find_program_device();
     shared_ = plan_;
@@ -132,7 +157,7 @@ class Trace {
       const Step& s = steps[i];
       if (!s.output) continue;
       const bool handed_off = s.prototype->hand_off;
-      bool extend = !handed_off && !chains.empty() && !chains.back().hand_off;
+      bool extend = !handed_off && !s.after_all && !chains.empty() && !chains.back().hand_off;
       if (extend) {
         const std::size_t last = chains.back().steps.back();
         extend = readers[last] == 1 && std::ranges::find(s.inner, last) != s.inner.end() &&
@@ -146,6 +171,8 @@ class Trace {
       c.work += s.prototype->work;
       c.hand_off = handed_off;
       chain_of[i] = ci;
+      if (s.after_all)
+        for (std::size_t a = 0; a < ci; ++a) c.after.push_back(a);
       for (std::size_t j : s.inner)
         if (steps[j].output && chain_of[j] != ci && std::ranges::find(c.after, chain_of[j]) == c.after.end())
           c.after.push_back(chain_of[j]);
@@ -178,6 +205,8 @@ class Trace {
   std::shared_ptr<ProgramSlot> program_slot_ = std::make_shared<ProgramSlot>();
   std::unordered_map<const Task*, std::size_t> index_;
   std::vector<std::shared_ptr<Task>> last_;
+  std::unordered_map<const Buffer*, std::shared_ptr<Buffer>> owned_;
+  std::vector<std::shared_ptr<Task>> originals_;  // the tracing run's tasks, while owned_ is not empty
 };
 
 /// One chain of a replay as one engine task: the kernels of the chain's

@@ -2,9 +2,11 @@
 // updates every parameter from its gradient, rescaled by 1 / batch_size.
 // Each update is one or a few fused in-place tasks per parameter.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <variant>
 #include <vector>
 
@@ -60,6 +62,13 @@ class Trainer {
       for (const auto& v : values[i]) grads[i].push_back(v.grad());
     }
     allreduce(grads, bucket_bytes_);
+    if (const auto* adam = std::get_if<Adam>(&opt_)) {
+      std::vector<Device> devices;
+      for (const auto& vs : values)
+        for (const auto& v : vs)
+          if (std::ranges::find(devices, v.device()) == devices.end()) devices.push_back(v.device());
+      for (Device d : devices) tick(*adam, d);
+    }
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (state_[i].size() != values[i].size()) state_[i].assign(values[i].size(), State{});
       for (std::size_t r = 0; r < values[i].size(); ++r)
@@ -83,13 +92,60 @@ class Trainer {
     if (lr <= 0) detail::raise("Trainer: the learning rate must be positive, got ", lr);
     std::visit([lr](auto& o) { o.learning_rate = lr; }, opt_);
   }
-  /// How many step() calls were made.
+  /// How many steps were made (step() calls and TrainStep's replays).
   std::int64_t steps() const { return steps_; }
 
  private:
+  template <class Loss>
+  friend class TrainStep;
+
   struct State {
     Tensor<float> m, v;  // momentum / Adam's moments, created at the first step
   };
+  // Adam's step count on one device and its bias-corrected step size, kept
+  // as data rather than host numbers so that a replayed step (TrainStep)
+  // advances them like a step() call does.
+  struct Clock {
+    Tensor<double> t;
+    Tensor<float> step_size;  // lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+  };
+
+  // Advances the clock of `device` to step steps_.
+  void tick(const Adam& o, Device device) {
+    Clock* c = nullptr;
+    for (auto& [d, clock] : clocks_)
+      if (d == device) c = &clock;
+    if (!c) c = &clocks_.emplace_back(device, Clock{full<double>(Shape{}, double(steps_ - 1), device), {}}).second;
+    c->t += 1.0;
+    const Tensor<double>& t = c->t;
+    c->step_size = cast<float>(sqrt(1.0 - exp(t * std::log(double(o.beta2)))) * double(o.learning_rate) /
+                               (1.0 - exp(t * std::log(double(o.beta1)))));
+  }
+  const Tensor<float>& step_size(Device device) const {
+    for (const auto& [d, clock] : clocks_)
+      if (d == device) return clock.step_size;
+    detail::raise<std::logic_error>("Trainer: no Adam step size on ", device);
+  }
+
+  // Every buffer a step reads and then writes (the parameters' values and
+  // gradients, the optimizer's state), for TrainStep to keep in place.
+  std::vector<std::shared_ptr<detail::Buffer>> state_buffers() const {
+    std::vector<std::shared_ptr<detail::Buffer>> out;
+    auto add = [&](const auto& t) {
+      if (t) out.push_back(t.leaf().buffer);
+    };
+    for (Parameter* p : params_)
+      for (const auto& v : p->list_data()) {
+        add(v);
+        add(v.grad());
+      }
+    for (const auto& per_device : state_)
+      for (const State& st : per_device) add(st.m), add(st.v);
+    for (const auto& [d, c] : clocks_) add(c.t), add(c.step_size);
+    return out;
+  }
+  // A TrainStep replay made one more step.
+  void count_replayed_step() { ++steps_; }
 
   void update(const SGD& o, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
     if (o.momentum == 0.0f) {
@@ -108,14 +164,13 @@ class Trainer {
     const auto grad = g * rescale + w * o.weight_decay;
     s.m = s.m * o.beta1 + grad * (1.0f - o.beta1);
     s.v = s.v * o.beta2 + grad * grad * (1.0f - o.beta2);
-    const double t = double(steps_);
-    const float step = float(o.learning_rate * std::sqrt(1.0 - std::pow(o.beta2, t)) / (1.0 - std::pow(o.beta1, t)));
-    w -= s.m * step / (sqrt(s.v) + o.epsilon);
+    w -= s.m * step_size(w.device()) / (sqrt(s.v) + o.epsilon);
   }
 
   std::vector<Parameter*> params_;
   std::variant<SGD, Adam> opt_;
   std::vector<std::vector<State>> state_;  // per parameter, per device
+  std::vector<std::pair<Device, Clock>> clocks_;
   std::int64_t steps_ = 0;
   std::size_t bucket_bytes_ = thresholds::allreduce_bucket_bytes;
 };

@@ -9,4 +9,5 @@
 #include "nn/layers.hpp"
 #include "nn/loss.hpp"
 #include "nn/serialize.hpp"
+#include "nn/train_step.hpp"
 #include "nn/trainer.hpp"

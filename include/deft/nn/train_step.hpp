@@ -1,0 +1,210 @@
+// TrainStep: hybridize for training. A whole step (forward, loss, backward,
+// optimizer update) is traced once and replayed on later batches of the
+// same shape: the front end (building expressions, shape checks, the
+// autograd tape, the optimizer's loops) runs once, and each replay records
+// a few chain tasks instead of one task per operation.
+//
+// The parameters, their gradients and the optimizer's state are "owned" by
+// the trace (Trace::own): the traced run writes them in place, so every
+// replay updates the storage the next one reads. A replay gives way to an
+// ordinary step whenever replaying could differ from it: a pending reader of
+// the state the replay would overwrite (copy-on-write must keep its value),
+// a failed earlier step (errors stay sticky), or anything that changed since
+// the trace (shapes, devices, storage, learning rate), which traces again.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "../autograd/meta.hpp"
+#include "block.hpp"
+#include "trainer.hpp"
+
+namespace deft::detail {
+// The label's element type of a loss `Tensor<float> operator()(pred, const Tensor<T>& label) const`.
+template <class F>
+struct loss_label;
+template <class L, class T>
+struct loss_label<Tensor<float> (L::*)(const Tensor<float>&, const Tensor<T>&) const> {
+  using type = T;
+};
+}  // namespace deft::detail
+
+namespace deft::nn {
+
+/// One training step of `net` with `loss` and `trainer`, hybridized:
+/// `Tensor<float> l = step(x, y);` does what
+/// `{ autograd::record r; l = loss(net(x), y); l.backward(); } trainer.step(batch);`
+/// does, and returns the per-sample loss (deferred, like everything else).
+/// The first call runs that code, the second traces it, later calls with
+/// inputs of the same shapes replay the trace. Random operations (dropout)
+/// replay the numbers they drew when traced, as Block::hybridize() does.
+/// Single device: parameters held on several devices are refused.
+template <class Loss>
+class TrainStep {
+ public:
+  /// The labels' element type, from the loss (float for L2Loss, int64 for SoftmaxCrossEntropyLoss).
+  using Label = typename deft::detail::loss_label<decltype(&Loss::operator())>::type;
+
+  /// Keeps references to `net` and `trainer`: both must outlive the step.
+  TrainStep(Block& net, Loss loss, Trainer& trainer) : net_(net), loss_(std::move(loss)), trainer_(trainer) {}
+
+  /// Runs one step on a batch: scores for `x`, labels `y`; the loss per sample.
+  Tensor<float> operator()(const Tensor<float>& x, const Tensor<Label>& y) {
+    if (net_.hybridized())
+      deft::detail::raise<std::logic_error>("TrainStep: '", net_.name(),
+                                            "' is hybridized; TrainStep traces the whole step, call it on a network "
+                                            "that is not hybridized");
+    ++calls_;
+    if (traced_) {
+      if (replayable(x, y)) return replay(x, y);
+      // Its replays in flight hold the state through the plan: let them
+      // finish, so that the state can be traced again now.
+      for (const auto& task : traced_->trace.last_replay()) deft::detail::Engine::get().wait(task);
+      traced_.reset();
+    }
+    if (calls_ > 1 && traceable()) return trace(x, y);
+    return run(x, y);
+  }
+
+  /// How many times the step was traced (a changed shape, device, learning
+  /// rate or parameter storage traces again).
+  std::int64_t traces() const { return traces_; }
+  /// How many calls replayed a trace.
+  std::int64_t replays() const { return replays_; }
+
+ private:
+  struct Traced {
+    deft::detail::Trace trace;
+    Tensor<float> x, loss;
+    Tensor<Label> y;  // x and y: placeholders each replay refills
+    std::size_t loss_step = deft::detail::Trace::none;
+    float learning_rate = 0;
+    std::vector<const deft::detail::Buffer*> state;                     // Trainer::state_buffers when traced
+    std::vector<std::pair<const deft::detail::Buffer*, long>> at_rest;  // each owned buffer's references between steps
+  };
+
+  // The step as the user would write it.
+  Tensor<float> run(const Tensor<float>& x, const Tensor<Label>& y) {
+    Tensor<float> l;
+    {
+      autograd::record recording;
+      l = loss_(net_(x), y);
+      l.backward();
+    }
+    trainer_.step(x.shape()[0]);
+    return l;
+  }
+
+  // Tracing needs every state buffer computed, unfailed and held by its
+  // tensor alone (else its first write would copy it, not update it).
+  bool traceable() {
+    for (Parameter* p : net_.collect_params())
+      if (p->list_data().size() > 1)
+        deft::detail::raise<std::logic_error>("TrainStep: parameter '", p->name(),
+                                              "' is held on several devices; TrainStep replays one device's step");
+    if (trainer_.steps() == 0) return false;
+    for (const auto& b : trainer_.state_buffers()) {
+      if (const auto& p = b->producer; p && !p->finished()) deft::detail::Engine::get().wait(p, b.get());
+      if (b->error || b.use_count() > 2) return false;  // 2: the tensor's and this loop's
+    }
+    return true;
+  }
+
+  Tensor<float> trace(const Tensor<float>& x, const Tensor<Label>& y) {
+    auto t = std::make_unique<Traced>();
+    t->x = x.clone();
+    t->y = y.clone();
+    for (auto& b : trainer_.state_buffers()) {
+      t->state.push_back(b.get());
+      t->trace.own(std::move(b));
+    }
+    {
+      deft::detail::TraceScope scope(t->trace);
+      t->loss = run(t->x, t->y);
+    }
+    ++traces_;
+    // Wait for the traced run: then only the tensors, the trace and its steps
+    // hold the state, and each buffer's count at rest is known.
+    bool failed = false;
+    for (const auto& task : t->trace.last_replay()) {
+      deft::detail::Engine::get().wait(task);
+      failed = failed || task->error;
+    }
+    if (failed) return t->loss;  // the caller reads the error; the next calls run (and fail) plainly
+    t->loss_step = t->trace.sole_unread_writer(t->loss.storage());
+    t->learning_rate = trainer_.learning_rate();
+    for (const auto& [key, b] : t->trace.owned()) t->at_rest.emplace_back(key, b.use_count());
+    Tensor<float> out = t->loss;  // replays give the loss's step new buffers, or else overwrite it: copy it then
+    if (t->loss_step == deft::detail::Trace::none) {
+      out = t->loss.clone();
+      t->trace.last_replay().push_back(out.leaf().buffer->producer);
+    }
+    traced_ = std::move(t);
+    return out;
+  }
+
+  bool replayable(const Tensor<float>& x, const Tensor<Label>& y) {
+    Traced& t = *traced_;
+    if (!(x.shape() == t.x.shape()) || !(y.shape() == t.y.shape()) || !(x.device() == t.x.device()) ||
+        !(y.device() == t.y.device()) || trainer_.learning_rate() != t.learning_rate)
+      return false;
+    {
+      const auto state = trainer_.state_buffers();  // (its references are gone before they are counted below)
+      if (state.size() != t.state.size()) return false;
+      for (std::size_t i = 0; i < state.size(); ++i)
+        if (state[i].get() != t.state[i]) return false;
+    }
+    // A failed replay: its error stays on the state, as a failed step() would leave it.
+    auto& last = t.trace.last_replay();
+    for (const auto& task : last)
+      if (task->finished() && task->error) {
+        for (const auto& l : last) deft::detail::Engine::get().wait(l);
+        for (const auto& [key, b] : t.trace.owned())
+          if (!b->error) b->error = task->error;
+        return false;
+      }
+    // A reader recorded since (a pending `w * 1`) must see the value before this step.
+    const auto& owned = t.trace.owned();
+    for (const auto& [key, refs] : t.at_rest)
+      if (deft::detail::Buffer::references(owned.at(key)) > refs) return false;
+    return true;
+  }
+
+  Tensor<float> replay(const Tensor<float>& x, const Tensor<Label>& y) {
+    using deft::detail::EvaluateInto, deft::detail::Leaf;
+    Traced& t = *traced_;
+    auto& trace = t.trace;
+    // The labels' refill, then the input's (replay() orders the steps after
+    // it); both wait for the previous replay's readers of the placeholders.
+    const auto& y_buffer = t.y.leaf().buffer;
+    auto refill_y = deft::detail::make_task("train step labels", y_buffer->bytes, EvaluateInto<Leaf<Label>>(y.leaf()));
+    deft::detail::add_leaf_inputs(*refill_y);
+    for (const auto& task : trace.last_replay())
+      if (!task->finished()) refill_y->deps.push_back(task);
+    if (const auto& p = y_buffer->producer; p && !p->finished()) refill_y->deps.push_back(p);
+    refill_y->output = y_buffer;
+    deft::detail::Engine::get().record(refill_y);
+    y_buffer->producer = refill_y;
+    auto refill_x =
+        deft::detail::make_task("train step input", t.x.leaf().buffer->bytes, EvaluateInto<Leaf<float>>(x.leaf()));
+    deft::detail::add_leaf_inputs(*refill_x);
+    refill_x->deps.push_back(refill_y);
+    auto made = deft::detail::replay(trace, std::move(refill_x), t.x.leaf().buffer, t.loss_step);
+    trainer_.count_replayed_step();
+    ++replays_;
+    if (made) return deft::detail::tensor_from_buffer<float>(std::move(made), t.loss.shape(), t.loss.leaf().offset);
+    Tensor<float> out = t.loss.clone();
+    trace.last_replay().push_back(out.leaf().buffer->producer);
+    return out;
+  }
+
+  Block& net_;
+  Loss loss_;
+  Trainer& trainer_;
+  std::unique_ptr<Traced> traced_;
+  std::int64_t calls_ = 0, traces_ = 0, replays_ = 0;
+};
+
+}  // namespace deft::nn

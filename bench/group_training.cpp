@@ -6,6 +6,9 @@
 //     child process (peak RSS above the RSS after set-up);
 //   - the seeds' 512 -> 256 -> 128 -> 2 forward at batch 1, imperative and
 //     hybridized, each result read (us per call);
+//   - a training step of 512 -> 256 -> 128 -> 10 at batch 32 and of
+//     32 -> 16 -> 16 -> 10 at batch 8 (softmax cross-entropy, SGD with
+//     momentum), written out and as nn::TrainStep (us per step);
 //   - the seeds' data-parallel step on cpu(0) and cpu(1) with the gradients
 //     summed in one bucket, against one sum per parameter (us per step);
 //   - one Fashion-MNIST epoch of the example's MLP (784 -> 256 -> 10, SGD
@@ -167,6 +170,61 @@ void forward_rows(const char* g) {
 #endif
 }
 
+// --- a small-batch training step, plain and as a TrainStep ----------------------
+
+// Where the front end (expressions, autograd tape, optimizer loop) costs as
+// much as the arithmetic: the same step written out and replayed by TrainStep.
+void train_step_rows(const char* g, std::int64_t batch, std::int64_t in, std::int64_t h1, std::int64_t h2) {
+  const std::string name = "train step " + std::to_string(in) + "-" + std::to_string(h1) + "-" + std::to_string(h2) + "-10",
+                    size = std::to_string(batch) + "x" + std::to_string(in);
+  const int w = engine::num_workers();
+  constexpr int steps = 100;  // per timed repeat
+  random::seed(13);
+  const Tensor<float> x = random::normal<float>(0, 1, {batch, in});
+  std::vector<std::int64_t> labels(batch);
+  for (std::int64_t i = 0; i < batch; ++i) labels[std::size_t(i)] = (i * 7) % 10;
+  const Tensor<std::int64_t> y(labels, {batch});
+  auto make = [&] {
+    auto net = dense_net({{h1, nn::Act::relu}, {h2, nn::Act::relu}, {10, nn::Act::none}});
+    net->initialize(nn::init::xavier());
+    (void)(*net)(x).to_vector();  // deferred initialization
+    return net;
+  };
+  auto plain = make(), hybrid = make();
+  const auto from = plain->collect_params(), to = hybrid->collect_params();
+  for (std::size_t i = 0; i < from.size(); ++i) to[i]->set_data(from[i]->data().clone());
+  const nn::SGD sgd{.learning_rate = 0.01f, .momentum = 0.9f};
+  nn::Trainer plain_trainer(from, sgd), hybrid_trainer(to, sgd);
+  const nn::SoftmaxCrossEntropyLoss loss_fn;
+  nn::TrainStep step(*hybrid, loss_fn, hybrid_trainer);
+  Tensor<float> plain_loss, hybrid_loss;
+  auto plain_loop = [&] {
+    for (int i = 0; i < steps; ++i) {
+      {
+        autograd::record rec;
+        plain_loss = loss_fn((*plain)(x), y);
+        plain_loss.backward();
+      }
+      plain_trainer.step(batch);
+    }
+    plain_loss.wait_to_read();
+  };
+  auto hybrid_loop = [&] {
+    for (int i = 0; i < steps; ++i) hybrid_loss = step(x, y);
+    hybrid_loss.wait_to_read();
+  };
+  plain_loop();  // the same steps on both sides before the check
+  hybrid_loop();
+  const auto pl = plain_loss.to_vector(), hl = hybrid_loss.to_vector();
+  check_same(g, name + " TrainStep vs plain, loss after 100 steps", hl.data(), pl.data(), pl.size(), 1e-5);
+  add_time(g, name + " plain", "deft", w, size, "us", measure(plain_loop), steps);
+  add_time(g, name + " TrainStep", "deft", w, size, "us", measure(hybrid_loop), steps);
+  const double p = find_median(g, name + " plain", "deft", w, size), h = find_median(g, name + " TrainStep", "deft", w, size);
+  if (p > 0 && h > 0)
+    std::printf("%-12s %s %s: plain / TrainStep %.2f (traces %lld)\n", g, name.c_str(), size.c_str(), p / h,
+                (long long)step.traces());
+}
+
 // --- one Fashion-MNIST epoch ----------------------------------------------------
 
 void epoch_rows(const char* g) {
@@ -225,6 +283,8 @@ void bench_training() {
   const char* g = "training";
   step_rows(g);
   forward_rows(g);
+  train_step_rows(g, 32, 512, 256, 128);  // arithmetic-bound
+  train_step_rows(g, 8, 32, 16, 16);      // front-end-bound
   data_parallel_rows(g, {cpu(0), cpu(1)}, "cpu,cpu1");
   data_parallel_shares_rows(g, {cpu(0), cpu(1)}, "cpu,cpu1");
   epoch_rows(g);

@@ -37,8 +37,9 @@ class Trace {
     bool after_all = false;  // writes an owned buffer in place: waits for every step before it
   };
   /// Steps one replay task runs in order. Each step after the first reads the
-  /// step before it and nothing outside the chain, so running them on one
-  /// thread loses no parallelism. Steps that must run on a worker (hand_off:
+  /// step before it and nothing outside the chain, or waits for every
+  /// earlier step anyway (Step::after_all), so running them on one thread
+  /// loses no parallelism. Steps that must run on a worker (hand_off:
   /// GPU work, a user's map function) are chains of one.
   struct Chain {
     std::vector<std::size_t> steps;
@@ -103,9 +104,8 @@ class Trace {
   const std::shared_ptr<const Plan>& plan() const { return shared_; }
   static constexpr std::size_t none = std::size_t(-1);
   /// The step writing `b` if it is the only one and no step after it reads
-  /// `b`, else `none`. A replay may give that step a new buffer each time:
-  /// a block's output then reaches the caller without a copy. Such a step
-  /// ends its chain (no step reads it).
+  /// `b` and ends its chain, else `none`. A replay may give that step a new
+  /// buffer each time: a block's output then reaches the caller without a copy.
   std::size_t sole_unread_writer(const Buffer* b) const {
     const auto& steps = plan_->steps;
     std::size_t found = none;
@@ -117,7 +117,10 @@ class Trace {
     for (const auto& s : steps)
       for (std::size_t j : s.inner)
         if (j == found) return none;
-    return found;
+    // A later step waiting for every step may have joined its chain (plan_chains).
+    for (const auto& c : plan_->chains)
+      if (c.steps.back() == found) return found;
+    return none;
   }
   /// Whether replays may run as a device program (Plan::program_device):
   /// hybridize()'s cuda_graph option.
@@ -150,6 +153,7 @@ class Trace {
     auto& steps = plan_->steps;
     auto& chains = plan_->chains;
     std::vector<std::size_t> chain_of(steps.size(), none), readers(steps.size(), 0);
+    std::vector<bool> covers;  // per chain: it waits for every chain before it
     for (const auto& s : steps)
       if (s.output)
         for (std::size_t j : s.inner) ++readers[j];
@@ -157,13 +161,21 @@ class Trace {
       const Step& s = steps[i];
       if (!s.output) continue;
       const bool handed_off = s.prototype->hand_off;
-      bool extend = !handed_off && !s.after_all && !chains.empty() && !chains.back().hand_off;
-      if (extend) {
+      bool extend = !handed_off && !chains.empty() && !chains.back().hand_off;
+      // A step that waits for every earlier one may run at the end of a
+      // chain that does so too: the updates of a training step then share
+      // one task instead of one each.
+      if (extend && s.after_all) {
+        extend = covers.back();
+      } else if (extend) {
         const std::size_t last = chains.back().steps.back();
         extend = readers[last] == 1 && std::ranges::find(s.inner, last) != s.inner.end() &&
                  std::ranges::all_of(s.inner, [&](std::size_t j) { return !steps[j].output || chain_of[j] == chain_of[last]; });
       }
-      if (!extend) chains.emplace_back();
+      if (!extend) {
+        chains.emplace_back();
+        covers.push_back(chains.size() == 1 || s.after_all);
+      }
       Chain& c = chains.back();
       const std::size_t ci = chains.size() - 1;
       c.steps.push_back(i);
@@ -171,7 +183,7 @@ class Trace {
       c.work += s.prototype->work;
       c.hand_off = handed_off;
       chain_of[i] = ci;
-      if (s.after_all)
+      if (s.after_all && c.steps.size() == 1)
         for (std::size_t a = 0; a < ci; ++a) c.after.push_back(a);
       for (std::size_t j : s.inner)
         if (steps[j].output && chain_of[j] != ci && std::ranges::find(c.after, chain_of[j]) == c.after.end())

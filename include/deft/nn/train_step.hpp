@@ -165,11 +165,18 @@ class TrainStep {
           if (!b->error) b->error = task->error;
         return false;
       }
-    // A reader recorded since (a pending `w * 1`) must see the value before this step.
-    const auto& owned = t.trace.owned();
-    for (const auto& [key, refs] : t.at_rest)
-      if (deft::detail::Buffer::references(owned.at(key)) > refs) return false;
-    return true;
+    // A reader recorded since (a pending `w * 1`) must see the value before
+    // this step. A running writer counts for a moment too (WriterHold takes
+    // its reference before it is counted as a hold): once the last replay
+    // finished, a surplus is a reader.
+    auto read_elsewhere = [&] {
+      for (const auto& [key, refs] : t.at_rest)
+        if (deft::detail::Buffer::references(t.trace.owned().at(key)) > refs) return true;
+      return false;
+    };
+    if (!read_elsewhere()) return true;
+    for (const auto& task : last) deft::detail::Engine::get().wait(task);
+    return !read_elsewhere();
   }
 
   Tensor<float> replay(const Tensor<float>& x, const Tensor<Label>& y) {

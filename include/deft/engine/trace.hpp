@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "device_backend.hpp"
+#include "thresholds.hpp"
 #include "task.hpp"
 
 namespace deft::detail {
@@ -146,14 +147,21 @@ class Trace {
   }
 
  private:
-  // A step extends the latest chain when it reads that chain's last step,
-  // is that step's only reader, and reads nothing from other chains: a
-  // value read twice ends its chain, so its readers can run in parallel.
+  // A step extends the latest chain when everything it reads from other
+  // chains is done before that chain's task starts (the chain waits for
+  // them, directly or not), and it could not have run beside the chain
+  // anyway: it reads the chain's last step and is that step's only reader
+  // (a value read twice ends its chain, so its readers can run in
+  // parallel), or it waits for every earlier step (Step::after_all). In a
+  // training step (owned buffers) a step too small to be worth a task of
+  // its own (thresholds::inline_task_work) joins too: a backward pass reads
+  // most values several times, which would end nearly every chain.
+  // (Forwards keep their branches apart; tests/nn pins that.)
   void plan_chains() {
     auto& steps = plan_->steps;
     auto& chains = plan_->chains;
     std::vector<std::size_t> chain_of(steps.size(), none), readers(steps.size(), 0);
-    std::vector<bool> covers;  // per chain: it waits for every chain before it
+    std::vector<std::vector<bool>> waits;  // waits[c][a], a < c: chain c waits for chain a, directly or not
     for (const auto& s : steps)
       if (s.output)
         for (std::size_t j : s.inner) ++readers[j];
@@ -162,20 +170,18 @@ class Trace {
       if (!s.output) continue;
       const bool handed_off = s.prototype->hand_off;
       bool extend = !handed_off && !chains.empty() && !chains.back().hand_off;
-      // A step that waits for every earlier one may run at the end of a
-      // chain that does so too: the updates of a training step then share
-      // one task instead of one each.
-      if (extend && s.after_all) {
-        extend = covers.back();
-      } else if (extend) {
-        const std::size_t last = chains.back().steps.back();
-        extend = readers[last] == 1 && std::ranges::find(s.inner, last) != s.inner.end() &&
-                 std::ranges::all_of(s.inner, [&](std::size_t j) { return !steps[j].output || chain_of[j] == chain_of[last]; });
+      if (extend) {
+        const std::size_t latest = chains.size() - 1, last = chains.back().steps.back();
+        const auto& w = waits[latest];
+        extend = std::ranges::all_of(s.inner, [&](std::size_t j) {
+          return !steps[j].output || chain_of[j] == latest || w[chain_of[j]];
+        });
+        if (s.after_all) extend = extend && std::ranges::all_of(w, [](bool b) { return b; });
+        else
+          extend = extend && ((readers[last] == 1 && std::ranges::find(s.inner, last) != s.inner.end()) ||
+                              (!owned_.empty() && s.prototype->work < thresholds::inline_task_work));
       }
-      if (!extend) {
-        chains.emplace_back();
-        covers.push_back(chains.size() == 1 || s.after_all);
-      }
+      if (!extend) chains.emplace_back();
       Chain& c = chains.back();
       const std::size_t ci = chains.size() - 1;
       c.steps.push_back(i);
@@ -188,6 +194,14 @@ class Trace {
       for (std::size_t j : s.inner)
         if (steps[j].output && chain_of[j] != ci && std::ranges::find(c.after, chain_of[j]) == c.after.end())
           c.after.push_back(chain_of[j]);
+      if (!extend) {  // an extension reads only what its chain waits for already
+        std::vector<bool> w(ci, false);
+        for (std::size_t a : c.after) {
+          w[a] = true;
+          for (std::size_t k = 0; k < a; ++k) w[k] = w[k] || waits[a][k];
+        }
+        waits.push_back(std::move(w));
+      }
     }
     // Every chain waits for the first one, directly or not: the input's
     // refill can then run in the first chain's task without delaying a branch.

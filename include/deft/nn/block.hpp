@@ -17,6 +17,17 @@
 #include "../tensor.hpp"
 #include "init.hpp"
 
+namespace deft::detail {
+/// The task a replay refills a trace's placeholder (`bytes` long) with: a
+/// copy of `source`, its reads declared, not yet recorded.
+template <class T>
+std::shared_ptr<Task> refill_from(const char* name, std::size_t bytes, const Tensor<T>& source) {
+  auto t = make_task(name, bytes, EvaluateInto<Leaf<T>>(source.leaf()));
+  add_leaf_inputs(*t);
+  return t;
+}
+}  // namespace deft::detail
+
 namespace deft::nn {
 
 /// A trainable tensor with a name, an initializer and an attached gradient.
@@ -251,9 +262,7 @@ class Block {
     if (slot && !(*slot)->stale(x.shape())) {
       CachedGraph* cache = slot->get();
       // Refill the input placeholder (after the previous replay's last reads).
-      auto refill = detail::make_task("hybridized input", cache->input_buffer->bytes,
-                                      detail::EvaluateInto<detail::Leaf<float>>(x.leaf()));
-      detail::add_leaf_inputs(*refill);
+      auto refill = detail::refill_from("hybridized input", cache->input_buffer->bytes, x);
       // The caller gets its own value: a new buffer written by the output's
       // step, or else a copy (the next replay overwrites the output buffer).
       if (auto own = detail::replay(cache->trace, std::move(refill), cache->input_buffer, cache->output_step))

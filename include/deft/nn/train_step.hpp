@@ -180,23 +180,19 @@ class TrainStep {
   }
 
   Tensor<float> replay(const Tensor<float>& x, const Tensor<Label>& y) {
-    using deft::detail::EvaluateInto, deft::detail::Leaf;
     Traced& t = *traced_;
     auto& trace = t.trace;
     // The labels' refill, then the input's (replay() orders the steps after
     // it); both wait for the previous replay's readers of the placeholders.
     const auto& y_buffer = t.y.leaf().buffer;
-    auto refill_y = deft::detail::make_task("train step labels", y_buffer->bytes, EvaluateInto<Leaf<Label>>(y.leaf()));
-    deft::detail::add_leaf_inputs(*refill_y);
+    auto refill_y = deft::detail::refill_from("train step labels", y_buffer->bytes, y);
     for (const auto& task : trace.last_replay())
       if (!task->finished()) refill_y->deps.push_back(task);
     if (const auto& p = y_buffer->producer; p && !p->finished()) refill_y->deps.push_back(p);
     refill_y->output = y_buffer;
     deft::detail::Engine::get().record(refill_y);
     y_buffer->producer = refill_y;
-    auto refill_x =
-        deft::detail::make_task("train step input", t.x.leaf().buffer->bytes, EvaluateInto<Leaf<float>>(x.leaf()));
-    deft::detail::add_leaf_inputs(*refill_x);
+    auto refill_x = deft::detail::refill_from("train step input", t.x.leaf().buffer->bytes, x);
     refill_x->deps.push_back(refill_y);
     auto made = deft::detail::replay(trace, std::move(refill_x), t.x.leaf().buffer, t.loss_step);
     trainer_.count_replayed_step();

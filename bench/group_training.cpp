@@ -210,7 +210,7 @@ void train_step_rows(const char* g, std::int64_t batch, std::int64_t in, std::in
     plain_loss.wait_to_read();
   };
   auto hybrid_loop = [&] {
-    for (int i = 0; i < steps; ++i) hybrid_loss = step(x, y);
+    for (int i = 0; i < steps; ++i) hybrid_loss = step(x, y).loss;
     hybrid_loss.wait_to_read();
   };
   plain_loop();  // the same steps on both sides before the check

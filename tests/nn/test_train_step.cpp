@@ -6,6 +6,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -37,15 +38,17 @@ struct Twins {
     hybrid_trainer = std::make_unique<nn::Trainer>(a, opt);
     plain_trainer = std::make_unique<nn::Trainer>(b, opt);
   }
-  Tensor<float> plain_step(const Tensor<float>& x, const Tensor<std::int64_t>& y) {
-    Tensor<float> l;
+  // The loss per sample and the scores.
+  std::pair<Tensor<float>, Tensor<float>> plain_step(const Tensor<float>& x, const Tensor<std::int64_t>& y) {
+    Tensor<float> l, scores;
     {
       autograd::record rec;
-      l = nn::SoftmaxCrossEntropyLoss()((*plain)(x), y);
+      scores = (*plain)(x);
+      l = nn::SoftmaxCrossEntropyLoss()(scores, y);
       l.backward();
     }
     plain_trainer->step(x.shape()[0]);
-    return l;
+    return {l, scores};
   }
   void expect_same_parameters(double tol) {
     const auto a = hybrid->collect_params(), b = plain->collect_params();
@@ -65,6 +68,14 @@ Tensor<std::int64_t> labels(std::int64_t n, std::int64_t classes) {
   return Tensor<std::int64_t>(v, {n});
 }
 
+void expect_close(const Tensor<float>& got, const Tensor<float>& want, double tol) {
+  const auto g = got.to_vector(), w = want.to_vector();
+  BOOST_TEST_REQUIRE(g.size() == w.size());
+  for (std::size_t k = 0; k < g.size(); ++k)
+    BOOST_TEST(std::abs(double(g[k]) - w[k]) <= tol * std::max(1.0, std::abs(double(w[k]))),
+               "[" << k << "]: " << g[k] << " vs " << w[k]);
+}
+
 bool mentions(const std::exception& e, const std::string& what) {
   return std::string(e.what()).find(what) != std::string::npos;
 }
@@ -74,7 +85,7 @@ bool mentions(const std::exception& e, const std::string& what) {
 BOOST_AUTO_TEST_SUITE(train_step)
 
 // Replays must do what the plain step does, for every optimizer, and the
-// losses they returned must stay readable after later replays ran.
+// losses and scores they returned must stay readable after later replays ran.
 BOOST_AUTO_TEST_CASE(replays_match_the_plain_step) {
   const std::vector<Optimizer> optimizers = {nn::SGD{0.1f}, nn::SGD{0.05f, 0.9f, 0.01f},
                                              nn::Adam{0.01f, 0.9f, 0.999f, 1e-8f, 0.001f}};
@@ -86,28 +97,31 @@ BOOST_AUTO_TEST_CASE(replays_match_the_plain_step) {
       for (int i = 0; i < 7; ++i) xs.push_back(random::normal<float>(0, 1, {12, 8})), ys.push_back(labels(12, 5));
       Twins twins(xs[0], optimizers[which]);
       nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer);
-      std::vector<Tensor<float>> hybrid_losses, plain_losses;
+      std::vector<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>::Output> hybrid;
+      std::vector<std::pair<Tensor<float>, Tensor<float>>> plain;
       for (int i = 0; i < 7; ++i) {
-        hybrid_losses.push_back(step(xs[i], ys[i]));
-        plain_losses.push_back(twins.plain_step(xs[i], ys[i]));
+        hybrid.push_back(step(xs[i], ys[i]));
+        plain.push_back(twins.plain_step(xs[i], ys[i]));
       }
       BOOST_TEST(step.traces() == 1);
       BOOST_TEST(step.replays() == 5);
-      // A replay records the refills and a few chain tasks (the updates of
-      // all parameters share one, small backward steps join chains): 8 here,
-      // against 35-45 for the plain step.
+      // A replay records the refills, a few chain tasks (the updates of
+      // all parameters share one, small backward steps join chains) and the
+      // scores' copy: 9 here, against 35-45 for the plain step.
       wait_all();
       const auto before = engine::stats().tasks_recorded;
-      hybrid_losses.push_back(step(xs[6], ys[6]));
+      hybrid.push_back(step(xs[6], ys[6]));
       const auto replayed = engine::stats().tasks_recorded - before;
-      plain_losses.push_back(twins.plain_step(xs[6], ys[6]));
-      const auto plain = engine::stats().tasks_recorded - before - replayed;
+      plain.push_back(twins.plain_step(xs[6], ys[6]));
+      const auto plain_tasks = engine::stats().tasks_recorded - before - replayed;
       BOOST_TEST(replayed <= 10u);
-      BOOST_TEST(3 * replayed < plain, replayed << " tasks per replay, " << plain << " per plain step");
+      BOOST_TEST(3 * replayed < plain_tasks, replayed << " tasks per replay, " << plain_tasks << " per plain step");
       BOOST_TEST(twins.hybrid_trainer->steps() == 8);
       for (int i = 0; i < 8; ++i) {
-        const auto h = hybrid_losses[i].to_vector(), p = plain_losses[i].to_vector();
-        for (std::size_t k = 0; k < h.size(); ++k) BOOST_TEST(std::abs(h[k] - p[k]) <= 1e-5f * std::max(1.0f, p[k]));
+        BOOST_TEST_CONTEXT("step " << i) {
+          expect_close(hybrid[i].loss, plain[i].first, 1e-5);
+          expect_close(hybrid[i].scores, plain[i].second, 1e-5);
+        }
       }
       twins.expect_same_parameters(1e-5);
     }
@@ -131,12 +145,15 @@ BOOST_AUTO_TEST_CASE(linear_regression_follows_the_sgd_formula) {
     const Tensor<float> x = random::normal<float>(0, 1, {n, k});
     const Tensor<float> y = random::normal<float>(0, 1, {n});
     const auto xv = x.to_vector(), yv = y.to_vector();
-    const auto loss = step(x, y).to_vector();
+    const auto [loss_tensor, scores_tensor] = step(x, y);
+    const auto loss = loss_tensor.to_vector(), scores = scores_tensor.to_vector();
+    BOOST_TEST_REQUIRE(scores.size() == std::size_t(n));
     std::vector<double> gw(k, 0.0);
     double gb = 0.0;
     for (int i = 0; i < n; ++i) {
       double pred = b[0];
       for (int j = 0; j < k; ++j) pred += double(xv[i * k + j]) * w[j];
+      BOOST_TEST(std::abs(scores[i] - pred) <= 1e-5 * std::max(1.0, std::abs(pred)));  // before the update
       const double d = pred - yv[i];
       BOOST_TEST(std::abs(loss[i] - 0.5 * d * d) <= 1e-5 * std::max(1.0, 0.5 * d * d));
       for (int j = 0; j < k; ++j) gw[j] += d * xv[i * k + j];
@@ -223,13 +240,13 @@ BOOST_AUTO_TEST_CASE(a_failed_replay_fails_the_steps_after_it) {
   Twins twins(x, nn::SGD{0.1f});
   nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer);
   std::vector<Tensor<float>> good;
-  for (int i = 0; i < 4; ++i) good.push_back(step(x, y)), (void)twins.plain_step(x, y);
+  for (int i = 0; i < 4; ++i) good.push_back(step(x, y).loss), (void)twins.plain_step(x, y);
   BOOST_TEST(step.replays() == 2);
-  Tensor<float> failed = step(x, y_bad);
+  Tensor<float> failed = step(x, y_bad).loss;
   BOOST_CHECK_EXCEPTION((void)failed.to_vector(), std::exception,
                         [](const std::exception& e) { return mentions(e, "label"); });
   for (int i = 0; i < 3; ++i) {
-    Tensor<float> later = step(x, y);
+    Tensor<float> later = step(x, y).loss;
     BOOST_CHECK_THROW((void)later.to_vector(), std::exception);
   }
   BOOST_CHECK_THROW((void)twins.hybrid->collect_params()[0]->data().to_vector(), std::exception);

@@ -626,32 +626,54 @@ inline void add_outer_deps(const Trace::Plan& plan, const Trace::Chain& chain, T
       if (auto d = w.lock(); d && !d->finished()) t.deps.push_back(std::move(d));
 }
 
-/// Records the steps of `trace` again after `refill` (unrecorded; it writes
-/// the traced input `input` and declared its reads). The refill waits for
+/// A task that writes a traced input (a placeholder) anew before a replay:
+/// unrecorded, its reads declared.
+struct Refill {
+  std::shared_ptr<Task> task;
+  std::shared_ptr<Buffer> input;
+};
+
+/// Records the steps of `trace` again after `refills`. Each refill waits for
 /// every task of the previous replay still running, and the replay for the
-/// refill, so nothing overwrites a buffer the previous replay still reads.
+/// refills, so nothing overwrites a buffer the previous replay still reads.
 /// A plan on one GPU (Trace::replays_as_program) replays as one ProgramTask.
 /// Otherwise each chain (Trace::Chain) is a task; on the CPU, when every
-/// chain waits for the first (Plan::rooted), the refill runs inside the
-/// first chain's task: a chain of layers is then one task, and step
-/// `new_output` (Trace::sole_unread_writer, or Trace::none) writes a new
-/// buffer, which is returned (null when none was made).
-inline std::shared_ptr<Buffer> replay(Trace& trace, std::shared_ptr<Task> refill, const std::shared_ptr<Buffer>& input,
-                                      std::size_t new_output = Trace::none) {
+/// chain waits for the first (Plan::rooted), the last refill runs inside the
+/// first chain's task (the others are tasks of their own): a chain of
+/// layers is then one task, and step `new_output`
+/// (Trace::sole_unread_writer, or Trace::none) writes a new buffer, which
+/// is returned (null when none was made).
+inline std::shared_ptr<Buffer> replay(Trace& trace, std::vector<Refill> refills, std::size_t new_output = Trace::none) {
   const auto& plan = trace.plan();
   auto& tasks = trace.last_replay();
-  for (const auto& t : tasks)
-    if (!t->finished()) refill->deps.push_back(t);
-  if (const auto& p = input->producer; p && !p->finished()) refill->deps.push_back(p);
+  for (auto& r : refills) {
+    for (const auto& t : tasks)
+      if (!t->finished()) r.task->deps.push_back(t);
+    if (const auto& p = r.input->producer; p && !p->finished()) r.task->deps.push_back(p);
+  }
   tasks.clear();
+  const Refill head_refill = std::move(refills.back());
+  refills.pop_back();
+  const auto& refill = head_refill.task;
+  const auto& input = head_refill.input;
+  for (auto& r : refills) {
+    r.task->output = r.input;
+    refill->deps.push_back(r.task);
+    tasks.push_back(r.task);
+  }
+  auto set_refill_producers = [&] {
+    for (auto& r : refills) r.input->producer = r.task;
+  };
   if (trace.replays_as_program()) {
     refill->output = input;
     auto run = std::make_shared<ProgramTask>(plan, trace.program_slot(), input);
     run->deps.push_back(refill);
     for (const auto& c : plan->chains) add_outer_deps(*plan, c, *run);
     run->output = plan->steps[plan->last_live].output;
-    tasks = {refill, run};
+    tasks.push_back(refill);
+    tasks.push_back(run);
     Engine::get().record_all(tasks);
+    set_refill_producers();
     input->producer = refill;
     for (const auto& s : plan->steps)
       if (s.output) s.output->producer = run;
@@ -692,6 +714,7 @@ inline std::shared_ptr<Buffer> replay(Trace& trace, std::shared_ptr<Task> refill
   Engine::get().record_all(tasks);
   // Producers are set once recorded (see Tensor::write); the buffers are the
   // trace's own, read by no task outside this replay but the next one's.
+  set_refill_producers();
   input->producer = fold ? tasks[first_chain] : refill;
   for (std::size_t ci = 0; ci < plan->chains.size(); ++ci)
     for (std::size_t i : plan->chains[ci].steps)

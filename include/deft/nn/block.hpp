@@ -26,6 +26,17 @@ std::shared_ptr<Task> refill_from(const char* name, std::size_t bytes, const Ten
   add_leaf_inputs(*t);
   return t;
 }
+
+/// The value a trace's run computed into `traced`, as the caller gets it:
+/// `made`, the new buffer its step wrote in a replay (detail::replay), or
+/// else a copy, which the next replay waits for before overwriting `traced`.
+template <class T>
+Tensor<T> traced_result(Trace& trace, std::shared_ptr<Buffer> made, const Tensor<T>& traced) {
+  if (made) return tensor_from_buffer<T>(std::move(made), traced.shape(), traced.leaf().offset);
+  Tensor<T> out = traced.clone();
+  trace.last_replay().push_back(out.leaf().buffer->producer);
+  return out;
+}
 }  // namespace deft::detail
 
 namespace deft::nn {
@@ -241,7 +252,6 @@ class Block {
     detail::Trace trace;
     Tensor<float> input, output;
     std::shared_ptr<detail::Buffer> input_buffer;   // the placeholder's storage, refilled per call
-    std::int64_t output_offset = 0;                  // where the output starts in its buffer
     std::size_t output_step = detail::Trace::none;  // the step a replay gives a new output buffer
     std::vector<std::pair<Parameter*, const detail::Buffer*>> params;
     bool stale(const Shape& x) const {
@@ -263,13 +273,8 @@ class Block {
       CachedGraph* cache = slot->get();
       // Refill the input placeholder (after the previous replay's last reads).
       auto refill = detail::refill_from("hybridized input", cache->input_buffer->bytes, x);
-      // The caller gets its own value: a new buffer written by the output's
-      // step, or else a copy (the next replay overwrites the output buffer).
-      if (auto own = detail::replay(cache->trace, std::move(refill), cache->input_buffer, cache->output_step))
-        return detail::tensor_from_buffer<float>(std::move(own), cache->output.shape(), cache->output_offset);
-      Tensor<float> out = cache->output.clone();
-      cache->trace.last_replay().push_back(out.leaf().buffer->producer);
-      return out;
+      auto made = detail::replay(cache->trace, {{std::move(refill), cache->input_buffer}}, cache->output_step);
+      return detail::traced_result(cache->trace, std::move(made), cache->output);
     }
     // Deferred initialization runs untraced: replays must not draw the weights again.
     for (auto* p : collect_params())
@@ -283,11 +288,9 @@ class Block {
     }
     for (auto* p : collect_params()) graph->params.emplace_back(p, p->data(x.device()).storage());
     graph->input_buffer = graph->input.leaf().buffer;
-    graph->output_offset = graph->output.leaf().offset;
     graph->output_step = graph->trace.sole_unread_writer(graph->output.storage());
     ++traces_;
-    Tensor<float> out = graph->output.clone();
-    graph->trace.last_replay().push_back(out.leaf().buffer->producer);
+    Tensor<float> out = detail::traced_result(graph->trace, nullptr, graph->output);
     if (slot) *slot = std::move(graph);
     else caches_.push_back(std::move(graph));
     return out;

@@ -34,9 +34,10 @@ struct loss_label<Tensor<float> (L::*)(const Tensor<float>&, const Tensor<T>&) c
 namespace deft::nn {
 
 /// One training step of `net` with `loss` and `trainer`, hybridized:
-/// `Tensor<float> l = step(x, y);` does what
-/// `{ autograd::record r; l = loss(net(x), y); l.backward(); } trainer.step(batch);`
-/// does, and returns the per-sample loss (deferred, like everything else).
+/// `auto [l, scores] = step(x, y);` does what
+/// `{ autograd::record r; scores = net(x); l = loss(scores, y); l.backward(); } trainer.step(batch);`
+/// does, and returns the per-sample loss and the network's scores
+/// (deferred, like everything else; detached from autograd).
 /// The first call runs that code, the second traces it, later calls with
 /// inputs of the same shapes replay the trace. Random operations (dropout)
 /// replay the numbers they drew when traced, as Block::hybridize() does.
@@ -50,8 +51,15 @@ class TrainStep {
   /// Keeps references to `net` and `trainer`: both must outlive the step.
   TrainStep(Block& net, Loss loss, Trainer& trainer) : net_(net), loss_(std::move(loss)), trainer_(trainer) {}
 
-  /// Runs one step on a batch: scores for `x`, labels `y`; the loss per sample.
-  Tensor<float> operator()(const Tensor<float>& x, const Tensor<Label>& y) {
+  /// What a step computed: the loss per sample, and the scores the network
+  /// gave `x` before its update (for accuracy). A replay copies the scores
+  /// out in a task of its own, skipped when nobody reads them.
+  struct Output {
+    Tensor<float> loss, scores;
+  };
+
+  /// Runs one step on a batch: network input `x`, labels `y`.
+  Output operator()(const Tensor<float>& x, const Tensor<Label>& y) {
     if (net_.hybridized())
       deft::detail::raise<std::logic_error>("TrainStep: '", net_.name(),
                                             "' is hybridized; TrainStep traces the whole step, call it on a network "
@@ -77,24 +85,25 @@ class TrainStep {
  private:
   struct Traced {
     deft::detail::Trace trace;
-    Tensor<float> x, loss;
+    Tensor<float> x, loss, scores;
     Tensor<Label> y;  // x and y: placeholders each replay refills
     std::size_t loss_step = deft::detail::Trace::none;
     float learning_rate = 0;
-    std::vector<const deft::detail::Buffer*> state;                     // Trainer::state_buffers when traced
+    std::vector<const deft::detail::Buffer*> state;                     // the trainer's state buffers when traced
     std::vector<std::pair<const deft::detail::Buffer*, long>> at_rest;  // each owned buffer's references between steps
   };
 
   // The step as the user would write it.
-  Tensor<float> run(const Tensor<float>& x, const Tensor<Label>& y) {
-    Tensor<float> l;
+  Output run(const Tensor<float>& x, const Tensor<Label>& y) {
+    Output out;
     {
       autograd::record recording;
-      l = loss_(net_(x), y);
-      l.backward();
+      out.scores = net_(x);
+      out.loss = loss_(out.scores, y);
+      out.loss.backward();
     }
     trainer_.step(x.shape()[0]);
-    return l;
+    return {out.loss.detach(), out.scores.detach()};
   }
 
   // Tracing needs every state buffer computed, unfailed and held by its
@@ -105,24 +114,28 @@ class TrainStep {
         deft::detail::raise<std::logic_error>("TrainStep: parameter '", p->name(),
                                               "' is held on several devices; TrainStep replays one device's step");
     if (trainer_.steps() == 0) return false;
-    for (const auto& b : trainer_.state_buffers()) {
+    std::vector<std::shared_ptr<deft::detail::Buffer>> state;  // (a gradient's visit holds a temporary tensor)
+    trainer_.for_each_state_buffer([&](const std::shared_ptr<deft::detail::Buffer>& b) { state.push_back(b); });
+    for (const auto& b : state) {
       if (const auto& p = b->producer; p && !p->finished()) deft::detail::Engine::get().wait(p, b.get());
-      if (b->error || b.use_count() > 2) return false;  // 2: the tensor's and this loop's
+      if (b->error || b.use_count() > 2) return false;  // 2: the tensor's and this vector's
     }
     return true;
   }
 
-  Tensor<float> trace(const Tensor<float>& x, const Tensor<Label>& y) {
+  Output trace(const Tensor<float>& x, const Tensor<Label>& y) {
     auto t = std::make_unique<Traced>();
     t->x = x.clone();
     t->y = y.clone();
-    for (auto& b : trainer_.state_buffers()) {
+    trainer_.for_each_state_buffer([&](const std::shared_ptr<deft::detail::Buffer>& b) {
       t->state.push_back(b.get());
-      t->trace.own(std::move(b));
-    }
+      t->trace.own(b);
+    });
     {
       deft::detail::TraceScope scope(t->trace);
-      t->loss = run(t->x, t->y);
+      auto [loss, scores] = run(t->x, t->y);
+      t->loss = std::move(loss);
+      t->scores = std::move(scores);
     }
     ++traces_;
     // Wait for the traced run: then only the tensors, the trace and its steps
@@ -132,15 +145,14 @@ class TrainStep {
       deft::detail::Engine::get().wait(task);
       failed = failed || task->error;
     }
-    if (failed) return t->loss;  // the caller reads the error; the next calls run (and fail) plainly
+    if (failed) return {t->loss, t->scores};  // the caller reads the error; the next calls run (and fail) plainly
     t->loss_step = t->trace.sole_unread_writer(t->loss.storage());
     t->learning_rate = trainer_.learning_rate();
     for (const auto& [key, b] : t->trace.owned()) t->at_rest.emplace_back(key, b.use_count());
-    Tensor<float> out = t->loss;  // replays give the loss's step new buffers, or else overwrite it: copy it then
-    if (t->loss_step == deft::detail::Trace::none) {
-      out = t->loss.clone();
-      t->trace.last_replay().push_back(out.leaf().buffer->producer);
-    }
+    // Replays give the loss's step new buffers (the traced one is the
+    // caller's then), or else overwrite it, as they overwrite the scores.
+    Output out{t->loss_step != deft::detail::Trace::none ? t->loss : deft::detail::traced_result(t->trace, nullptr, t->loss),
+               deft::detail::traced_result(t->trace, nullptr, t->scores)};
     traced_ = std::move(t);
     return out;
   }
@@ -150,12 +162,13 @@ class TrainStep {
     if (!(x.shape() == t.x.shape()) || !(y.shape() == t.y.shape()) || !(x.device() == t.x.device()) ||
         !(y.device() == t.y.device()) || trainer_.learning_rate() != t.learning_rate)
       return false;
-    {
-      const auto state = trainer_.state_buffers();  // (its references are gone before they are counted below)
-      if (state.size() != t.state.size()) return false;
-      for (std::size_t i = 0; i < state.size(); ++i)
-        if (state[i].get() != t.state[i]) return false;
-    }
+    std::size_t i = 0;
+    bool same = true;
+    trainer_.for_each_state_buffer([&](const std::shared_ptr<deft::detail::Buffer>& b) {
+      same = same && i < t.state.size() && b.get() == t.state[i];
+      ++i;
+    });
+    if (!same || i != t.state.size()) return false;
     // A failed replay: its error stays on the state, as a failed step() would leave it.
     auto& last = t.trace.last_replay();
     for (const auto& task : last)
@@ -179,28 +192,16 @@ class TrainStep {
     return !read_elsewhere();
   }
 
-  Tensor<float> replay(const Tensor<float>& x, const Tensor<Label>& y) {
+  Output replay(const Tensor<float>& x, const Tensor<Label>& y) {
     Traced& t = *traced_;
-    auto& trace = t.trace;
-    // The labels' refill, then the input's (replay() orders the steps after
-    // it); both wait for the previous replay's readers of the placeholders.
-    const auto& y_buffer = t.y.leaf().buffer;
-    auto refill_y = deft::detail::refill_from("train step labels", y_buffer->bytes, y);
-    for (const auto& task : trace.last_replay())
-      if (!task->finished()) refill_y->deps.push_back(task);
-    if (const auto& p = y_buffer->producer; p && !p->finished()) refill_y->deps.push_back(p);
-    refill_y->output = y_buffer;
-    deft::detail::Engine::get().record(refill_y);
-    y_buffer->producer = refill_y;
-    auto refill_x = deft::detail::refill_from("train step input", t.x.leaf().buffer->bytes, x);
-    refill_x->deps.push_back(refill_y);
-    auto made = deft::detail::replay(trace, std::move(refill_x), t.x.leaf().buffer, t.loss_step);
+    std::vector<deft::detail::Refill> refills;
+    refills.push_back({deft::detail::refill_from("train step labels", t.y.leaf().buffer->bytes, y), t.y.leaf().buffer});
+    refills.push_back({deft::detail::refill_from("train step input", t.x.leaf().buffer->bytes, x), t.x.leaf().buffer});
+    auto made = deft::detail::replay(t.trace, std::move(refills), t.loss_step);
     trainer_.count_replayed_step();
     ++replays_;
-    if (made) return deft::detail::tensor_from_buffer<float>(std::move(made), t.loss.shape(), t.loss.leaf().offset);
-    Tensor<float> out = t.loss.clone();
-    trace.last_replay().push_back(out.leaf().buffer->producer);
-    return out;
+    return {deft::detail::traced_result(t.trace, std::move(made), t.loss),
+            deft::detail::traced_result(t.trace, nullptr, t.scores)};
   }
 
   Block& net_;

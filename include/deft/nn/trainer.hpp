@@ -127,22 +127,22 @@ class Trainer {
     detail::raise<std::logic_error>("Trainer: no Adam step size on ", device);
   }
 
-  // Every buffer a step reads and then writes (the parameters' values and
-  // gradients, the optimizer's state), for TrainStep to keep in place.
-  std::vector<std::shared_ptr<detail::Buffer>> state_buffers() const {
-    std::vector<std::shared_ptr<detail::Buffer>> out;
-    auto add = [&](const auto& t) {
-      if (t) out.push_back(t.leaf().buffer);
+  // Calls f(const std::shared_ptr<Buffer>&) on every buffer a step reads
+  // and then writes (the parameters' values and gradients, the optimizer's
+  // state), in a fixed order, for TrainStep to keep in place.
+  template <class F>
+  void for_each_state_buffer(F&& f) const {
+    auto visit = [&](const auto& t) {
+      if (t) f(t.leaf().buffer);
     };
     for (Parameter* p : params_)
       for (const auto& v : p->list_data()) {
-        add(v);
-        add(v.grad());
+        visit(v);
+        visit(v.grad());
       }
     for (const auto& per_device : state_)
-      for (const State& st : per_device) add(st.m), add(st.v);
-    for (const auto& [d, c] : clocks_) add(c.t), add(c.step_size);
-    return out;
+      for (const State& st : per_device) visit(st.m), visit(st.v);
+    for (const auto& [d, c] : clocks_) visit(c.t), visit(c.step_size);
   }
   // A TrainStep replay made one more step.
   void count_replayed_step() { ++steps_; }

@@ -5,6 +5,7 @@
 //                       (defaults: SGD lr 0.1 momentum 0.9 for the MLP,
 //                        Adam lr 0.001 for LeNet)
 //                       [--shares LIST] [--data DIR] [--csv FILE] [--seed N]
+//                       [--hybridize]
 //
 // --device takes one device or a comma-separated list (cpu, cpu1, gpu0,
 // cpu,gpu0). With several, training is data-parallel as in Gluon: each
@@ -15,6 +16,9 @@
 // --shares auto times a forward and backward of one batch on each device
 // alone first (measure_shares) and splits by those speeds. By default the
 // rows are split evenly.
+// --hybridize runs each step as an nn::TrainStep: the whole step (forward,
+// loss, backward, update) is traced at the second batch and replayed after
+// that, as a few tasks instead of one per operation (one device only).
 // cpuN are logical devices sharing the CPU's workers: they run the
 // data-parallel path without a GPU, at the speed of one device. gpuN needs
 // this file compiled by nvcc against deft::cuda (train_fashion_mnist_gpu,
@@ -59,6 +63,7 @@ struct Options {
   std::optional<std::filesystem::path> data;
   std::string csv;
   std::uint64_t seed = 42;
+  bool hybridize = false;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -66,7 +71,8 @@ struct Options {
                "train_fashion_mnist: %s\n"
                "usage: train_fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size N] [--lr X]\n"
                "                           [--optimizer sgd|adam] [--device cpu|cpu1|gpu0|cpu,gpu0|...]\n"
-               "                           [--shares X,Y,...|auto] [--data DIR] [--csv FILE] [--seed N]\n",
+               "                           [--shares X,Y,...|auto] [--data DIR] [--csv FILE] [--seed N]\n"
+               "                           [--hybridize]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -109,6 +115,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--data") o.data = value();
     else if (a == "--csv") o.csv = value();
     else if (a == "--seed") o.seed = std::uint64_t(number(value()));
+    else if (a == "--hybridize") o.hybridize = true;
     else if (a == "--help" || a == "-h") usage("train a Fashion-MNIST classifier");
     else usage("unknown option '" + a + "'");
   }
@@ -173,6 +180,8 @@ void progress(int epoch, std::int64_t done, std::int64_t total, double loss) {
 int main(int argc, char** argv) try {
   const Options opt = parse(argc, argv);
   const std::vector<Device> devices = parse_devices(opt.device);
+  if (opt.hybridize && devices.size() > 1)
+    usage("--hybridize traces one device's step; --device lists " + std::to_string(devices.size()) + " devices");
   if (!opt.shares.empty() && opt.shares.size() != devices.size())
     usage("--shares needs one share per device (" + std::to_string(devices.size()) + "), got " +
           std::to_string(opt.shares.size()));
@@ -193,6 +202,8 @@ int main(int argc, char** argv) try {
                       opt.optimizer == "sgd" ? std::variant<nn::SGD, nn::Adam>(nn::SGD{.learning_rate = lr, .momentum = 0.9f})
                                              : std::variant<nn::SGD, nn::Adam>(nn::Adam{.learning_rate = lr}));
   const nn::SoftmaxCrossEntropyLoss loss_fn;
+  std::optional<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>> hybrid_step;
+  if (opt.hybridize) hybrid_step.emplace(*net, loss_fn, trainer);
   // LeNet reads (batch, 1, 28, 28); the MLP reads the flat (batch, 784) rows.
   const bool images = opt.model == "lenet";
   auto as_input = [images](const Tensor<float>& x) {
@@ -247,16 +258,22 @@ int main(int argc, char** argv) try {
     for (auto& batch : train_loader) {
       const auto [xs, ys] = split(as_input(batch.x), batch.y);
       std::vector<Tensor<float>> scores(xs.size());
-      {
-        autograd::record rec;
-        for (std::size_t d = 0; d < xs.size(); ++d) {
-          scores[d] = (*net)(xs[d]);
-          Tensor<float> loss = loss_fn(scores[d], ys[d]);
-          loss.backward();
-          loss_sum = loss_sum + sum(loss.detach()).to(cpu());
+      if (hybrid_step) {
+        auto [loss, batch_scores] = (*hybrid_step)(xs[0], ys[0]);
+        loss_sum = loss_sum + sum(loss).to(cpu());
+        scores[0] = std::move(batch_scores);
+      } else {
+        {
+          autograd::record rec;
+          for (std::size_t d = 0; d < xs.size(); ++d) {
+            scores[d] = (*net)(xs[d]);
+            Tensor<float> loss = loss_fn(scores[d], ys[d]);
+            loss.backward();
+            loss_sum = loss_sum + sum(loss.detach()).to(cpu());
+          }
         }
+        trainer.step(batch.x.shape()[0]);  // sums the devices' gradients first
       }
-      trainer.step(batch.x.shape()[0]);  // sums the devices' gradients first
       for (std::size_t d = 0; d < xs.size(); ++d)
         correct = correct + sum(cast<float>(argmax(scores[d].detach(), 1) == ys[d])).to(cpu());
       seen += batch.x.shape()[0];
@@ -281,6 +298,9 @@ int main(int argc, char** argv) try {
     if (csv) csv << epoch << ',' << train_loss << ',' << train_acc << ',' << test_acc << ',' << double(seen) / secs << ','
                  << secs << '\n';
   }
+  if (hybrid_step)
+    std::printf("hybridized steps: %lld traced, %lld replayed of %lld\n", (long long)hybrid_step->traces(),
+                (long long)hybrid_step->replays(), (long long)trainer.steps());
   std::printf("test accuracy: %.4f\n", test_acc);
   for (const Device& d : devices)  // what the GPU's caching pool did (engine::memory_pool_stats)
     if (d.type == DeviceType::gpu) {

@@ -129,6 +129,40 @@ BOOST_AUTO_TEST_CASE(sequential_chains_and_collects_parameters_in_order) {
   for (float w : d1->weight().data().to_vector()) BOOST_TEST(std::abs(w) <= std::sqrt(6.0 / 9.0));
 }
 
+
+// Dropout zeroes about `rate` of the elements and scales the rest while
+// recording, passes the gradient through the kept ones only, and is the
+// identity outside a recording.
+BOOST_AUTO_TEST_CASE(dropout_masks_while_recording_only) {
+  random::seed(21);
+  const float rate = 0.3f;
+  nn::Dropout drop(rate);
+  const std::int64_t n = 20000;
+  Tensor<float> x = random::uniform<float>(1, 2, {n / 100, 100});  // no zeros of its own
+  x.attach_grad();
+  Tensor<float> y;
+  {
+    autograd::record rec;
+    y = drop(x);
+    sum(y * 3.0f).backward();
+  }
+  const auto xv = x.to_vector(), yv = y.to_vector(), gv = x.grad().to_vector();
+  std::int64_t zeros = 0;
+  for (std::size_t i = 0; i < xv.size(); ++i) {
+    const bool dropped = yv[i] == 0.0f;
+    zeros += dropped;
+    const double scale = dropped ? 0.0 : 1.0 / (1.0 - rate);
+    BOOST_TEST(std::abs(yv[i] - xv[i] * scale) <= 1e-6 * xv[i] * scale);
+    BOOST_TEST(std::abs(gv[i] - 3.0 * scale) <= 1e-6 * 3.0 * scale);
+  }
+  // Binomial(20000, 0.3): a standard deviation of 65 zeros; 400 is over 6.
+  BOOST_TEST(std::abs(double(zeros) - rate * n) < 400.0, zeros << " of " << n << " dropped");
+  const auto same = drop(x).to_vector();  // not recording: the identity
+  for (std::size_t i = 0; i < xv.size(); ++i) BOOST_TEST(same[i] == xv[i]);
+  BOOST_CHECK_EXCEPTION(nn::Dropout(1.0f), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "rate") && mentions(e, "1"); });
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(losses)
@@ -509,6 +543,42 @@ BOOST_AUTO_TEST_CASE(a_forward_that_reads_values_cannot_be_traced) {
   BOOST_TEST(!detail::active_trace());  // the failed trace left nothing behind
   block.hybridize(false);
   BOOST_TEST(block(x).to_vector()[0] == 2.0f);
+}
+
+namespace {
+// x * 2 + noise, and a draw nobody reads (it still takes a call number).
+class Noisy : public nn::Block {
+ public:
+  Noisy() : Block("noisy") {}
+  Tensor<float> forward(const Tensor<float>& x) override {
+    (void)random::normal<float>(0, 1, x.shape());
+    return x * 2.0f + random::uniform<float>(-1, 1, x.shape());
+  }
+};
+}  // namespace
+
+// A replay draws new random numbers each time, those the imperative forward
+// would have drawn after the same seed, and leaves the generator where the
+// imperative calls would have left it.
+BOOST_AUTO_TEST_CASE(random_steps_draw_what_the_imperative_forward_would) {
+  random::seed(31);
+  const Tensor<float> x = random::normal<float>(0, 1, {4, 6});
+  auto run = [&](bool hybridized) {
+    Noisy block;
+    block.hybridize(hybridized);
+    random::seed(32);
+    std::vector<Tensor<float>> outs;
+    for (int i = 0; i < 5; ++i) outs.push_back(block(x));  // no sync between calls
+    outs.push_back(random::uniform<float>(0, 1, {3}));   // the generator after them
+    std::vector<std::vector<float>> values;
+    for (auto& o : outs) values.push_back(o.to_vector());
+    BOOST_TEST(block.traces() == (hybridized ? 1 : 0));
+    return values;
+  };
+  const auto plain = run(false), hybrid = run(true);
+  for (std::size_t i = 0; i < plain.size(); ++i)
+    for (std::size_t j = 0; j < plain[i].size(); ++j) BOOST_TEST(hybrid[i][j] == plain[i][j], "call " << i << "[" << j << "]");
+  BOOST_TEST((hybrid[3] != hybrid[4]));  // two replays, two draws
 }
 
 BOOST_AUTO_TEST_SUITE_END()

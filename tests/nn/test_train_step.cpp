@@ -18,9 +18,11 @@ namespace {
 
 using Optimizer = std::variant<nn::SGD, nn::Adam>;
 
-std::shared_ptr<nn::Sequential> mlp() {
+std::shared_ptr<nn::Sequential> mlp(float dropout = 0.0f) {
   auto net = std::make_shared<nn::Sequential>();
-  net->add(std::make_shared<nn::Dense>(16, nn::Act::relu), std::make_shared<nn::Dense>(5));
+  net->add(std::make_shared<nn::Dense>(16, nn::Act::relu));
+  if (dropout > 0.0f) net->add(std::make_shared<nn::Dropout>(dropout));
+  net->add(std::make_shared<nn::Dense>(5));
   net->initialize(nn::init::normal(0.3f));
   return net;
 }
@@ -28,9 +30,9 @@ std::shared_ptr<nn::Sequential> mlp() {
 // Two networks with the same parameters, one trained by a TrainStep and one
 // by the plain step, each with its own trainer.
 struct Twins {
-  std::shared_ptr<nn::Sequential> hybrid = mlp(), plain = mlp();
+  std::shared_ptr<nn::Sequential> hybrid, plain;
   std::unique_ptr<nn::Trainer> hybrid_trainer, plain_trainer;
-  Twins(const Tensor<float>& x, Optimizer opt) {
+  Twins(const Tensor<float>& x, Optimizer opt, float dropout = 0.0f) : hybrid(mlp(dropout)), plain(mlp(dropout)) {
     (void)hybrid->forward(x).to_vector();  // deferred initialization
     (void)plain->forward(x).to_vector();
     const auto a = hybrid->collect_params(), b = plain->collect_params();
@@ -255,6 +257,41 @@ BOOST_AUTO_TEST_CASE(a_failed_replay_fails_the_steps_after_it) {
     wait_all();
   } catch (const std::exception&) {  // the failure is reported once more here
   }
+}
+
+// With dropout, each replay draws a new mask, the one the plain step would
+// have drawn after the same seed: the same losses, scores and weights.
+BOOST_AUTO_TEST_CASE(dropout_draws_a_new_mask_in_each_replay) {
+  random::seed(51);
+  std::vector<Tensor<float>> xs;
+  std::vector<Tensor<std::int64_t>> ys;
+  for (int i = 0; i < 6; ++i) xs.push_back(random::normal<float>(0, 1, {12, 8})), ys.push_back(labels(12, 5));
+  Twins twins(xs[0], nn::SGD{0.1f, 0.9f}, 0.5f);
+  nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer);
+  // The twins draw from one generator: the same seed before each's steps.
+  random::seed(52);
+  std::vector<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>::Output> hybrid;
+  for (int i = 0; i < 6; ++i) hybrid.push_back(step(xs[i % 2], ys[i % 2]));
+  const auto after_hybrid = random::uniform<float>(0, 1, {4}).to_vector();
+  BOOST_TEST(step.replays() == 4);
+  random::seed(52);
+  std::vector<std::pair<Tensor<float>, Tensor<float>>> plain;
+  for (int i = 0; i < 6; ++i) plain.push_back(twins.plain_step(xs[i % 2], ys[i % 2]));
+  const auto after_plain = random::uniform<float>(0, 1, {4}).to_vector();
+  for (int i = 0; i < 6; ++i) {
+    BOOST_TEST_CONTEXT("step " << i) {
+      expect_close(hybrid[i].loss, plain[i].first, 1e-5);
+      expect_close(hybrid[i].scores, plain[i].second, 1e-5);
+    }
+  }
+  // Steps 2 and 4 replay on the same batch and weights that moved a little:
+  // a fixed mask would give nearly the same scores, a new one does not.
+  const auto s2 = hybrid[2].scores.to_vector(), s4 = hybrid[4].scores.to_vector();
+  double moved = 0;
+  for (std::size_t k = 0; k < s2.size(); ++k) moved = std::max(moved, double(std::abs(s2[k] - s4[k])));
+  BOOST_TEST(moved > 0.1, "largest score change " << moved);
+  for (std::size_t k = 0; k < after_plain.size(); ++k) BOOST_TEST(after_hybrid[k] == after_plain[k]);
+  twins.expect_same_parameters(1e-5);
 }
 
 BOOST_AUTO_TEST_CASE(misuse_is_reported) {

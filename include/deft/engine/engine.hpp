@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/random_state.hpp"
 #include "allocator.hpp"
 #include "device_backend.hpp"
 #include "light_mutex.hpp"
@@ -679,6 +680,16 @@ inline std::shared_ptr<Buffer> replay(Trace& trace, std::vector<Refill> refills,
       if (s.output) s.output->producer = run;
     return nullptr;
   }
+  // This replay's random numbers: as many calls as the traced program made,
+  // in its order (dead steps too), so it draws what that program would.
+  std::vector<ChainTask::Draws> draws(plan->chains.size());
+  if (!plan->random_steps.empty()) {
+    const auto [key, first] = RandomState::get().take(plan->random_steps.size());
+    for (std::size_t ci = 0; ci < plan->chains.size(); ++ci)
+      for (std::size_t i : plan->chains[ci].steps)
+        if (const auto at = std::ranges::find(plan->random_steps, i); at != plan->random_steps.end())
+          draws[ci].emplace_back(i, plan->steps[i].prototype->redrawn(key, first + std::uint64_t(at - plan->random_steps.begin())));
+  }
   const bool fold = plan->rooted && !refill->hand_off && !plan->chains.front().hand_off;
   std::shared_ptr<Task> head = refill;  // every chain waits for it (directly or through the first chain)
   if (!fold) {
@@ -690,7 +701,7 @@ inline std::shared_ptr<Buffer> replay(Trace& trace, std::vector<Refill> refills,
   for (std::size_t ci = 0; ci < plan->chains.size(); ++ci) {
     const auto& c = plan->chains[ci];
     const bool with_refill = fold && ci == 0;
-    auto t = std::make_shared<ChainTask>(plan, ci, with_refill ? refill : nullptr, input);
+    auto t = std::make_shared<ChainTask>(plan, ci, with_refill ? refill : nullptr, input, std::move(draws[ci]));
     if (with_refill) {
       for (auto& d : refill->deps) t->deps.push_back(std::move(d));
       refill->deps.clear();

@@ -5,7 +5,9 @@
 #pragma once
 #include <array>
 #include <atomic>
+#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -46,6 +48,10 @@ class Task {
   virtual void release_closure() noexcept = 0;
   /// A new, unrecorded task with a copy of this one's kernel (no deps, no output).
   virtual std::shared_ptr<Task> clone() const = 0;
+  /// Whether its kernel draws random numbers (deft::random's call `stream`
+  /// of seed `key`); redrawn() is then a clone drawing another call.
+  virtual bool draws_random() const noexcept { return false; }
+  virtual std::shared_ptr<Task> redrawn(std::uint64_t /*key*/, std::uint64_t /*stream*/) const { return nullptr; }
 
   bool finished() const {
     const State s = state.load(std::memory_order_acquire);
@@ -127,12 +133,11 @@ class TaskImpl final : public Task {
   // Const: a trace's prototype runs in every replay in flight (ChainTask).
   void execute(Buffer& out) override { std::as_const(*kernel_)(out); }
   void release_closure() noexcept override { kernel_.reset(); }
-  std::shared_ptr<Task> clone() const override {
-    auto t = std::allocate_shared<TaskImpl>(TaskAllocator<TaskImpl>{}, name, bytes, std::in_place, *kernel_);
-    t->work = work;
-    t->hand_off = hand_off;
-    t->gpu_inputs = gpu_inputs;  // the copy of the closure holds the same buffers
-    return t;
+  std::shared_ptr<Task> clone() const override { return clone_with(*kernel_); }
+  bool draws_random() const noexcept override { return redrawable; }
+  std::shared_ptr<Task> redrawn(std::uint64_t key, std::uint64_t stream) const override {
+    if constexpr (redrawable) return clone_with(kernel_->redrawn(key, stream));
+    else return nullptr;
   }
   /// The closure, for declaring its reads while recording (before it runs).
   const Kernel& kernel() const { return *kernel_; }
@@ -143,6 +148,16 @@ class TaskImpl final : public Task {
   }
 
  private:
+  static constexpr bool redrawable = requires(const Kernel& k) {
+    { k.redrawn(std::uint64_t{}, std::uint64_t{}) } -> std::same_as<Kernel>;
+  };
+  std::shared_ptr<Task> clone_with(const Kernel& kernel) const {
+    auto t = std::allocate_shared<TaskImpl>(TaskAllocator<TaskImpl>{}, name, bytes, std::in_place, kernel);
+    t->work = work;
+    t->hand_off = hand_off;
+    t->gpu_inputs = gpu_inputs;  // the copy of the closure holds the same buffers
+    return t;
+  }
   std::optional<Kernel> kernel_;
 };
 

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <memory>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "device_backend.hpp"
@@ -58,6 +59,10 @@ class Trace {
     // live steps (-1 otherwise): the plan can replay as a device program.
     int program_device = -1;
     std::size_t last_live = 0;  // the last step with an output
+    // The steps that draw random numbers (Task::draws_random), live or not,
+    // in the order the traced program drew them: a replay redraws them with
+    // as many new call numbers, taken in this order.
+    std::vector<std::size_t> random_steps;
   };
   /// The device program of a plan (ProgramTask), shared by its replays,
   /// which run one after another (each waits for the one before).
@@ -87,6 +92,7 @@ class Trace {
       }
       originals_.push_back(t);
     }
+    if (t->draws_random()) plan_->random_steps.push_back(plan_->steps.size());
     index_.emplace(t.get(), plan_->steps.size());
     plan_->steps.push_back(std::move(s));
   }
@@ -214,6 +220,7 @@ class Trace {
   }
 
   void find_program_device() {
+    if (!plan_->random_steps.empty()) return;  // a device program would replay the numbers it was recorded with
     int device = -1, live = 0;
     for (std::size_t i = 0; i < plan_->steps.size(); ++i) {
       const auto& out = plan_->steps[i].output;
@@ -238,12 +245,15 @@ class Trace {
 /// One chain of a replay as one engine task: the kernels of the chain's
 /// steps, in order, each on its step's buffer; the last writes the task's
 /// output. The first chain may also refill the traced input (`refill`).
+/// `draws` replace the prototypes of the chain's random steps (this
+/// replay's numbers; Plan::random_steps).
 class ChainTask final : public Task {
  public:
+  using Draws = std::vector<std::pair<std::size_t, std::shared_ptr<Task>>>;  // step, its redrawn prototype
   ChainTask(std::shared_ptr<const Trace::Plan> plan, std::size_t chain, std::shared_ptr<Task> refill,
-            std::shared_ptr<Buffer> input)
+            std::shared_ptr<Buffer> input, Draws draws = {})
       : Task("hybridized", plan->chains[chain].bytes), plan_(std::move(plan)), chain_(chain), refill_(std::move(refill)),
-        input_(std::move(input)) {
+        input_(std::move(input)), draws_(std::move(draws)) {
     const auto& c = plan_->chains[chain_];
     work = c.work + (refill_ ? refill_->work : 0);
     hand_off = c.hand_off || (refill_ && refill_->hand_off);
@@ -259,16 +269,22 @@ class ChainTask final : public Task {
       const auto& s = plan_->steps[steps[k]];
       Buffer& b = k + 1 == steps.size() ? out : *s.output;
       b.allocate();
-      s.prototype->execute(b);
+      Task* kernel = s.prototype.get();
+      for (const auto& [step, drawn] : draws_)
+        if (step == steps[k]) kernel = drawn.get();
+      kernel->execute(b);
     }
   }
   void release_closure() noexcept override {
     plan_.reset();
     refill_.reset();
     input_.reset();
+    draws_.clear();
   }
+  // (A replay traced in turn, a hybridized block inside a traced step,
+  // replays this replay's numbers.)
   std::shared_ptr<Task> clone() const override {
-    return std::make_shared<ChainTask>(plan_, chain_, refill_ ? refill_->clone() : nullptr, input_);
+    return std::make_shared<ChainTask>(plan_, chain_, refill_ ? refill_->clone() : nullptr, input_, draws_);
   }
 
  private:
@@ -276,6 +292,7 @@ class ChainTask final : public Task {
   std::size_t chain_;
   std::shared_ptr<Task> refill_;
   std::shared_ptr<Buffer> input_;
+  Draws draws_;
 };
 
 /// A replay of a plan whose live steps all write one GPU (Plan::program_device),

@@ -1,4 +1,4 @@
-// Layers without convolution: Dense, Activation, Flatten.
+// Layers without convolution: Dense, Activation, Flatten, Dropout.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -7,6 +7,7 @@
 
 #include "../expr/operators.hpp"
 #include "../ops/linalg.hpp"
+#include "../ops/random.hpp"
 #include "block.hpp"
 
 namespace deft::nn {
@@ -130,6 +131,32 @@ class Flatten : public Block {
     if (x.rank() < 1) detail::raise(name(), ": cannot flatten a scalar");
     return x.reshape({x.shape()[0], -1});
   }
+};
+
+/// Zeroes each element with probability `rate` and scales the others by
+/// 1 / (1 - rate) while autograd records (training), as Gluon's Dropout does
+/// in train mode; outside a recording it is the identity. The mask comes
+/// from deft::random, so it follows random::seed; a hybridized block or an
+/// nn::TrainStep draws a new mask on every call, the one the plain code
+/// would have drawn.
+class Dropout : public Block {
+ public:
+  /// std::invalid_argument unless 0 <= rate < 1.
+  explicit Dropout(float rate) : Block(auto_name("dropout")), rate_(rate) {
+    if (!(rate >= 0.0f && rate < 1.0f)) detail::raise("Dropout: the rate must be in [0, 1), got ", rate);
+  }
+  /// x masked and scaled while recording, else x.
+  Tensor<float> forward(const Tensor<float>& x) override {
+    if (!autograd::is_recording() || rate_ == 0.0f) return x;
+    const Tensor<float> keep =
+        cast<float>(random::uniform<float>(0.0, 1.0, x.shape(), x.device()) >= rate_) * (1.0f / (1.0f - rate_));
+    return x * keep;
+  }
+  /// The probability of dropping an element.
+  float rate() const { return rate_; }
+
+ private:
+  float rate_;
 };
 
 }  // namespace deft::nn

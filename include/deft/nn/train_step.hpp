@@ -40,7 +40,7 @@ namespace deft::nn {
 /// (deferred, like everything else; detached from autograd).
 /// The first call runs that code, the second traces it, later calls with
 /// inputs of the same shapes replay the trace. Random operations (dropout)
-/// replay the numbers they drew when traced, as Block::hybridize() does.
+/// draw new numbers in each replay, those the plain step would draw.
 /// Single device: parameters held on several devices are refused.
 template <class Loss>
 class TrainStep {
@@ -55,7 +55,8 @@ class TrainStep {
   /// gave `x` before its update (for accuracy). A replay copies the scores
   /// out in a task of its own, skipped when nobody reads them.
   struct Output {
-    Tensor<float> loss, scores;
+    Tensor<float> loss;    ///< the loss per sample
+    Tensor<float> scores;  ///< the network's output for `x`, before the update
   };
 
   /// Runs one step on a batch: network input `x`, labels `y`.

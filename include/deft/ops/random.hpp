@@ -1,31 +1,35 @@
-// Random tensors: deft::random's calls, its seed and call counter. The
-// numbers themselves come from eval/random_draw.hpp.
+// Random tensors: deft::random's calls and its seed. The numbers come from
+// eval/random_draw.hpp, the call counter from core/random_state.hpp.
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <mutex>
 #include <type_traits>
 
 #include "../core/config.hpp"
+#include "../core/random_state.hpp"
 #include "../eval/executor.hpp"
 #include "../eval/random_draw.hpp"
 #include "../tensor.hpp"
 
 namespace deft::detail {
 
-/// The generator state: a seed and the number of calls made since seeding.
-struct RandomState {
-  std::mutex m;
-  std::uint64_t seed = 0x5EED;
-  std::uint64_t calls = 0;
-  static RandomState& get() {
-    static RandomState s;
-    return s;
+/// Fills a tensor with the numbers of call `stream` of seed `key`. A trace
+/// replays it with the call numbers of the replay (redrawn), so each replay
+/// draws new numbers, those the traced code would have drawn.
+template <Element T, Distribution D>
+struct RandomFill {
+  double a, b;
+  std::uint64_t key, stream;
+  std::int64_t n;
+  void operator()(Buffer& out) const {
+    on_device(out.device, [&](auto ex) { ex.template fill_random<T, D>(out.as<T>(), n, key, stream, a, b); });
   }
-  std::pair<std::uint64_t, std::uint64_t> next_call() {
-    std::lock_guard lk(m);
-    return {seed, calls++};
+  RandomFill redrawn(std::uint64_t new_key, std::uint64_t new_stream) const {
+    RandomFill r = *this;
+    r.key = new_key;
+    r.stream = new_stream;
+    return r;
   }
 };
 
@@ -36,12 +40,8 @@ Tensor<T> random_tensor(const char* name, double a, double b, const Shape& shape
   require_backend(device, name);
   (void)bytes_for<T>(shape);
   const auto call = RandomState::get().next_call();
-  return record_new<T>(
-      name, shape, device,
-      [a, b, key = call.first, stream = call.second, n = shape.size()](Buffer& out) {
-        on_device(out.device, [&](auto ex) { ex.template fill_random<T, D>(out.as<T>(), n, key, stream, a, b); });
-      },
-      [](Task&) {});
+  return record_new<T>(name, shape, device, RandomFill<T, D>{a, b, call.first, call.second, shape.size()},
+                       [](Task&) {});
 }
 
 }  // namespace deft::detail

@@ -5,7 +5,7 @@
 //                       (defaults: SGD lr 0.1 momentum 0.9 for the MLP,
 //                        Adam lr 0.001 for LeNet)
 //                       [--shares LIST] [--data DIR] [--csv FILE] [--seed N]
-//                       [--hybridize]
+//                       [--dropout P] [--hybridize]
 //
 // --device takes one device or a comma-separated list (cpu, cpu1, gpu0,
 // cpu,gpu0). With several, training is data-parallel as in Gluon: each
@@ -16,6 +16,8 @@
 // --shares auto times a forward and backward of one batch on each device
 // alone first (measure_shares) and splits by those speeds. By default the
 // rows are split evenly.
+// --dropout P puts an nn::Dropout(P) after each hidden dense layer (active
+// in training only; the evaluation sees the whole network).
 // --hybridize runs each step as an nn::TrainStep: the whole step (forward,
 // loss, backward, update) is traced at the second batch and replayed after
 // that, as a few tasks instead of one per operation (one device only).
@@ -63,6 +65,7 @@ struct Options {
   std::optional<std::filesystem::path> data;
   std::string csv;
   std::uint64_t seed = 42;
+  float dropout = 0.0f;
   bool hybridize = false;
 };
 
@@ -72,7 +75,7 @@ struct Options {
                "usage: train_fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size N] [--lr X]\n"
                "                           [--optimizer sgd|adam] [--device cpu|cpu1|gpu0|cpu,gpu0|...]\n"
                "                           [--shares X,Y,...|auto] [--data DIR] [--csv FILE] [--seed N]\n"
-               "                           [--hybridize]\n",
+               "                           [--dropout P] [--hybridize]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -116,6 +119,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--csv") o.csv = value();
     else if (a == "--seed") o.seed = std::uint64_t(number(value()));
     else if (a == "--hybridize") o.hybridize = true;
+    else if (a == "--dropout") o.dropout = float(number(value()));
     else if (a == "--help" || a == "-h") usage("train a Fashion-MNIST classifier");
     else usage("unknown option '" + a + "'");
   }
@@ -124,6 +128,7 @@ Options parse(int argc, char** argv) {
   if (o.optimizer != "sgd" && o.optimizer != "adam") usage("--optimizer must be sgd or adam, got '" + o.optimizer + "'");
   if (o.epochs < 1) usage("--epochs must be at least 1");
   if (o.batch_size < 1) usage("--batch-size must be at least 1");
+  if (!(o.dropout >= 0.0f && o.dropout < 1.0f)) usage("--dropout must be in [0, 1)");
   return o;
 }
 
@@ -151,16 +156,21 @@ std::string names(const std::vector<Device>& devices) {
   return s;
 }
 
-std::shared_ptr<nn::Sequential> build(const std::string& model) {
+std::shared_ptr<nn::Sequential> build(const std::string& model, float dropout) {
   auto net = std::make_shared<nn::Sequential>();
+  auto hidden = [&](std::int64_t units) {
+    net->add(std::make_shared<nn::Dense>(units, nn::Act::relu));
+    if (dropout > 0.0f) net->add(std::make_shared<nn::Dropout>(dropout));
+  };
   if (model == "mlp") {
-    net->add(std::make_shared<nn::Dense>(256, nn::Act::relu), std::make_shared<nn::Dense>(10));
+    hidden(256);
   } else {  // LeNet-5 with ReLU and max pooling (D2L's LeNet, modernised)
     net->add(std::make_shared<nn::Conv2D>(6, 5, 1, 2, nn::Act::relu), std::make_shared<nn::MaxPool2D>(2),
-             std::make_shared<nn::Conv2D>(16, 5, 1, 0, nn::Act::relu), std::make_shared<nn::MaxPool2D>(2),
-             std::make_shared<nn::Dense>(120, nn::Act::relu), std::make_shared<nn::Dense>(84, nn::Act::relu),
-             std::make_shared<nn::Dense>(10));
+             std::make_shared<nn::Conv2D>(16, 5, 1, 0, nn::Act::relu), std::make_shared<nn::MaxPool2D>(2));
+    hidden(120);
+    hidden(84);
   }
+  net->add(std::make_shared<nn::Dense>(10));
   return net;
 }
 
@@ -189,13 +199,16 @@ int main(int argc, char** argv) try {
   const auto layout = opt.model == "mlp" ? data::Layout::flat : data::Layout::grid;
   const auto train = data::load_fashion_mnist(dir, data::Split::train, layout);
   const auto test = data::load_fashion_mnist(dir, data::Split::test, layout);
+  char dropout[32] = "";
+  if (opt.dropout > 0.0f) std::snprintf(dropout, sizeof dropout, " with dropout %g", double(opt.dropout));
+  const std::string model = opt.model + dropout + (opt.hybridize ? ", hybridized" : "");
   std::printf("Fashion-MNIST from %s: %lld train, %lld test images; model %s, %d epochs, batch %lld, %s, %s, %d workers\n",
               dir.string().c_str(), static_cast<long long>(train.size()), static_cast<long long>(test.size()),
-              opt.model.c_str(), opt.epochs, static_cast<long long>(opt.batch_size), opt.optimizer.c_str(),
+              model.c_str(), opt.epochs, static_cast<long long>(opt.batch_size), opt.optimizer.c_str(),
               names(devices).c_str(), engine::num_workers());
 
   random::seed(opt.seed);
-  auto net = build(opt.model);
+  auto net = build(opt.model, opt.dropout);
   net->initialize(nn::init::xavier(), devices);  // refuses a device this build cannot run
   const float lr = opt.lr.value_or(opt.optimizer == "sgd" ? 0.1f : 0.001f);
   nn::Trainer trainer(net->collect_params(),

@@ -223,6 +223,11 @@ BOOST_AUTO_TEST_CASE(a_pending_reader_keeps_the_value_it_read) {
     (void)step(x, y);
     (void)twins.plain_step(x, y);
   }
+  // Each call ran the pending snapshot first, then traced or replayed: no
+  // plain step after the first (its new storage would make the next call
+  // trace again).
+  BOOST_TEST(step.traces() == 1);
+  BOOST_TEST(step.replays() == 6);
   for (int i = 0; i < 8; ++i) {
     const auto s = snapshots[i].to_vector(), e = expected[i].to_vector();
     for (std::size_t k = 0; k < s.size(); ++k) BOOST_TEST(std::abs(s[k] - e[k]) <= 1e-5f * std::max(1.0f, std::abs(e[k])));

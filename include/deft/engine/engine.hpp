@@ -182,6 +182,13 @@ class Engine {
     if (e) std::rethrow_exception(e);
   }
 
+  /// Runs every live recorded task, reporting no failure: they stay for
+  /// wait_all() and the sync points of the tensors that failed.
+  void quiesce() {
+    std::unique_lock lk(m_);
+    drain_locked(lk);
+  }
+
   /// Calls f(recorded_) under the engine's lock: no recorded task is submitted
   /// (nor its deps changed) meanwhile, so f may walk their graph (graph_dump.hpp).
   template <class F>
@@ -299,11 +306,6 @@ class Engine {
     auto old = replace_pool_locked(nullptr);
     lk.unlock();
     old.reset();
-  }
-
-  void quiesce() {
-    std::unique_lock lk(m_);
-    drain_locked(lk);
   }
 
   // Submits every recorded task and waits until no task is in flight,

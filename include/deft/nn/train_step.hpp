@@ -7,8 +7,9 @@
 // The parameters, their gradients and the optimizer's state are "owned" by
 // the trace (Trace::own): the traced run writes them in place, so every
 // replay updates the storage the next one reads. A replay gives way to an
-// ordinary step whenever replaying could differ from it: a pending reader of
-// the state the replay would overwrite (copy-on-write must keep its value),
+// ordinary step whenever replaying could differ from it: a reference to the
+// state the replay would overwrite that is left once all recorded work ran
+// (copy-on-write must keep its value),
 // a failed earlier step (errors stay sticky), or anything that changed since
 // the trace (shapes, devices, storage, learning rate), which traces again.
 #pragma once
@@ -117,11 +118,17 @@ class TrainStep {
     if (trainer_.steps() == 0) return false;
     std::vector<std::shared_ptr<deft::detail::Buffer>> state;  // (a gradient's visit holds a temporary tensor)
     trainer_.for_each_state_buffer([&](const std::shared_ptr<deft::detail::Buffer>& b) { state.push_back(b); });
-    for (const auto& b : state) {
+    auto read_elsewhere = [&] {
+      for (const auto& b : state)
+        if (b.use_count() > 2) return true;  // 2: the tensor's and this vector's
+      return false;
+    };
+    for (const auto& b : state)
       if (const auto& p = b->producer; p && !p->finished()) deft::detail::Engine::get().wait(p, b.get());
-      if (b->error || b.use_count() > 2) return false;  // 2: the tensor's and this vector's
-    }
-    return true;
+    if (read_elsewhere()) deft::detail::Engine::get().quiesce();  // pending readers (see replayable)
+    for (const auto& b : state)
+      if (b->error) return false;
+    return !read_elsewhere();
   }
 
   Output trace(const Tensor<float>& x, const Tensor<Label>& y) {
@@ -179,10 +186,14 @@ class TrainStep {
           if (!b->error) b->error = task->error;
         return false;
       }
-    // A reader recorded since (a pending `w * 1`) must see the value before
-    // this step. A running writer counts for a moment too (WriterHold takes
-    // its reference before it is counted as a hold): once the last replay
-    // finished, a surplus is a reader.
+    // A reader recorded since (a pending `w * 1`, an evaluation forward)
+    // must see the value before this step. A running writer counts for a
+    // moment too (WriterHold takes its reference before it is counted as a
+    // hold): once the last replay finished, a surplus is a reader. Buffers
+    // do not know their readers, so the replay cannot wait for just them:
+    // all recorded work runs. A reference left after that (a view of a
+    // parameter's storage inside an unfinished trace, say) makes the plain
+    // step run, whose copy-on-write leaves it its value.
     auto read_elsewhere = [&] {
       for (const auto& [key, refs] : t.at_rest)
         if (deft::detail::Buffer::references(t.trace.owned().at(key)) > refs) return true;
@@ -190,6 +201,8 @@ class TrainStep {
     };
     if (!read_elsewhere()) return true;
     for (const auto& task : last) deft::detail::Engine::get().wait(task);
+    if (!read_elsewhere()) return true;
+    deft::detail::Engine::get().quiesce();
     return !read_elsewhere();
   }
 

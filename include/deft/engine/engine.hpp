@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../core/error.hpp"
@@ -644,9 +645,12 @@ struct Refill {
 /// chain waits for the first (Plan::rooted), the last refill runs inside the
 /// first chain's task (the others are tasks of their own): a chain of
 /// layers is then one task, and step `new_output`
-/// (Trace::sole_unread_writer, or Trace::none) writes a new buffer, which
-/// is returned (null when none was made).
-inline std::shared_ptr<Buffer> replay(Trace& trace, std::vector<Refill> refills, std::size_t new_output = Trace::none) {
+/// (Trace::sole_unread_writer, or Trace::none) writes a new buffer.
+struct Replayed {
+  std::shared_ptr<Buffer> output;               // new_output's new buffer; null when none was made
+  std::vector<std::shared_ptr<Buffer>> copies;  // Plan::copy_outs' new buffers; empty for a device program
+};
+inline Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t new_output = Trace::none) {
   const auto& plan = trace.plan();
   auto& tasks = trace.last_replay();
   for (auto& r : refills) {
@@ -680,17 +684,32 @@ inline std::shared_ptr<Buffer> replay(Trace& trace, std::vector<Refill> refills,
     input->producer = refill;
     for (const auto& s : plan->steps)
       if (s.output) s.output->producer = run;
-    return nullptr;
+    return {};
   }
-  // This replay's random numbers: as many calls as the traced program made,
-  // in its order (dead steps too), so it draws what that program would.
-  std::vector<ChainTask::Draws> draws(plan->chains.size());
-  if (!plan->random_steps.empty()) {
-    const auto [key, first] = RandomState::get().take(plan->random_steps.size());
+  // What this replay's chain tasks do differently: the random steps draw
+  // new numbers, as many calls as the traced program made and in its order
+  // (dead steps too), so they draw what that program would; copy-outs
+  // write new buffers.
+  std::vector<ChainReplay> per_chain(plan->chains.size());
+  Replayed out;
+  std::vector<std::size_t> copy_chain(plan->copy_outs.size());
+  if (!plan->random_steps.empty() || !plan->copy_outs.empty()) {
+    std::pair<std::uint64_t, std::uint64_t> calls{};  // the seed and the first call number
+    if (!plan->random_steps.empty()) calls = RandomState::get().take(plan->random_steps.size());
+    out.copies.resize(plan->copy_outs.size());
     for (std::size_t ci = 0; ci < plan->chains.size(); ++ci)
-      for (std::size_t i : plan->chains[ci].steps)
+      for (std::size_t i : plan->chains[ci].steps) {
         if (const auto at = std::ranges::find(plan->random_steps, i); at != plan->random_steps.end())
-          draws[ci].emplace_back(i, plan->steps[i].prototype->redrawn(key, first + std::uint64_t(at - plan->random_steps.begin())));
+          per_chain[ci].draws.emplace_back(i, plan->steps[i].prototype->redrawn(
+                                                  calls.first, calls.second + std::uint64_t(at - plan->random_steps.begin())));
+        for (std::size_t j = 0; j < plan->copy_outs.size(); ++j)
+          if (plan->copy_outs[j].step == i) {
+            if (i == new_output) raise<std::logic_error>("replay: a copy-out of the step given a new buffer");
+            out.copies[j] = std::make_shared<Buffer>(plan->copy_outs[j].copy->bytes, plan->steps[i].output->device);
+            per_chain[ci].copies.emplace_back(j, out.copies[j]);
+            copy_chain[j] = ci;
+          }
+      }
   }
   const bool fold = plan->rooted && !refill->hand_off && !plan->chains.front().hand_off;
   std::shared_ptr<Task> head = refill;  // every chain waits for it (directly or through the first chain)
@@ -699,11 +718,11 @@ inline std::shared_ptr<Buffer> replay(Trace& trace, std::vector<Refill> refills,
     tasks.push_back(refill);
   }
   const std::size_t first_chain = tasks.size();
-  std::shared_ptr<Buffer> made;
+  std::shared_ptr<Buffer>& made = out.output;
   for (std::size_t ci = 0; ci < plan->chains.size(); ++ci) {
     const auto& c = plan->chains[ci];
     const bool with_refill = fold && ci == 0;
-    auto t = std::make_shared<ChainTask>(plan, ci, with_refill ? refill : nullptr, input, std::move(draws[ci]));
+    auto t = std::make_shared<ChainTask>(plan, ci, with_refill ? refill : nullptr, input, std::move(per_chain[ci]));
     if (with_refill) {
       for (auto& d : refill->deps) t->deps.push_back(std::move(d));
       refill->deps.clear();
@@ -732,7 +751,8 @@ inline std::shared_ptr<Buffer> replay(Trace& trace, std::vector<Refill> refills,
   for (std::size_t ci = 0; ci < plan->chains.size(); ++ci)
     for (std::size_t i : plan->chains[ci].steps)
       (i == new_output ? made : plan->steps[i].output)->producer = tasks[first_chain + ci];
-  return made;
+  for (std::size_t j = 0; j < out.copies.size(); ++j) out.copies[j]->producer = tasks[first_chain + copy_chain[j]];
+  return out;
 }
 }  // namespace detail
 

@@ -63,6 +63,12 @@ class Trace {
     // in the order the traced program drew them: a replay redraws them with
     // as many new call numbers, taken in this order.
     std::vector<std::size_t> random_steps;
+    // Values a replay also hands out in new buffers (Trace::copy_out).
+    struct CopyOut {
+      std::size_t step;            // the step writing the value
+      std::shared_ptr<Task> copy;  // reads the step's buffer, writes its own output
+    };
+    std::vector<CopyOut> copy_outs;
   };
   /// The device program of a plan (ProgramTask), shared by its replays,
   /// which run one after another (each waits for the one before).
@@ -128,6 +134,25 @@ class Trace {
     for (const auto& c : plan_->chains)
       if (c.steps.back() == found) return found;
     return none;
+  }
+  /// Makes every replay (but a device program's) also copy the value the
+  /// last step writing `b` wrote into a new buffer, right after that step,
+  /// in its chain's task: a value later steps read (so its step cannot
+  /// write a new buffer, sole_unread_writer) handed out without a task of
+  /// its own. `copy` is an unrecorded task reading `b` and writing its
+  /// output. Called after seal(), before the first replay; false when no
+  /// live step writes `b`.
+  bool copy_out(const Buffer* b, std::shared_ptr<Task> copy) {
+    for (std::size_t i = plan_->steps.size(); i-- > 0;)
+      if (plan_->steps[i].output.get() == b) {
+        for (const auto& c : plan_->chains)
+          if (std::ranges::find(c.steps, i) != c.steps.end()) {
+            plan_->copy_outs.push_back({i, std::move(copy)});
+            return true;
+          }
+        return false;
+      }
+    return false;
   }
   /// Whether replays may run as a device program (Plan::program_device):
   /// hybridize()'s cuda_graph option.
@@ -245,15 +270,25 @@ class Trace {
 /// One chain of a replay as one engine task: the kernels of the chain's
 /// steps, in order, each on its step's buffer; the last writes the task's
 /// output. The first chain may also refill the traced input (`refill`).
-/// `draws` replace the prototypes of the chain's random steps (this
-/// replay's numbers; Plan::random_steps).
+/// What differs between replays of a chain (beyond the buffers' contents).
+struct ChainReplay {
+  // The chain's random steps with their redrawn prototypes (this replay's
+  // numbers; Plan::random_steps).
+  std::vector<std::pair<std::size_t, std::shared_ptr<Task>>> draws;
+  // The chain's copy-outs (index into Plan::copy_outs) and this replay's
+  // buffers for them; weak: a value nobody holds any more is not copied.
+  std::vector<std::pair<std::size_t, std::weak_ptr<Buffer>>> copies;
+};
+
+/// One chain of a replay as one engine task: the kernels of the chain's
+/// steps, in order, each on its step's buffer; the last writes the task's
+/// output. The first chain may also refill the traced input (`refill`).
 class ChainTask final : public Task {
  public:
-  using Draws = std::vector<std::pair<std::size_t, std::shared_ptr<Task>>>;  // step, its redrawn prototype
   ChainTask(std::shared_ptr<const Trace::Plan> plan, std::size_t chain, std::shared_ptr<Task> refill,
-            std::shared_ptr<Buffer> input, Draws draws = {})
+            std::shared_ptr<Buffer> input, ChainReplay replay = {})
       : Task("hybridized", plan->chains[chain].bytes), plan_(std::move(plan)), chain_(chain), refill_(std::move(refill)),
-        input_(std::move(input)), draws_(std::move(draws)) {
+        input_(std::move(input)), replay_(std::move(replay)) {
     const auto& c = plan_->chains[chain_];
     work = c.work + (refill_ ? refill_->work : 0);
     hand_off = c.hand_off || (refill_ && refill_->hand_off);
@@ -270,21 +305,27 @@ class ChainTask final : public Task {
       Buffer& b = k + 1 == steps.size() ? out : *s.output;
       b.allocate();
       Task* kernel = s.prototype.get();
-      for (const auto& [step, drawn] : draws_)
+      for (const auto& [step, drawn] : replay_.draws)
         if (step == steps[k]) kernel = drawn.get();
       kernel->execute(b);
+      for (const auto& [j, copy] : replay_.copies)
+        if (plan_->copy_outs[j].step == steps[k])
+          if (auto to = copy.lock()) {
+            to->allocate();
+            plan_->copy_outs[j].copy->execute(*to);
+          }
     }
   }
   void release_closure() noexcept override {
     plan_.reset();
     refill_.reset();
     input_.reset();
-    draws_.clear();
+    replay_ = {};
   }
   // (A replay traced in turn, a hybridized block inside a traced step,
   // replays this replay's numbers.)
   std::shared_ptr<Task> clone() const override {
-    return std::make_shared<ChainTask>(plan_, chain_, refill_ ? refill_->clone() : nullptr, input_, draws_);
+    return std::make_shared<ChainTask>(plan_, chain_, refill_ ? refill_->clone() : nullptr, input_, replay_);
   }
 
  private:
@@ -292,7 +333,7 @@ class ChainTask final : public Task {
   std::size_t chain_;
   std::shared_ptr<Task> refill_;
   std::shared_ptr<Buffer> input_;
-  Draws draws_;
+  ChainReplay replay_;
 };
 
 /// A replay of a plan whose live steps all write one GPU (Plan::program_device),

@@ -18,10 +18,11 @@
 #include "init.hpp"
 
 namespace deft::detail {
-/// The task a replay refills a trace's placeholder (`bytes` long) with: a
-/// copy of `source`, its reads declared, not yet recorded.
+/// A task writing a copy of `source` into its output (`bytes` long), its
+/// reads declared, not yet recorded: what a replay refills a trace's
+/// placeholder with, or copies a value out with (Trace::copy_out).
 template <class T>
-std::shared_ptr<Task> refill_from(const char* name, std::size_t bytes, const Tensor<T>& source) {
+std::shared_ptr<Task> copy_task(const char* name, std::size_t bytes, const Tensor<T>& source) {
   auto t = make_task(name, bytes, EvaluateInto<Leaf<T>>(source.leaf()));
   add_leaf_inputs(*t);
   return t;
@@ -272,8 +273,8 @@ class Block {
     if (slot && !(*slot)->stale(x.shape())) {
       CachedGraph* cache = slot->get();
       // Refill the input placeholder (after the previous replay's last reads).
-      auto refill = detail::refill_from("hybridized input", cache->input_buffer->bytes, x);
-      auto made = detail::replay(cache->trace, {{std::move(refill), cache->input_buffer}}, cache->output_step);
+      auto refill = detail::copy_task("hybridized input", cache->input_buffer->bytes, x);
+      auto made = detail::replay(cache->trace, {{std::move(refill), cache->input_buffer}}, cache->output_step).output;
       return detail::traced_result(cache->trace, std::move(made), cache->output);
     }
     // Deferred initialization runs untraced: replays must not draw the weights again.

@@ -54,7 +54,7 @@ class TrainStep {
 
   /// What a step computed: the loss per sample, and the scores the network
   /// gave `x` before its update (for accuracy). A replay copies the scores
-  /// out in a task of its own, skipped when nobody reads them.
+  /// out inside the task that computed them, unless nobody holds them then.
   struct Output {
     Tensor<float> loss;    ///< the loss per sample
     Tensor<float> scores;  ///< the network's output for `x`, before the update
@@ -157,6 +157,9 @@ class TrainStep {
     t->loss_step = t->trace.sole_unread_writer(t->loss.storage());
     t->learning_rate = trainer_.learning_rate();
     for (const auto& [key, b] : t->trace.owned()) t->at_rest.emplace_back(key, b.use_count());
+    // Later steps read the scores, so replays copy them out inside their chain.
+    const std::size_t score_bytes = deft::detail::bytes_for<float>(t->scores.shape());
+    t->trace.copy_out(t->scores.storage(), deft::detail::copy_task("train step scores", score_bytes, t->scores));
     // Replays give the loss's step new buffers (the traced one is the
     // caller's then), or else overwrite it, as they overwrite the scores.
     Output out{t->loss_step != deft::detail::Trace::none ? t->loss : deft::detail::traced_result(t->trace, nullptr, t->loss),
@@ -209,13 +212,14 @@ class TrainStep {
   Output replay(const Tensor<float>& x, const Tensor<Label>& y) {
     Traced& t = *traced_;
     std::vector<deft::detail::Refill> refills;
-    refills.push_back({deft::detail::refill_from("train step labels", t.y.leaf().buffer->bytes, y), t.y.leaf().buffer});
-    refills.push_back({deft::detail::refill_from("train step input", t.x.leaf().buffer->bytes, x), t.x.leaf().buffer});
-    auto made = deft::detail::replay(t.trace, std::move(refills), t.loss_step);
+    refills.push_back({deft::detail::copy_task("train step labels", t.y.leaf().buffer->bytes, y), t.y.leaf().buffer});
+    refills.push_back({deft::detail::copy_task("train step input", t.x.leaf().buffer->bytes, x), t.x.leaf().buffer});
+    auto [made, copies] = deft::detail::replay(t.trace, std::move(refills), t.loss_step);
     trainer_.count_replayed_step();
     ++replays_;
     return {deft::detail::traced_result(t.trace, std::move(made), t.loss),
-            deft::detail::traced_result(t.trace, nullptr, t.scores)};
+            copies.empty() ? deft::detail::traced_result(t.trace, nullptr, t.scores)
+                           : deft::detail::tensor_from_buffer<float>(std::move(copies[0]), t.scores.shape())};
   }
 
   Block& net_;

@@ -637,6 +637,36 @@ struct Refill {
   std::shared_ptr<Buffer> input;
 };
 
+/// What one replay's chain tasks do differently, per chain: the random
+/// steps draw new numbers, as many calls as the traced program made and in
+/// its order (dead steps too), so they draw what that program would; the
+/// copy-outs write new buffers (returned in `copies`, with their chains).
+inline std::vector<ChainReplay> chain_replays(const Trace::Plan& plan, std::size_t new_output,
+                                              std::vector<std::shared_ptr<Buffer>>& copies,
+                                              std::vector<std::size_t>& copy_chain) {
+  std::vector<ChainReplay> per_chain(plan.chains.size());
+  if (plan.random_steps.empty() && plan.copy_outs.empty()) return per_chain;
+  std::pair<std::uint64_t, std::uint64_t> calls{};  // the seed and the first call number
+  if (!plan.random_steps.empty()) calls = RandomState::get().take(plan.random_steps.size());
+  copies.resize(plan.copy_outs.size());
+  copy_chain.resize(plan.copy_outs.size());
+  for (std::size_t ci = 0; ci < plan.chains.size(); ++ci)
+    for (std::size_t i : plan.chains[ci].steps) {
+      if (const auto at = std::ranges::find(plan.random_steps, i); at != plan.random_steps.end()) {
+        const std::uint64_t call = calls.second + std::uint64_t(at - plan.random_steps.begin());
+        per_chain[ci].draws.emplace_back(i, plan.steps[i].prototype->redrawn(calls.first, call));
+      }
+      for (std::size_t j = 0; j < plan.copy_outs.size(); ++j)
+        if (plan.copy_outs[j].step == i) {
+          if (i == new_output) raise<std::logic_error>("replay: a copy-out of the step given a new buffer");
+          copies[j] = std::make_shared<Buffer>(plan.copy_outs[j].copy->bytes, plan.steps[i].output->device);
+          per_chain[ci].copies.emplace_back(j, copies[j]);
+          copy_chain[j] = ci;
+        }
+    }
+  return per_chain;
+}
+
 /// Records the steps of `trace` again after `refills`. Each refill waits for
 /// every task of the previous replay still running, and the replay for the
 /// refills, so nothing overwrites a buffer the previous replay still reads.
@@ -652,6 +682,11 @@ struct Replayed {
 };
 inline Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t new_output = Trace::none) {
   const auto& plan = trace.plan();
+  const bool program = trace.replays_as_program();
+  Replayed out;
+  std::vector<std::size_t> copy_chain;  // the chain of each copy-out
+  std::vector<ChainReplay> per_chain;
+  if (!program) per_chain = chain_replays(*plan, new_output, out.copies, copy_chain);
   auto& tasks = trace.last_replay();
   for (auto& r : refills) {
     for (const auto& t : tasks)
@@ -671,7 +706,7 @@ inline Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t ne
   auto set_refill_producers = [&] {
     for (auto& r : refills) r.input->producer = r.task;
   };
-  if (trace.replays_as_program()) {
+  if (program) {
     refill->output = input;
     auto run = std::make_shared<ProgramTask>(plan, trace.program_slot(), input);
     run->deps.push_back(refill);
@@ -685,31 +720,6 @@ inline Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t ne
     for (const auto& s : plan->steps)
       if (s.output) s.output->producer = run;
     return {};
-  }
-  // What this replay's chain tasks do differently: the random steps draw
-  // new numbers, as many calls as the traced program made and in its order
-  // (dead steps too), so they draw what that program would; copy-outs
-  // write new buffers.
-  std::vector<ChainReplay> per_chain(plan->chains.size());
-  Replayed out;
-  std::vector<std::size_t> copy_chain(plan->copy_outs.size());
-  if (!plan->random_steps.empty() || !plan->copy_outs.empty()) {
-    std::pair<std::uint64_t, std::uint64_t> calls{};  // the seed and the first call number
-    if (!plan->random_steps.empty()) calls = RandomState::get().take(plan->random_steps.size());
-    out.copies.resize(plan->copy_outs.size());
-    for (std::size_t ci = 0; ci < plan->chains.size(); ++ci)
-      for (std::size_t i : plan->chains[ci].steps) {
-        if (const auto at = std::ranges::find(plan->random_steps, i); at != plan->random_steps.end())
-          per_chain[ci].draws.emplace_back(i, plan->steps[i].prototype->redrawn(
-                                                  calls.first, calls.second + std::uint64_t(at - plan->random_steps.begin())));
-        for (std::size_t j = 0; j < plan->copy_outs.size(); ++j)
-          if (plan->copy_outs[j].step == i) {
-            if (i == new_output) raise<std::logic_error>("replay: a copy-out of the step given a new buffer");
-            out.copies[j] = std::make_shared<Buffer>(plan->copy_outs[j].copy->bytes, plan->steps[i].output->device);
-            per_chain[ci].copies.emplace_back(j, out.copies[j]);
-            copy_chain[j] = ci;
-          }
-      }
   }
   const bool fold = plan->rooted && !refill->hand_off && !plan->chains.front().hand_off;
   std::shared_ptr<Task> head = refill;  // every chain waits for it (directly or through the first chain)

@@ -637,33 +637,28 @@ struct Refill {
   std::shared_ptr<Buffer> input;
 };
 
-/// What one replay's chain tasks do differently, per chain: the random
-/// steps draw new numbers, as many calls as the traced program made and in
-/// its order (dead steps too), so they draw what that program would; the
-/// copy-outs write new buffers (returned in `copies`, with their chains).
+/// What one replay's chain tasks do differently, per chain (empty when
+/// nothing does): the random steps draw new numbers, as many calls as the
+/// traced program made and in its order (dead steps too), so they draw what
+/// that program would; the copy-outs write new buffers (put in `copies`).
 inline std::vector<ChainReplay> chain_replays(const Trace::Plan& plan, std::size_t new_output,
-                                              std::vector<std::shared_ptr<Buffer>>& copies,
-                                              std::vector<std::size_t>& copy_chain) {
-  std::vector<ChainReplay> per_chain(plan.chains.size());
+                                              std::vector<std::shared_ptr<Buffer>>& copies) {
+  std::vector<ChainReplay> per_chain;
   if (plan.random_steps.empty() && plan.copy_outs.empty()) return per_chain;
-  std::pair<std::uint64_t, std::uint64_t> calls{};  // the seed and the first call number
-  if (!plan.random_steps.empty()) calls = RandomState::get().take(plan.random_steps.size());
+  per_chain.resize(plan.chains.size());
+  if (!plan.random_steps.empty()) {
+    const auto [key, first] = RandomState::get().take(plan.random_steps.size());
+    for (std::size_t r = 0; r < plan.random_steps.size(); ++r)
+      if (const std::size_t i = plan.random_steps[r], ci = plan.chain_of[i]; ci != Trace::none)
+        per_chain[ci].draws.emplace_back(i, plan.steps[i].prototype->redrawn(key, first + r));
+  }
   copies.resize(plan.copy_outs.size());
-  copy_chain.resize(plan.copy_outs.size());
-  for (std::size_t ci = 0; ci < plan.chains.size(); ++ci)
-    for (std::size_t i : plan.chains[ci].steps) {
-      if (const auto at = std::ranges::find(plan.random_steps, i); at != plan.random_steps.end()) {
-        const std::uint64_t call = calls.second + std::uint64_t(at - plan.random_steps.begin());
-        per_chain[ci].draws.emplace_back(i, plan.steps[i].prototype->redrawn(calls.first, call));
-      }
-      for (std::size_t j = 0; j < plan.copy_outs.size(); ++j)
-        if (plan.copy_outs[j].step == i) {
-          if (i == new_output) raise<std::logic_error>("replay: a copy-out of the step given a new buffer");
-          copies[j] = std::make_shared<Buffer>(plan.copy_outs[j].copy->bytes, plan.steps[i].output->device);
-          per_chain[ci].copies.emplace_back(j, copies[j]);
-          copy_chain[j] = ci;
-        }
-    }
+  for (std::size_t j = 0; j < plan.copy_outs.size(); ++j) {
+    const std::size_t i = plan.copy_outs[j].step;
+    if (i == new_output) raise<std::logic_error>("replay: a copy-out of the step given a new buffer");
+    copies[j] = std::make_shared<Buffer>(plan.copy_outs[j].copy->bytes, plan.steps[i].output->device);
+    per_chain[plan.chain_of[i]].copies.emplace_back(j, copies[j]);
+  }
   return per_chain;
 }
 
@@ -684,9 +679,8 @@ inline Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t ne
   const auto& plan = trace.plan();
   const bool program = trace.replays_as_program();
   Replayed out;
-  std::vector<std::size_t> copy_chain;  // the chain of each copy-out
   std::vector<ChainReplay> per_chain;
-  if (!program) per_chain = chain_replays(*plan, new_output, out.copies, copy_chain);
+  if (!program) per_chain = chain_replays(*plan, new_output, out.copies);
   auto& tasks = trace.last_replay();
   for (auto& r : refills) {
     for (const auto& t : tasks)
@@ -732,7 +726,8 @@ inline Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t ne
   for (std::size_t ci = 0; ci < plan->chains.size(); ++ci) {
     const auto& c = plan->chains[ci];
     const bool with_refill = fold && ci == 0;
-    auto t = std::make_shared<ChainTask>(plan, ci, with_refill ? refill : nullptr, input, std::move(per_chain[ci]));
+    auto t = std::make_shared<ChainTask>(plan, ci, with_refill ? refill : nullptr, input,
+                                         per_chain.empty() ? ChainReplay{} : std::move(per_chain[ci]));
     if (with_refill) {
       for (auto& d : refill->deps) t->deps.push_back(std::move(d));
       refill->deps.clear();
@@ -761,7 +756,8 @@ inline Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t ne
   for (std::size_t ci = 0; ci < plan->chains.size(); ++ci)
     for (std::size_t i : plan->chains[ci].steps)
       (i == new_output ? made : plan->steps[i].output)->producer = tasks[first_chain + ci];
-  for (std::size_t j = 0; j < out.copies.size(); ++j) out.copies[j]->producer = tasks[first_chain + copy_chain[j]];
+  for (std::size_t j = 0; j < out.copies.size(); ++j)
+    out.copies[j]->producer = tasks[first_chain + plan->chain_of[plan->copy_outs[j].step]];
   return out;
 }
 }  // namespace detail

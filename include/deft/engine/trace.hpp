@@ -59,6 +59,7 @@ class Trace {
     // live steps (-1 otherwise): the plan can replay as a device program.
     int program_device = -1;
     std::size_t last_live = 0;  // the last step with an output
+    std::vector<std::size_t> chain_of;  // each step's chain (Trace::none: dead, not replayed)
     // The steps that draw random numbers (Task::draws_random), live or not,
     // in the order the traced program drew them: a replay redraws them with
     // as many new call numbers, taken in this order.
@@ -145,12 +146,9 @@ class Trace {
   bool copy_out(const Buffer* b, std::shared_ptr<Task> copy) {
     for (std::size_t i = plan_->steps.size(); i-- > 0;)
       if (plan_->steps[i].output.get() == b) {
-        for (const auto& c : plan_->chains)
-          if (std::ranges::find(c.steps, i) != c.steps.end()) {
-            plan_->copy_outs.push_back({i, std::move(copy)});
-            return true;
-          }
-        return false;
+        if (plan_->chain_of[i] == none) return false;
+        plan_->copy_outs.push_back({i, std::move(copy)});
+        return true;
       }
     return false;
   }
@@ -191,7 +189,9 @@ class Trace {
   void plan_chains() {
     auto& steps = plan_->steps;
     auto& chains = plan_->chains;
-    std::vector<std::size_t> chain_of(steps.size(), none), readers(steps.size(), 0);
+    auto& chain_of = plan_->chain_of;
+    chain_of.assign(steps.size(), none);
+    std::vector<std::size_t> readers(steps.size(), 0);
     std::vector<std::vector<bool>> waits;  // waits[c][a], a < c: chain c waits for chain a, directly or not
     for (const auto& s : steps)
       if (s.output)
@@ -267,9 +267,6 @@ class Trace {
   std::vector<std::shared_ptr<Task>> originals_;  // the tracing run's tasks, while owned_ is not empty
 };
 
-/// One chain of a replay as one engine task: the kernels of the chain's
-/// steps, in order, each on its step's buffer; the last writes the task's
-/// output. The first chain may also refill the traced input (`refill`).
 /// What differs between replays of a chain (beyond the buffers' contents).
 struct ChainReplay {
   // The chain's random steps with their redrawn prototypes (this replay's

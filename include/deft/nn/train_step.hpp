@@ -92,7 +92,8 @@ class TrainStep {
     std::size_t loss_step = deft::detail::Trace::none;
     float learning_rate = 0;
     std::vector<const deft::detail::Buffer*> state;                     // the trainer's state buffers when traced
-    std::vector<std::pair<const deft::detail::Buffer*, long>> at_rest;  // each owned buffer's references between steps
+    // Each owned buffer (its entry in trace.owned()) and its references between steps.
+    std::vector<std::pair<const std::shared_ptr<deft::detail::Buffer>*, long>> at_rest;
   };
 
   // The step as the user would write it.
@@ -156,7 +157,7 @@ class TrainStep {
     if (failed) return {t->loss, t->scores};  // the caller reads the error; the next calls run (and fail) plainly
     t->loss_step = t->trace.sole_unread_writer(t->loss.storage());
     t->learning_rate = trainer_.learning_rate();
-    for (const auto& [key, b] : t->trace.owned()) t->at_rest.emplace_back(key, b.use_count());
+    for (const auto& [key, b] : t->trace.owned()) t->at_rest.emplace_back(&b, b.use_count());
     // Later steps read the scores, so replays copy them out inside their chain.
     const std::size_t score_bytes = deft::detail::bytes_for<float>(t->scores.shape());
     t->trace.copy_out(t->scores.storage(), deft::detail::copy_task("train step scores", score_bytes, t->scores));
@@ -198,8 +199,8 @@ class TrainStep {
     // parameter's storage inside an unfinished trace, say) makes the plain
     // step run, whose copy-on-write leaves it its value.
     auto read_elsewhere = [&] {
-      for (const auto& [key, refs] : t.at_rest)
-        if (deft::detail::Buffer::references(t.trace.owned().at(key)) > refs) return true;
+      for (const auto& [b, refs] : t.at_rest)
+        if (deft::detail::Buffer::references(*b) > refs) return true;
       return false;
     };
     if (!read_elsewhere()) return true;

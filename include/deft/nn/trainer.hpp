@@ -112,18 +112,20 @@ class Trainer {
 
   // Advances the clock of `device` to step steps_.
   void tick(const Adam& o, Device device) {
-    Clock* c = nullptr;
-    for (auto& [d, clock] : clocks_)
-      if (d == device) c = &clock;
+    Clock* c = clock_of(device);
     if (!c) c = &clocks_.emplace_back(device, Clock{full<double>(Shape{}, double(steps_ - 1), device), {}}).second;
     c->t += 1.0;
     const Tensor<double>& t = c->t;
     c->step_size = cast<float>(sqrt(1.0 - exp(t * std::log(double(o.beta2)))) * double(o.learning_rate) /
                                (1.0 - exp(t * std::log(double(o.beta1)))));
   }
-  const Tensor<float>& step_size(Device device) const {
-    for (const auto& [d, clock] : clocks_)
-      if (d == device) return clock.step_size;
+  Clock* clock_of(Device device) {
+    for (auto& [d, clock] : clocks_)
+      if (d == device) return &clock;
+    return nullptr;
+  }
+  const Tensor<float>& step_size(Device device) {
+    if (const Clock* c = clock_of(device)) return c->step_size;
     detail::raise<std::logic_error>("Trainer: no Adam step size on ", device);
   }
 

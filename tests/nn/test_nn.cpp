@@ -424,13 +424,27 @@ BOOST_AUTO_TEST_CASE(replays_equal_the_imperative_results_and_retrace_when_neede
   BOOST_TEST(engine::stats().tasks_discarded == 5u);
   BOOST_TEST(engine::stats().tasks_run == 1u);
   for (int j = 0; j < 2; ++j) BOOST_TEST(kept[j] == r2[j]);
-  // A new input shape traces again.
+  // A new input shape is traced too, and kept beside the first: shapes in
+  // turn replay.
   const Tensor<float> xb = random::normal<float>(0, 1, {3, 512});
   const auto yb = (*net)(xb).to_vector();
+  for (int i = 0; i < 4; ++i) {
+    const auto again = (*net)(i % 2 ? xb : x1).to_vector();
+    BOOST_TEST(again == (i % 2 ? yb : r1), boost::test_tools::per_element());
+  }
   BOOST_TEST(net->traces() == 2);
   net->hybridize(false);
   const auto yb_ref = (*net)(xb).to_vector();
   for (std::size_t j = 0; j < yb.size(); ++j) BOOST_TEST(yb[j] == yb_ref[j]);
+  // With room for one shape, each change of shape traces again.
+  net->hybridize(true, {.shapes = 1});
+  for (int i = 0; i < 4; ++i) {
+    const auto again = (*net)(i % 2 ? xb : x1).to_vector();
+    BOOST_TEST(again == (i % 2 ? yb : r1), boost::test_tools::per_element());
+  }
+  BOOST_TEST(net->traces() == 6);
+  BOOST_CHECK_EXCEPTION(net->hybridize(true, {.shapes = 0}), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return std::string(e.what()).find("shapes is 0") != std::string::npos; });
   // A parameter update (a new version of the weights) traces again.
   net->hybridize();
   (void)(*net)(x1).to_vector();

@@ -175,8 +175,8 @@ BOOST_AUTO_TEST_CASE(linear_regression_follows_the_sgd_formula) {
   BOOST_TEST(step.replays() == 4);
 }
 
-// A changed batch shape, learning rate or parameter value traces again; the
-// training still matches the plain step.
+// A new batch shape is traced beside the first; a changed learning rate or
+// parameter storage traces again. The training still matches the plain step.
 BOOST_AUTO_TEST_CASE(traces_again_when_what_it_baked_in_changes) {
   random::seed(48);
   const Tensor<float> x = random::normal<float>(0, 1, {12, 8}), x_small = random::normal<float>(0, 1, {5, 8});
@@ -191,21 +191,83 @@ BOOST_AUTO_TEST_CASE(traces_again_when_what_it_baked_in_changes) {
   BOOST_TEST(step.traces() == 1);
   both(x_small, y_small);  // another shape: traced for it
   both(x_small, y_small);
+  both(x, y);  // the first shape's trace is still there
   BOOST_TEST(step.traces() == 2);
-  BOOST_TEST(step.replays() == 2);
+  BOOST_TEST(step.replays() == 3);
   twins.hybrid_trainer->set_learning_rate(0.02f);
   twins.plain_trainer->set_learning_rate(0.02f);
-  both(x_small, y_small);
-  BOOST_TEST(step.traces() == 3);
+  both(x_small, y_small);  // both traces baked in the old rate
+  both(x, y);
+  BOOST_TEST(step.traces() == 4);
   auto* p = twins.hybrid->collect_params()[0];
   const Tensor<float> reset = random::normal<float>(0, 0.3f, p->data().shape());
   p->set_data(reset.clone());
   twins.plain->collect_params()[0]->set_data(reset.clone());
-  both(x_small, y_small);  // new storage: run plainly
-  both(x_small, y_small);  // and traced again
+  both(x_small, y_small);  // new storage: traced again
   both(x_small, y_small);
-  BOOST_TEST(step.traces() == 4);
-  BOOST_TEST(step.replays() == 4);
+  both(x_small, y_small);
+  BOOST_TEST(step.traces() == 5);
+  BOOST_TEST(step.replays() == 5);
+  twins.expect_same_parameters(1e-5);
+}
+
+// The epochs' pattern: full batches and a shorter last one, recorded without
+// a sync between steps. Each shape is traced once; a replay of one shape
+// runs after the other shape's replay it follows (both write the same state).
+BOOST_AUTO_TEST_CASE(an_epochs_last_shorter_batch_keeps_its_own_trace) {
+  random::seed(52);
+  std::vector<Tensor<float>> xs;
+  std::vector<Tensor<std::int64_t>> ys;
+  for (int i = 0; i < 3; ++i) xs.push_back(random::normal<float>(0, 1, {12, 8})), ys.push_back(labels(12, 5));
+  xs.push_back(random::normal<float>(0, 1, {5, 8})), ys.push_back(labels(5, 5));
+  Twins twins(xs[0], nn::Adam{0.01f});
+  nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer);
+  std::vector<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>::Output> hybrid;
+  std::vector<std::pair<Tensor<float>, Tensor<float>>> plain;
+  for (int epoch = 0; epoch < 3; ++epoch)
+    for (int i = 0; i < 4; ++i) {
+      hybrid.push_back(step(xs[i], ys[i]));
+      plain.push_back(twins.plain_step(xs[i], ys[i]));
+    }
+  BOOST_TEST(step.traces() == 2);
+  BOOST_TEST(step.replays() == 9);
+  for (std::size_t i = 0; i < hybrid.size(); ++i) {
+    BOOST_TEST_CONTEXT("step " << i) {
+      expect_close(hybrid[i].loss, plain[i].first, 1e-5);
+      expect_close(hybrid[i].scores, plain[i].second, 1e-5);
+    }
+  }
+  twins.expect_same_parameters(1e-5);
+}
+
+// With room for two traces, three shapes in turn drop the least recently
+// used trace each time. A dropped trace no longer holds the state: a pending
+// reader must still be seen (the counts at rest lose the dropped trace's
+// share), so each snapshot keeps the value from before its step.
+BOOST_AUTO_TEST_CASE(a_dropped_trace_leaves_pending_readers_seen) {
+  random::seed(53);
+  const std::vector<std::int64_t> rows = {12, 5, 7};
+  std::vector<Tensor<float>> xs;
+  std::vector<Tensor<std::int64_t>> ys;
+  for (std::int64_t r : rows) xs.push_back(random::normal<float>(0, 1, {r, 8})), ys.push_back(labels(r, 5));
+  Twins twins(xs[0], nn::SGD{0.1f, 0.9f});
+  nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer, {.shapes = 2});
+  std::vector<Tensor<float>> snapshots, expected;
+  const std::vector<std::size_t> order = {0, 0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2};
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    if (i >= 5) {  // from the first call that drops a trace on
+      snapshots.push_back(twins.hybrid->collect_params()[0]->data() * 1.0f);
+      expected.push_back(twins.plain->collect_params()[0]->data().clone());
+    }
+    (void)step(xs[order[i]], ys[order[i]]);
+    (void)twins.plain_step(xs[order[i]], ys[order[i]]);
+  }
+  // 1 plain call; each shape change traces (the shape needed was dropped),
+  // the call after it replays; no plain step falls in between.
+  BOOST_TEST(step.traces() == 6);
+  BOOST_TEST(step.replays() == 6);
+  for (std::size_t i = 0; i < snapshots.size(); ++i)
+    BOOST_TEST_CONTEXT("snapshot " << i) { expect_close(snapshots[i], expected[i], 1e-5); }
   twins.expect_same_parameters(1e-5);
 }
 
@@ -307,6 +369,8 @@ BOOST_AUTO_TEST_CASE(misuse_is_reported) {
   net->hybridize();
   BOOST_CHECK_EXCEPTION(step(random::normal<float>(0, 1, {4, 8}), labels(4, 5)), std::logic_error,
                         [](const std::logic_error& e) { return mentions(e, "hybridized"); });
+  BOOST_CHECK_EXCEPTION(nn::TrainStep(*net, nn::SoftmaxCrossEntropyLoss(), trainer, {.shapes = 0}),
+                        std::invalid_argument, [](const std::invalid_argument& e) { return mentions(e, "shapes is 0"); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -157,6 +157,10 @@ struct HybridizeOptions {
   /// not one per kernel). Forwards that copy from or to the host inside,
   /// or use several devices, replay kernel by kernel anyway.
   bool cuda_graph = true;
+  /// How many input shapes keep their traced graph, per device (at least
+  /// 1): a new shape beyond that drops the least recently used one's graph
+  /// and the memory its intermediate values hold.
+  std::size_t shapes = 4;
 };
 
 /// parameters and child blocks. Not copyable; hold blocks by shared_ptr.
@@ -180,14 +184,17 @@ class Block {
   /// Gluon's hybridize(): the next call traces forward() into a graph of
   /// tasks; later calls with an input of the same shape replay it (the same
   /// kernels on the same, already allocated buffers, without building any
-  /// expression again). Changing the input shape or any parameter's value
-  /// (a Trainer step, load_parameters) traces again. Inside autograd::record
+  /// expression again). A new input shape is traced too, and its graph kept
+  /// beside the others (HybridizeOptions::shapes); changing any parameter's
+  /// value (a Trainer step, load_parameters) traces again. Inside autograd::record
   /// the block runs imperatively, so training works as before. A forward
   /// that reads values (to_vector, item, printing, branching on data) cannot
   /// be traced: the first call throws std::logic_error saying so.
   /// On a GPU, the replays run the traced kernels as one CUDA graph
   /// (recorded at the first replay) unless `options` says otherwise.
   void hybridize(bool on = true, HybridizeOptions options = {}) {
+    if (options.shapes == 0)
+      detail::raise<std::invalid_argument>("hybridize: HybridizeOptions::shapes is 0; keep at least one traced shape");
     hybridized_ = on;
     options_ = options;
     caches_.clear();
@@ -197,7 +204,7 @@ class Block {
   /// How many times the forward was traced (1 + re-traces), for tests and tuning.
   std::int64_t traces() const { return traces_; }
   /// How many of the current traced forwards (one per device the block is
-  /// called on) replay as one CUDA graph: recorded at their first replay on
+  /// called on and input shape) replay as one CUDA graph: recorded at their first replay on
   /// a GPU, unless the forward cannot be recorded (see HybridizeOptions).
   int cuda_graphs() const {
     return int(std::ranges::count_if(caches_, [](const auto& c) { return c->trace.recorded_program(); }));
@@ -255,8 +262,8 @@ class Block {
     std::shared_ptr<detail::Buffer> input_buffer;   // the placeholder's storage, refilled per call
     std::size_t output_step = detail::Trace::none;  // the step a replay gives a new output buffer
     std::vector<std::pair<Parameter*, const detail::Buffer*>> params;
-    bool stale(const Shape& x) const {
-      if (!(x == input.shape())) return true;
+    bool fits(const Tensor<float>& x) const { return x.device() == input.device() && x.shape() == input.shape(); }
+    bool stale() const {
       for (const auto& [p, version] : params)
         if (!p->initialized() || !p->holds(input.device()) || p->data(input.device()).storage() != version)
           return true;
@@ -265,13 +272,14 @@ class Block {
   };
 
   // One traced graph per device the block is called on (data parallelism
-  // calls it on several in turn).
+  // calls it on several in turn) and input shape (an epoch's last, shorter
+  // batch), at most options_.shapes per device, the least recently used
+  // last to go.
   Tensor<float> cached_call(const Tensor<float>& x) {
-    std::unique_ptr<CachedGraph>* slot = nullptr;
-    for (auto& c : caches_)
-      if (c->input.device() == x.device()) slot = &c;
-    if (slot && !(*slot)->stale(x.shape())) {
-      CachedGraph* cache = slot->get();
+    const auto it = std::ranges::find_if(caches_, [&](const auto& c) { return c->fits(x); });
+    if (it != caches_.end() && !(*it)->stale()) {
+      std::rotate(it, it + 1, caches_.end());  // the most recently used last
+      CachedGraph* cache = caches_.back().get();
       // Refill the input placeholder (after the previous replay's last reads).
       auto refill = detail::copy_task("hybridized input", cache->input_buffer->bytes, x);
       auto made = detail::replay(cache->trace, {{std::move(refill), cache->input_buffer}}, cache->output_step).output;
@@ -280,6 +288,13 @@ class Block {
     // Deferred initialization runs untraced: replays must not draw the weights again.
     for (auto* p : collect_params())
       if (!p->initialized()) return forward(x);
+    // Graphs that read older parameters would only hold their memory; a
+    // device's least recently used shape makes room for the new one.
+    // (A replay in flight keeps its plan alive.)
+    const auto on_device = [&](const auto& c) { return c->input.device() == x.device(); };
+    std::erase_if(caches_, [&](const auto& c) { return on_device(c) && (c->fits(x) || c->stale()); });
+    if (std::size_t(std::ranges::count_if(caches_, on_device)) >= options_.shapes)
+      caches_.erase(std::ranges::find_if(caches_, on_device));
     auto graph = std::make_unique<CachedGraph>();
     graph->trace.programs_allowed = options_.cuda_graph;
     graph->input = x.clone();  // the placeholder later calls refill
@@ -292,8 +307,7 @@ class Block {
     graph->output_step = graph->trace.sole_unread_writer(graph->output.storage());
     ++traces_;
     Tensor<float> out = detail::traced_result(graph->trace, nullptr, graph->output);
-    if (slot) *slot = std::move(graph);
-    else caches_.push_back(std::move(graph));
+    caches_.push_back(std::move(graph));
     return out;
   }
 

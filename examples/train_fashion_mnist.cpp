@@ -20,7 +20,8 @@
 // in training only; the evaluation sees the whole network).
 // --hybridize runs each step as an nn::TrainStep: the whole step (forward,
 // loss, backward, update) is traced at the second batch and replayed after
-// that, as a few tasks instead of one per operation (one device only).
+// that, as a few tasks instead of one per operation; with several devices
+// the traced step holds every device's part and the gradients' allreduce.
 // cpuN are logical devices sharing the CPU's workers: they run the
 // data-parallel path without a GPU, at the speed of one device. gpuN needs
 // this file compiled by nvcc against deft::cuda (train_fashion_mnist_gpu,
@@ -190,8 +191,6 @@ void progress(int epoch, std::int64_t done, std::int64_t total, double loss) {
 int main(int argc, char** argv) try {
   const Options opt = parse(argc, argv);
   const std::vector<Device> devices = parse_devices(opt.device);
-  if (opt.hybridize && devices.size() > 1)
-    usage("--hybridize traces one device's step; --device lists " + std::to_string(devices.size()) + " devices");
   if (!opt.shares.empty() && opt.shares.size() != devices.size())
     usage("--shares needs one share per device (" + std::to_string(devices.size()) + "), got " +
           std::to_string(opt.shares.size()));
@@ -272,9 +271,11 @@ int main(int argc, char** argv) try {
       const auto [xs, ys] = split(as_input(batch.x), batch.y);
       std::vector<Tensor<float>> scores(xs.size());
       if (hybrid_step) {
-        auto [loss, batch_scores] = (*hybrid_step)(xs[0], ys[0]);
-        loss_sum = loss_sum + sum(loss).to(cpu());
-        scores[0] = std::move(batch_scores);
+        auto parts = (*hybrid_step)(xs, ys);
+        for (std::size_t d = 0; d < parts.size(); ++d) {
+          loss_sum = loss_sum + sum(parts[d].loss).to(cpu());
+          scores[d] = std::move(parts[d].scores);
+        }
       } else {
         {
           autograd::record rec;

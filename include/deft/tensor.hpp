@@ -409,6 +409,9 @@ class Tensor {
     detail::refuse_sync_in_trace("reading a tensor");
     if (b->producer && !b->producer->finished()) detail::Engine::get().wait(b->producer, b.get());
     if (b->error) std::rethrow_exception(b->error);
+    // A task writing several buffers (a replay's chain, with its copy-outs)
+    // marks only its output failed.
+    if (b->producer && b->producer->error) std::rethrow_exception(b->producer->error);
   }
 
   // operator=, given an expression it may consume.
@@ -471,7 +474,8 @@ class Tensor {
     // A trace's owned buffers (TrainStep's state) stay in place although the
     // trace holds them: replays must update the storage the next one reads.
     const detail::Trace* trace = detail::active_trace();
-    const bool in_place = !overlaps && (detail::Buffer::unshared(cur) || (trace && trace->owns(cur.get())));
+    const bool unshared = detail::Buffer::unshared(cur);
+    const bool in_place = !overlaps && (unshared || (trace && trace->owns(cur.get())));
     using Kernel = detail::EvaluateInto<std::remove_cvref_t<decltype(e)>>;
     if (in_place) {
       // Nobody but its running writer can see this version: write it where
@@ -481,9 +485,12 @@ class Tensor {
       // Engine::record, so recording this task (under the engine's lock)
       // first orders them.
       const bool overwrites = !reads_cur && whole;
+      // An overwrite cancels the still-recorded writer before it, whose
+      // value nobody else holds; an owned buffer may have readers of it.
+      const bool cancels = overwrites && unshared;
       const std::size_t bytes = std::size_t(size()) * sizeof(T);
       auto declare = [&](detail::TaskImpl<Kernel>& t) {
-        if (!overwrites) t.add_input(cur);
+        if (!cancels) t.add_input(cur);  // ordered after the writer before it
         detail::add_leaf_inputs(t);
         if (cur->device.type != DeviceType::cpu) t.hand_off = true;
       };
@@ -502,13 +509,13 @@ class Tensor {
       // The bounds on deferred work count the storage a task allocates
       // (Task::bytes). Writing in place allocates none, unless this overwrite
       // cancels the still-recorded writer `p` that would have allocated it.
-      if (!(overwrites && p && p->state.load(std::memory_order_relaxed) == detail::Task::State::recorded)) t->bytes = 0;
+      if (!(cancels && p && p->state.load(std::memory_order_relaxed) == detail::Task::State::recorded)) t->bytes = 0;
       t->output = cur;
       declare(*t);
       // Recorded before the storage's lock is released: once another thread
       // can see it as the producer it must be recorded, or that thread's
       // overwrite could cancel it first and count its bytes out before in.
-      if (overwrites) detail::Engine::get().record(t, p);
+      if (cancels) detail::Engine::get().record(t, p);
       else detail::Engine::get().record(t);
       cur->producer = std::move(t);
     } else {

@@ -327,6 +327,30 @@ BOOST_AUTO_TEST_CASE(a_failed_replay_fails_the_steps_after_it) {
   }
 }
 
+// A replay whose input failed runs none of its chains. What it hands out in
+// buffers of its own (the scores and losses copied out inside a chain) was
+// never written: reading them must raise the input's error.
+BOOST_AUTO_TEST_CASE(a_failed_input_fails_what_the_replay_hands_out) {
+  random::seed(55);
+  const Tensor<float> x = random::normal<float>(0, 1, {12, 8});
+  const auto y = labels(12, 5);
+  auto bad = y.to_vector();
+  bad[0] = -1;
+  const Tensor<float> failed_loss = nn::SoftmaxCrossEntropyLoss()(random::normal<float>(0, 1, {12, 5}), Tensor<std::int64_t>(bad, {12}));
+  const Tensor<float> x_failed = x + failed_loss.reshape({12, 1});
+  Twins twins(x, nn::SGD{0.1f});
+  nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer);
+  for (int i = 0; i < 3; ++i) (void)step(x, y);
+  const auto [loss, scores] = step(x_failed, y);
+  BOOST_TEST(step.replays() == 2);
+  BOOST_CHECK_EXCEPTION((void)loss.to_vector(), std::exception, [](const std::exception& e) { return mentions(e, "label"); });
+  BOOST_CHECK_EXCEPTION((void)scores.to_vector(), std::exception, [](const std::exception& e) { return mentions(e, "label"); });
+  try {
+    wait_all();
+  } catch (const std::exception&) {  // reported once more here
+  }
+}
+
 // With dropout, each replay draws a new mask, the one the plain step would
 // have drawn after the same seed: the same losses, scores and weights.
 BOOST_AUTO_TEST_CASE(dropout_draws_a_new_mask_in_each_replay) {
@@ -362,6 +386,66 @@ BOOST_AUTO_TEST_CASE(dropout_draws_a_new_mask_in_each_replay) {
   twins.expect_same_parameters(1e-5);
 }
 
+// Data parallelism on two (logical CPU) devices: each part's forward and
+// backward, the gradients' allreduce and the update, traced whole and
+// replayed, against the same loop written out on a twin network; epochs of
+// two full batches and a shorter one, without a sync between steps.
+BOOST_AUTO_TEST_CASE(data_parallel_replays_match_the_plain_step) {
+  random::seed(54);
+  const std::vector<Device> two = {cpu(0), cpu(1)};
+  const std::vector<std::int64_t> rows = {12, 12, 5};
+  std::vector<std::vector<Tensor<float>>> xs;
+  std::vector<std::vector<Tensor<std::int64_t>>> ys;
+  for (std::int64_t r : rows) {
+    xs.push_back(split_and_load(random::normal<float>(0, 1, {r, 8}), two));
+    ys.push_back(split_and_load(labels(r, 5), two));
+  }
+  auto hybrid = mlp(), plain = mlp();
+  hybrid->initialize(nn::init::normal(0.3f), two);
+  plain->initialize(nn::init::normal(0.3f), two);
+  (void)(*hybrid)(xs[0][0]).to_vector();  // deferred initialization
+  (void)(*plain)(xs[0][0]).to_vector();
+  const auto a = hybrid->collect_params(), b = plain->collect_params();
+  for (std::size_t i = 0; i < a.size(); ++i) b[i]->set_data(a[i]->data().clone());
+  nn::Trainer hybrid_trainer(a, nn::SGD{0.1f, 0.9f}), plain_trainer(b, nn::SGD{0.1f, 0.9f});
+  nn::TrainStep step(*hybrid, nn::SoftmaxCrossEntropyLoss(), hybrid_trainer);
+  std::vector<std::vector<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>::Output>> got;
+  std::vector<std::vector<std::pair<Tensor<float>, Tensor<float>>>> want;
+  for (int epoch = 0; epoch < 3; ++epoch)
+    for (std::size_t s = 0; s < rows.size(); ++s) {
+      got.push_back(step(xs[s], ys[s]));
+      want.emplace_back(2);
+      {
+        autograd::record rec;
+        for (std::size_t d = 0; d < 2; ++d) {
+          Tensor<float> scores = (*plain)(xs[s][d]);
+          Tensor<float> l = nn::SoftmaxCrossEntropyLoss()(scores, ys[s][d]);
+          l.backward();
+          want.back()[d] = {l.detach(), scores.detach()};
+        }
+      }
+      plain_trainer.step(rows[s]);
+    }
+  BOOST_TEST(step.traces() == 2);
+  BOOST_TEST(step.replays() == 6);
+  for (std::size_t i = 0; i < got.size(); ++i)
+    for (std::size_t d = 0; d < 2; ++d) {
+      BOOST_TEST_CONTEXT("step " << i << ", part " << d) {
+        BOOST_TEST(got[i][d].loss.device() == two[d]);
+        BOOST_TEST(got[i][d].scores.device() == two[d]);
+        expect_close(got[i][d].loss, want[i][d].first, 1e-5);
+        expect_close(got[i][d].scores, want[i][d].second, 1e-5);
+      }
+    }
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    BOOST_TEST_CONTEXT(a[i]->name()) {
+      for (Device d : two) expect_close(a[i]->data(d), b[i]->data(d), 1e-5);
+      // Every device holds the same parameters after the allreduce.
+      BOOST_TEST(a[i]->data(cpu(1)).to_vector() == a[i]->data(cpu(0)).to_vector(), boost::test_tools::per_element());
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(misuse_is_reported) {
   auto net = mlp();
   nn::Trainer trainer(net->collect_params(), nn::SGD{});
@@ -371,6 +455,9 @@ BOOST_AUTO_TEST_CASE(misuse_is_reported) {
                         [](const std::logic_error& e) { return mentions(e, "hybridized"); });
   BOOST_CHECK_EXCEPTION(nn::TrainStep(*net, nn::SoftmaxCrossEntropyLoss(), trainer, {.shapes = 0}),
                         std::invalid_argument, [](const std::invalid_argument& e) { return mentions(e, "shapes is 0"); });
+  net->hybridize(false);
+  BOOST_CHECK_EXCEPTION(step(std::vector<Tensor<float>>{random::normal<float>(0, 1, {4, 8})}, {}),
+                        std::invalid_argument, [](const std::invalid_argument& e) { return mentions(e, "1 input parts and 0 label parts"); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

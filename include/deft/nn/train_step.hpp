@@ -45,9 +45,12 @@ namespace deft::nn {
 /// (deferred, like everything else; detached from autograd).
 /// The first call runs that code, the second traces it, later calls with
 /// inputs of the same shapes replay the trace; a call with new shapes is
-/// traced for them, and both traces are kept (HybridizeOptions::shapes). Random operations (dropout)
-/// draw new numbers in each replay, those the plain step would draw.
-/// Single device: parameters held on several devices are refused.
+/// traced for them, and both traces are kept (HybridizeOptions::shapes).
+/// Random operations (dropout) draw new numbers in each replay, those the
+/// plain step would draw. Data parallelism: `step(xs, ys)` takes a batch's
+/// parts on the devices the parameters live on (split_and_load) and traces
+/// the step Gluon's data-parallel loop writes, the gradients' allreduce
+/// included.
 template <class Loss>
 class TrainStep {
  public:
@@ -73,24 +76,36 @@ class TrainStep {
 
   /// Runs one step on a batch: network input `x`, labels `y`.
   Output operator()(const Tensor<float>& x, const Tensor<Label>& y) {
+    return std::move((*this)(std::vector<Tensor<float>>{x}, std::vector<Tensor<Label>>{y})[0]);
+  }
+
+  /// Runs one data-parallel step: part `i` of the batch is `xs[i]` with
+  /// labels `ys[i]`, each on a device the parameters live on (as
+  /// split_and_load gives them); each part's forward and backward, then one
+  /// Trainer::step over all rows (which sums the gradients across devices).
+  /// Returns each part's loss and scores, on its device.
+  std::vector<Output> operator()(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys) {
+    if (xs.empty() || xs.size() != ys.size())
+      deft::detail::raise("TrainStep: ", xs.size(), " input parts and ", ys.size(),
+                          " label parts; give one label part per input part, at least one");
     if (net_.hybridized())
       deft::detail::raise<std::logic_error>("TrainStep: '", net_.name(),
                                             "' is hybridized; TrainStep traces the whole step, call it on a network "
                                             "that is not hybridized");
     ++calls_;
     if (!traced_.empty() && !still_valid()) drop_traces();
-    const auto it = std::ranges::find_if(traced_, [&](const auto& t) { return t->fits(x, y); });
+    const auto it = std::ranges::find_if(traced_, [&](const auto& t) { return t->fits(xs, ys); });
     if (it != traced_.end()) {
-      if (unread()) return replay(**it, x, y);
+      if (unread()) return replay(**it, xs, ys);
       drop_traces();  // the plain step's copy-on-write gives the state new storage
-      return run(x, y);
+      return run(xs, ys);
     }
     if (calls_ > 1) {
       make_room();
-      if (traceable()) return trace(x, y);
+      if (traceable()) return trace(xs, ys);
     }
     drop_traces();
-    return run(x, y);
+    return run(xs, ys);
   }
 
   /// How many times the step was traced: once per batch shape, and again
@@ -100,29 +115,48 @@ class TrainStep {
   std::int64_t replays() const { return replays_; }
 
  private:
-  // The step traced for one batch shape.
+  // One part of a traced batch: its placeholders (x, y: each replay refills
+  // them), what the traced run returned, and which of the replay's copy-outs
+  // hand out its loss and scores (none: a copy of the traced value).
+  struct Part {
+    Tensor<float> x, loss, scores;
+    Tensor<Label> y;
+    std::size_t loss_copy = deft::detail::Trace::none, scores_copy = deft::detail::Trace::none;
+  };
+  // The step traced for one batch shape (per part).
   struct Traced {
     deft::detail::Trace trace;
-    Tensor<float> x, loss, scores;
-    Tensor<Label> y;  // x and y: placeholders each replay refills
-    std::size_t loss_step = deft::detail::Trace::none;
+    std::vector<Part> parts;
+    std::size_t loss_step = deft::detail::Trace::none;  // part 0's loss step, given a new buffer per replay
     std::vector<long> holds;  // the references to each state buffer (state_'s order) the trace keeps
-    bool fits(const Tensor<float>& xi, const Tensor<Label>& yi) const {
-      return xi.shape() == x.shape() && yi.shape() == y.shape() && xi.device() == x.device() && yi.device() == y.device();
+    bool fits(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys) const {
+      if (xs.size() != parts.size()) return false;
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const Part& p = parts[i];
+        if (!(xs[i].shape() == p.x.shape()) || !(ys[i].shape() == p.y.shape()) || !(xs[i].device() == p.x.device()) ||
+            !(ys[i].device() == p.y.device()))
+          return false;
+      }
+      return true;
     }
   };
 
   // The step as the user would write it.
-  Output run(const Tensor<float>& x, const Tensor<Label>& y) {
-    Output out;
+  std::vector<Output> run(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys) {
+    std::vector<Output> out(xs.size());
+    std::int64_t rows = 0;
     {
       autograd::record recording;
-      out.scores = net_(x);
-      out.loss = loss_(out.scores, y);
-      out.loss.backward();
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        out[i].scores = net_(xs[i]);
+        out[i].loss = loss_(out[i].scores, ys[i]);
+        out[i].loss.backward();
+        rows += xs[i].shape()[0];
+      }
     }
-    trainer_.step(x.shape()[0]);
-    return {out.loss.detach(), out.scores.detach()};
+    trainer_.step(rows);
+    for (auto& o : out) o = {o.loss.detach(), o.scores.detach()};
+    return out;
   }
 
   // The references a state buffer has at rest: its tensor's, state_'s and
@@ -133,10 +167,6 @@ class TrainStep {
   // tensor and the other traces alone (else its first write would copy it,
   // not update it).
   bool traceable() {
-    for (Parameter* p : net_.collect_params())
-      if (p->list_data().size() > 1)
-        deft::detail::raise<std::logic_error>("TrainStep: parameter '", p->name(),
-                                              "' is held on several devices; TrainStep replays one device's step");
     if (trainer_.steps() == 0) return false;
     std::vector<std::shared_ptr<deft::detail::Buffer>> state;  // (a gradient's visit holds a temporary tensor)
     trainer_.for_each_state_buffer([&](const std::shared_ptr<deft::detail::Buffer>& b) { state.push_back(b); });
@@ -154,11 +184,16 @@ class TrainStep {
     return !read_elsewhere();
   }
 
-  Output trace(const Tensor<float>& x, const Tensor<Label>& y) {
+  std::vector<Output> trace(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys) {
     auto t = std::make_unique<Traced>();
     t->trace.programs_allowed = options_.cuda_graph;
-    t->x = x.clone();
-    t->y = y.clone();
+    t->parts.resize(xs.size());
+    std::vector<Tensor<float>> x_parts;  // the placeholders, to run on
+    std::vector<Tensor<Label>> y_parts;
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      x_parts.push_back(t->parts[i].x = xs[i].clone());
+      y_parts.push_back(t->parts[i].y = ys[i].clone());
+    }
     if (state_.empty()) {
       learning_rate_ = trainer_.learning_rate();
       trainer_.for_each_state_buffer([&](const std::shared_ptr<deft::detail::Buffer>& b) { state_.emplace_back(b, 2); });
@@ -166,9 +201,11 @@ class TrainStep {
     for (const auto& [b, rest] : state_) t->trace.own(b);
     {
       deft::detail::TraceScope scope(t->trace);
-      auto [loss, scores] = run(t->x, t->y);
-      t->loss = std::move(loss);
-      t->scores = std::move(scores);
+      auto out = run(x_parts, y_parts);
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        t->parts[i].loss = std::move(out[i].loss);
+        t->parts[i].scores = std::move(out[i].scores);
+      }
     }
     ++traces_;
     // Wait for the traced run: then only the tensors, state_ and the traces
@@ -178,23 +215,37 @@ class TrainStep {
       deft::detail::Engine::get().wait(task);
       failed = failed || task->error;
     }
+    std::vector<Output> out;
+    for (const Part& p : t->parts) out.push_back({p.loss, p.scores});
     if (failed) {  // the caller reads the error; the next calls run (and fail) plainly
       drop_traces();
-      return {t->loss, t->scores};
+      return out;
     }
     for (auto& [b, rest] : state_) {
       const long now = deft::detail::Buffer::references(b);
       t->holds.push_back(now - rest);
       rest = now;
     }
-    t->loss_step = t->trace.sole_unread_writer(t->loss.storage());
-    // Later steps read the scores, so replays copy them out inside their chain.
-    const std::size_t score_bytes = deft::detail::bytes_for<float>(t->scores.shape());
-    t->trace.copy_out(t->scores.storage(), deft::detail::copy_task("train step scores", score_bytes, t->scores));
-    // Replays give the loss's step new buffers (the traced one is the
-    // caller's then), or else overwrite it, as they overwrite the scores.
-    Output out{t->loss_step != deft::detail::Trace::none ? t->loss : deft::detail::traced_result(t->trace, nullptr, t->loss),
-               deft::detail::traced_result(t->trace, nullptr, t->scores)};
+    // Replays give part 0's loss step a new buffer (the traced one is the
+    // caller's then). Later steps read the scores, so replays copy them out
+    // inside their chain, and so the other parts' losses.
+    t->loss_step = t->trace.sole_unread_writer(t->parts[0].loss.storage());
+    std::size_t copies = 0;
+    auto copy_out = [&](const Tensor<float>& value, std::size_t& index, const char* name) {
+      auto copy = deft::detail::copy_task(name, deft::detail::bytes_for<float>(value.shape()), value);
+      if (t->trace.copy_out(value.storage(), std::move(copy))) index = copies++;
+    };
+    for (std::size_t i = 0; i < t->parts.size(); ++i) {
+      Part& p = t->parts[i];
+      if (i > 0 || t->loss_step == deft::detail::Trace::none) copy_out(p.loss, p.loss_copy, "train step loss");
+      copy_out(p.scores, p.scores_copy, "train step scores");
+    }
+    // The traced run's values, for the caller: those replays overwrite are copied.
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (i > 0 || t->loss_step == deft::detail::Trace::none)
+        out[i].loss = deft::detail::traced_result(t->trace, nullptr, out[i].loss);
+      out[i].scores = deft::detail::traced_result(t->trace, nullptr, out[i].scores);
+    }
     traced_.push_back(std::move(t));
     return out;
   }
@@ -244,7 +295,7 @@ class TrainStep {
     return !read_elsewhere();
   }
 
-  Output replay(Traced& t, const Tensor<float>& x, const Tensor<Label>& y) {
+  std::vector<Output> replay(Traced& t, const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys) {
     // Another shape's replay ran last: this one writes the same state after it.
     if (Traced& latest = *traced_.back(); &latest != &t) {
       for (auto& task : latest.trace.last_replay())
@@ -253,15 +304,29 @@ class TrainStep {
       const auto it = std::ranges::find_if(traced_, [&](const auto& p) { return p.get() == &t; });
       std::rotate(it, it + 1, traced_.end());  // the most recently used last
     }
+    // Part 0's input refill goes last: it may run inside the first chain's task.
     std::vector<deft::detail::Refill> refills;
-    refills.push_back({deft::detail::copy_task("train step labels", t.y.leaf().buffer->bytes, y), t.y.leaf().buffer});
-    refills.push_back({deft::detail::copy_task("train step input", t.x.leaf().buffer->bytes, x), t.x.leaf().buffer});
+    for (std::size_t i = t.parts.size(); i-- > 0;) {
+      const Part& p = t.parts[i];
+      refills.push_back({deft::detail::copy_task("train step labels", p.y.leaf().buffer->bytes, ys[i]), p.y.leaf().buffer});
+      refills.push_back({deft::detail::copy_task("train step input", p.x.leaf().buffer->bytes, xs[i]), p.x.leaf().buffer});
+    }
     auto [made, copies] = deft::detail::replay(t.trace, std::move(refills), t.loss_step);
     trainer_.count_replayed_step();
     ++replays_;
-    return {deft::detail::traced_result(t.trace, std::move(made), t.loss),
-            copies.empty() ? deft::detail::traced_result(t.trace, nullptr, t.scores)
-                           : deft::detail::tensor_from_buffer<float>(std::move(copies[0]), t.scores.shape())};
+    // A device program's replay (one GPU) makes no copies: the values are copied after it.
+    auto handed_out = [&](const Tensor<float>& traced, std::size_t copy) {
+      if (copy < copies.size()) return deft::detail::tensor_from_buffer<float>(std::move(copies[copy]), traced.shape());
+      return deft::detail::traced_result(t.trace, nullptr, traced);
+    };
+    std::vector<Output> out;
+    for (std::size_t i = 0; i < t.parts.size(); ++i) {
+      const Part& p = t.parts[i];
+      out.push_back({i == 0 && made ? deft::detail::traced_result(t.trace, std::move(made), p.loss)
+                                    : handed_out(p.loss, p.loss_copy),
+                     handed_out(p.scores, p.scores_copy)});
+    }
+    return out;
   }
 
   // Before a new shape is traced: the least recently used trace goes when

@@ -27,9 +27,11 @@ struct DataParallelStep {
   std::vector<deft::Tensor<std::int64_t>> ys;
   std::shared_ptr<deft::nn::Sequential> net;
   std::unique_ptr<deft::nn::Trainer> trainer;
+  std::unique_ptr<deft::nn::TrainStep<deft::nn::SoftmaxCrossEntropyLoss>> traced;  // set: the step is a TrainStep
   std::uint64_t tasks = 0;  // recorded by the latest step
 
-  DataParallelStep(const std::vector<deft::Device>& on, const std::vector<double>& shares, std::size_t bucket_bytes)
+  DataParallelStep(const std::vector<deft::Device>& on, const std::vector<double>& shares, std::size_t bucket_bytes,
+                   bool hybridize = false)
       : devices(on) {
     using namespace deft;
     random::seed(13);
@@ -44,38 +46,50 @@ struct DataParallelStep {
     (void)(*net)(xs[0]).to_vector();  // draws the weights now
     trainer = std::make_unique<nn::Trainer>(net->collect_params(), nn::SGD{.learning_rate = 0.01f});
     trainer->set_allreduce_bucket_bytes(bucket_bytes);
+    if (hybridize)
+      traced = std::make_unique<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>>(*net, nn::SoftmaxCrossEntropyLoss(), *trainer);
   }
   /// One step, waited for.
   void operator()() {
     using namespace deft;
     const nn::SoftmaxCrossEntropyLoss loss;
     const auto before = engine::stats().tasks_recorded;
-    {
-      autograd::record rec;
-      for (std::size_t d = 0; d < devices.size(); ++d) loss((*net)(xs[d]), ys[d]).backward();
+    if (traced) {
+      (void)(*traced)(xs, ys);
+    } else {
+      {
+        autograd::record rec;
+        for (std::size_t d = 0; d < devices.size(); ++d) loss((*net)(xs[d]), ys[d]).backward();
+      }
+      trainer->step(256);
     }
-    trainer->step(256);
     tasks = engine::stats().tasks_recorded - before;
     wait_all();
   }
   std::vector<float> first_weights() const { return net->collect_params().front()->data(devices.back()).to_vector(); }
 };
 
-/// Rows "data-parallel step <label> 8x64" for deft (one bucket) and
-/// deft-per-param, split evenly. Prints the tasks each records per step and
-/// warns unless both end with the same bits.
+/// Rows "data-parallel step <label> 8x64" for deft (one bucket),
+/// deft-per-param and deft-TrainStep (the bucketed step traced and
+/// replayed), split evenly. Prints the tasks each records per step and
+/// warns unless all end with the same bits.
 inline void data_parallel_rows(const char* g, const std::vector<deft::Device>& devices, const std::string& label) {
   const std::string name = "data-parallel step " + label + " 8x64", size = "256x64";
   const std::vector<double> even(devices.size(), 1.0);
-  DataParallelStep buckets(devices, even, deft::thresholds::allreduce_bucket_bytes), per_param(devices, even, 0);
-  const auto t = measure_interleaved({[&] { buckets(); }, [&] { per_param(); }});
+  const std::size_t bucket = deft::thresholds::allreduce_bucket_bytes;
+  DataParallelStep buckets(devices, even, bucket), per_param(devices, even, 0), traced(devices, even, bucket, true);
+  const auto t = measure_interleaved({[&] { buckets(); }, [&] { per_param(); }, [&] { traced(); }});
   const int w = deft::engine::num_workers();
   add_time(g, name, "deft", w, size, "us", t[0]);
   add_time(g, name, "deft-per-param", w, size, "us", t[1]);
-  std::printf("%-12s tasks recorded per step: %llu with one bucket, %llu with a sum per parameter\n", g,
-              static_cast<unsigned long long>(buckets.tasks), static_cast<unsigned long long>(per_param.tasks));
-  if (buckets.first_weights() != per_param.first_weights())
-    std::printf("%-12s WARNING: %s: buckets and one sum per parameter trained different weights\n", g, name.c_str());
+  add_time(g, name, "deft-TrainStep", w, size, "us", t[2]);
+  std::printf("%-12s tasks recorded per step: %llu with one bucket, %llu with a sum per parameter, %llu replayed "
+              "(%lld traces)\n",
+              g, static_cast<unsigned long long>(buckets.tasks), static_cast<unsigned long long>(per_param.tasks),
+              static_cast<unsigned long long>(traced.tasks), static_cast<long long>(traced.traced->traces()));
+  if (buckets.first_weights() != per_param.first_weights() || buckets.first_weights() != traced.first_weights())
+    std::printf("%-12s WARNING: %s: buckets, one sum per parameter and TrainStep trained different weights\n", g,
+                name.c_str());
 }
 
 /// Rows "data-parallel step <label> 8x64, rows by speed": each device's step

@@ -78,6 +78,18 @@ void expect_close(const Tensor<float>& got, const Tensor<float>& want, double to
                "[" << k << "]: " << g[k] << " vs " << w[k]);
 }
 
+// Each step's loss and scores from a TrainStep against the plain step's.
+void expect_same_outputs(const std::vector<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>::Output>& hybrid,
+                         const std::vector<std::pair<Tensor<float>, Tensor<float>>>& plain, double tol) {
+  BOOST_TEST_REQUIRE(hybrid.size() == plain.size());
+  for (std::size_t i = 0; i < hybrid.size(); ++i) {
+    BOOST_TEST_CONTEXT("step " << i) {
+      expect_close(hybrid[i].loss, plain[i].first, tol);
+      expect_close(hybrid[i].scores, plain[i].second, tol);
+    }
+  }
+}
+
 bool mentions(const std::exception& e, const std::string& what) {
   return std::string(e.what()).find(what) != std::string::npos;
 }
@@ -120,12 +132,7 @@ BOOST_AUTO_TEST_CASE(replays_match_the_plain_step) {
       BOOST_TEST(replayed <= 8u);
       BOOST_TEST(3 * replayed < plain_tasks, replayed << " tasks per replay, " << plain_tasks << " per plain step");
       BOOST_TEST(twins.hybrid_trainer->steps() == 8);
-      for (int i = 0; i < 8; ++i) {
-        BOOST_TEST_CONTEXT("step " << i) {
-          expect_close(hybrid[i].loss, plain[i].first, 1e-5);
-          expect_close(hybrid[i].scores, plain[i].second, 1e-5);
-        }
-      }
+      expect_same_outputs(hybrid, plain, 1e-5);
       twins.expect_same_parameters(1e-5);
     }
   }
@@ -231,12 +238,7 @@ BOOST_AUTO_TEST_CASE(an_epochs_last_shorter_batch_keeps_its_own_trace) {
     }
   BOOST_TEST(step.traces() == 2);
   BOOST_TEST(step.replays() == 9);
-  for (std::size_t i = 0; i < hybrid.size(); ++i) {
-    BOOST_TEST_CONTEXT("step " << i) {
-      expect_close(hybrid[i].loss, plain[i].first, 1e-5);
-      expect_close(hybrid[i].scores, plain[i].second, 1e-5);
-    }
-  }
+  expect_same_outputs(hybrid, plain, 1e-5);
   twins.expect_same_parameters(1e-5);
 }
 
@@ -370,12 +372,7 @@ BOOST_AUTO_TEST_CASE(dropout_draws_a_new_mask_in_each_replay) {
   std::vector<std::pair<Tensor<float>, Tensor<float>>> plain;
   for (int i = 0; i < 6; ++i) plain.push_back(twins.plain_step(xs[i % 2], ys[i % 2]));
   const auto after_plain = random::uniform<float>(0, 1, {4}).to_vector();
-  for (int i = 0; i < 6; ++i) {
-    BOOST_TEST_CONTEXT("step " << i) {
-      expect_close(hybrid[i].loss, plain[i].first, 1e-5);
-      expect_close(hybrid[i].scores, plain[i].second, 1e-5);
-    }
-  }
+  expect_same_outputs(hybrid, plain, 1e-5);
   // Steps 2 and 4 replay on the same batch and weights that moved a little:
   // a fixed mask would give nearly the same scores, a new one does not.
   const auto s2 = hybrid[2].scores.to_vector(), s4 = hybrid[4].scores.to_vector();

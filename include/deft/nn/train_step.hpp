@@ -311,7 +311,8 @@ class TrainStep {
       refills.push_back({deft::detail::copy_task("train step labels", p.y.leaf().buffer->bytes, ys[i]), p.y.leaf().buffer});
       refills.push_back({deft::detail::copy_task("train step input", p.x.leaf().buffer->bytes, xs[i]), p.x.leaf().buffer});
     }
-    auto [made, copies] = deft::detail::replay(t.trace, std::move(refills), t.loss_step);
+    deft::detail::Replayed replayed = deft::detail::replay(t.trace, std::move(refills), t.loss_step);
+    auto& copies = replayed.copies;  // (a reference, not a binding: clang 15's lambdas cannot capture those)
     trainer_.count_replayed_step();
     ++replays_;
     // A device program's replay (one GPU) makes no copies: the values are copied after it.
@@ -322,7 +323,7 @@ class TrainStep {
     std::vector<Output> out;
     for (std::size_t i = 0; i < t.parts.size(); ++i) {
       const Part& p = t.parts[i];
-      out.push_back({i == 0 && made ? deft::detail::traced_result(t.trace, std::move(made), p.loss)
+      out.push_back({i == 0 && replayed.output ? deft::detail::traced_result(t.trace, std::move(replayed.output), p.loss)
                                     : handed_out(p.loss, p.loss_copy),
                      handed_out(p.scores, p.scores_copy)});
     }

@@ -239,6 +239,27 @@ BOOST_AUTO_TEST_CASE(measure_shares_times_each_device_alone) {
   BOOST_CHECK_EXCEPTION(measure_shares(two, [](Device) {}, 0), std::invalid_argument,
                         [](const std::invalid_argument& e) { return mentions(e, "repeats must be at least 1, got 0"); });
   BOOST_CHECK_THROW(measure_shares(two, [](Device) { throw std::runtime_error("step failed"); }), std::runtime_error);
+
+  // Work recorded before the call and not yet run is not the steps': its
+  // failure is not measure_shares', and the caller's next wait_all() still
+  // reports it (once), also after a step failed.
+  for (const bool step_fails : {false, true}) {
+    BOOST_TEST_CONTEXT("a step fails: " << step_fails) {
+      const Tensor<float> failed = nn::SoftmaxCrossEntropyLoss()(random::normal<float>(0, 1, {2, 3}),
+                                                                 Tensor<std::int64_t>(std::vector<std::int64_t>{7, 0}, {2}));
+      BOOST_TEST(!failed.is_ready());
+      auto step = [&](Device d) {
+        if (step_fails) throw std::runtime_error("step failed");
+        const Tensor<float> y = ones<float>({4}, d) * 2.0f;
+        (void)y;
+      };
+      if (step_fails) BOOST_CHECK_THROW(measure_shares(two, step, 1), std::runtime_error);
+      else BOOST_CHECK_NO_THROW(measure_shares(two, step, 1));
+      BOOST_TEST(failed.is_ready());  // it ran, before the steps
+      BOOST_CHECK_EXCEPTION(wait_all(), std::exception, [](const std::exception& e) { return mentions(e, "label"); });
+      BOOST_CHECK_NO_THROW(wait_all());
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(allreduce_writes_the_same_sum_to_every_device) {

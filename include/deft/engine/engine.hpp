@@ -190,6 +190,23 @@ class Engine {
     drain_locked(lk);
   }
 
+  /// quiesce(), then takes the first failure since the last wait_all() (null
+  /// if none), unreported. A call that waits for all work on its caller's
+  /// behalf (measure_shares) takes the earlier failures first and puts them
+  /// back after (restore_failure), so that it reports only its own, and the
+  /// caller's next wait_all() still reports them.
+  std::exception_ptr quiesce_and_take_failure() {
+    std::unique_lock lk(m_);
+    drain_locked(lk);
+    return std::exchange(first_error_, nullptr);
+  }
+  /// Makes `e` (from quiesce_and_take_failure; null: nothing) the first failure again.
+  void restore_failure(std::exception_ptr e) {
+    if (!e) return;
+    std::lock_guard lk(m_);
+    first_error_ = std::move(e);
+  }
+
   /// Calls f(recorded_) under the engine's lock: no recorded task is submitted
   /// (nor its deps changed) meanwhile, so f may walk their graph (graph_dump.hpp).
   template <class F>

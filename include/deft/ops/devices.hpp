@@ -119,25 +119,37 @@ std::vector<Tensor<T>> split_and_load(const Tensor<T>& batch, const std::vector<
 /// the same work on that device (a forward and backward of one batch, say),
 /// and waits for everything (wait_all), once to warm up and `repeats` times
 /// timed. Returns 1 / the median seconds of each device's timed calls: the
-/// steps per second it manages alone. A step's failure is rethrown.
+/// steps per second it manages alone. A step's failure is rethrown; work
+/// recorded before the call runs first, untimed, and its failures are left
+/// for the caller's next wait_all().
 /// std::invalid_argument for no devices or repeats below 1.
 template <class Step>
 std::vector<double> measure_shares(const std::vector<Device>& devices, Step&& step, int repeats = 3) {
   if (devices.empty()) detail::raise("measure_shares: no devices given");
   if (repeats < 1) detail::raise("measure_shares: repeats must be at least 1, got ", repeats);
+  // Work recorded before is not the steps': it runs first, untimed, and a
+  // failure of it stays for the caller's next wait_all().
+  auto& engine = detail::Engine::get();
+  const std::exception_ptr earlier = engine.quiesce_and_take_failure();
   std::vector<double> shares;
-  for (const Device& d : devices) {
-    std::vector<double> seconds;
-    for (int i = 0; i <= repeats; ++i) {
-      const auto start = std::chrono::steady_clock::now();
-      step(d);
-      wait_all();
-      if (i > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  try {
+    for (const Device& d : devices) {
+      std::vector<double> seconds;
+      for (int i = 0; i <= repeats; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        step(d);
+        wait_all();
+        if (i > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      std::nth_element(seconds.begin(), seconds.begin() + std::ptrdiff_t(seconds.size() / 2), seconds.end());
+      // A step too quick for the clock still gets a finite share.
+      shares.push_back(1.0 / std::max(seconds[seconds.size() / 2], 1e-9));
     }
-    std::nth_element(seconds.begin(), seconds.begin() + std::ptrdiff_t(seconds.size() / 2), seconds.end());
-    // A step too quick for the clock still gets a finite share.
-    shares.push_back(1.0 / std::max(seconds[seconds.size() / 2], 1e-9));
+  } catch (...) {
+    engine.restore_failure(earlier);
+    throw;
   }
+  engine.restore_failure(earlier);
   return shares;
 }
 

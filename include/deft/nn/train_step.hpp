@@ -129,6 +129,8 @@ class TrainStep {
     std::vector<Part> parts;
     std::size_t loss_step = deft::detail::Trace::none;  // part 0's loss step, given a new buffer per replay
     std::vector<long> holds;  // the references to each state buffer (state_'s order) the trace keeps
+    // Whether replays give part i's loss step a new buffer (else the loss is copied out).
+    bool loss_made(std::size_t i) const { return i == 0 && loss_step != deft::detail::Trace::none; }
     bool fits(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys) const {
       if (xs.size() != parts.size()) return false;
       for (std::size_t i = 0; i < xs.size(); ++i) {
@@ -180,7 +182,6 @@ class TrainStep {
     if (read_elsewhere()) deft::detail::Engine::get().quiesce();  // pending readers (see unread)
     for (const auto& b : state)
       if (b->error) return false;
-    if (getenv("DBG")) for (std::size_t i = 0; i < state.size(); ++i) fprintf(stderr, "state %zu refs %ld rest %ld\n", i, deft::detail::Buffer::references(state[i]), at_rest(i));
     return !read_elsewhere();
   }
 
@@ -237,13 +238,12 @@ class TrainStep {
     };
     for (std::size_t i = 0; i < t->parts.size(); ++i) {
       Part& p = t->parts[i];
-      if (i > 0 || t->loss_step == deft::detail::Trace::none) copy_out(p.loss, p.loss_copy, "train step loss");
+      if (!t->loss_made(i)) copy_out(p.loss, p.loss_copy, "train step loss");
       copy_out(p.scores, p.scores_copy, "train step scores");
     }
     // The traced run's values, for the caller: those replays overwrite are copied.
     for (std::size_t i = 0; i < out.size(); ++i) {
-      if (i > 0 || t->loss_step == deft::detail::Trace::none)
-        out[i].loss = deft::detail::traced_result(t->trace, nullptr, out[i].loss);
+      if (!t->loss_made(i)) out[i].loss = deft::detail::traced_result(t->trace, nullptr, out[i].loss);
       out[i].scores = deft::detail::traced_result(t->trace, nullptr, out[i].scores);
     }
     traced_.push_back(std::move(t));

@@ -3,6 +3,7 @@
 // must train as one device would on the whole batch.
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -399,6 +400,53 @@ BOOST_AUTO_TEST_CASE(an_uneven_split_trains_like_one_device) {
   (void)(*many)(xs[0]);  // draws the same weights as one's first call
   train_side_by_side(*one, *many, x, y, xs, ys, 4);
   expect_trained_alike(*one, *many);
+}
+
+// A batch with fewer rows than devices leaves a device out: its copies'
+// gradients are the last step's, and the step must not add them. Three
+// devices train like one on batches of 9, then 2 rows (on cpu(0), cpu(1)),
+// then 9 again, with momentum carrying any error into the last step.
+BOOST_AUTO_TEST_CASE(a_device_left_out_of_a_batch_adds_no_old_gradient) {
+  const std::vector<Device> three = {cpu(0), cpu(1), cpu(2)};
+  random::seed(25);
+  const std::vector<std::int64_t> rows = {9, 2, 9};
+  auto one = small_net(), many = small_net();
+  random::seed(26);
+  one->initialize(nn::init::xavier());
+  (void)(*one)(random::normal<float>(0, 1, {1, 6}));
+  random::seed(26);
+  many->initialize(nn::init::xavier(), three);
+  (void)(*many)(random::normal<float>(0, 1, {1, 6}));  // draws the same weights as one's first call
+  const nn::SoftmaxCrossEntropyLoss loss;
+  nn::Trainer t_one(one->collect_params(), nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
+  nn::Trainer t_many(many->collect_params(), nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
+  for (const std::int64_t r : rows) {
+    const Tensor<float> x = random::normal<float>(0, 1, {r, 6});
+    std::vector<std::int64_t> labels;
+    for (std::int64_t i = 0; i < r; ++i) labels.push_back((i * 7 + r) % 3);
+    const Tensor<std::int64_t> y(labels, {r});
+    const std::vector<Device> used(three.begin(), three.begin() + std::min<std::int64_t>(r, 3));
+    const auto xs = split_and_load(x, used);
+    const auto ys = split_and_load(y, used);
+    {
+      autograd::record rec;
+      loss((*one)(x), y).backward();
+      for (std::size_t d = 0; d < used.size(); ++d) loss((*many)(xs[d]), ys[d]).backward();
+    }
+    t_one.step(r);
+    t_many.step(r);
+  }
+  const auto p_one = one->collect_params(), p_many = many->collect_params();
+  for (std::size_t i = 0; i < p_one.size(); ++i) {
+    BOOST_TEST_CONTEXT(p_one[i]->name()) {
+      const auto ref = p_one[i]->data().to_vector();
+      for (const Device d : three) {
+        const auto got = p_many[i]->data(d).to_vector();
+        BOOST_TEST(got == p_many[i]->data(cpu(0)).to_vector(), boost::test_tools::per_element());
+        for (std::size_t k = 0; k < ref.size(); ++k) BOOST_TEST(std::abs(got[k] - ref[k]) <= 1e-5);
+      }
+    }
+  }
 }
 
 // Packing the gradients into buckets changes how many sums run, not their

@@ -279,6 +279,55 @@ BOOST_AUTO_TEST_CASE(misuse_is_reported) {
   BOOST_CHECK_THROW(nn::Trainer(layer.collect_params(), nn::SGD{-1.0f}), std::invalid_argument);
 }
 
+// A step uses only gradients backward() wrote since the last step: a second
+// step without a backward, or a parameter the loss did not use, is refused
+// by name before anything changes, and ignore_stale_grad leaves those
+// parameters as they are while the used ones take their step.
+BOOST_AUTO_TEST_CASE(a_stale_gradient_is_refused_or_ignored) {
+  random::seed(6);
+  nn::Dense used(3), unused(3);
+  used.initialize();
+  unused.initialize();
+  const Tensor<float> x = random::normal<float>(0, 1, {5, 4});
+  (void)unused(x).to_vector();  // gives it a value, outside recording: no gradient
+  std::vector<nn::Parameter*> params = used.collect_params();
+  for (auto* p : unused.collect_params()) params.push_back(p);
+  nn::Trainer trainer(params, nn::SGD{0.1f, 0.9f});
+  auto values = [&] {
+    std::vector<std::vector<float>> v;
+    for (auto* p : params) v.push_back(p->data().to_vector());
+    return v;
+  };
+  auto backward = [&] {
+    autograd::record rec;
+    sum(used(x) * used(x)).backward();
+  };
+  backward();
+  const auto before = values();
+  const std::string unused_weight = unused.collect_params()[0]->name();
+  BOOST_CHECK_EXCEPTION(trainer.step(5), std::logic_error, [&](const std::logic_error& e) {
+    return mentions(e, "'" + unused_weight + "'") && mentions(e, "ignore_stale_grad") && mentions(e, "cpu(0)");
+  });
+  BOOST_TEST(trainer.steps() == 0);
+  BOOST_TEST((values() == before));  // refused before anything was recorded
+
+  trainer.step(5, true);
+  BOOST_TEST(trainer.steps() == 1);
+  auto after = values();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    BOOST_TEST_CONTEXT(params[i]->name()) {
+      const bool is_used = i < used.collect_params().size();
+      BOOST_TEST((after[i] != before[i]) == is_used);
+    }
+  }
+  // The used gradients went into that step: a second one without a backward is stale too.
+  BOOST_CHECK_EXCEPTION(trainer.step(5, false), std::logic_error,
+                        [&](const std::logic_error& e) { return mentions(e, "'" + used.collect_params()[0]->name() + "'"); });
+  trainer.step(5, true);  // nothing fresh: nothing moves
+  BOOST_TEST((values() == after));
+  BOOST_TEST(trainer.steps() == 2);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(parameter_files)

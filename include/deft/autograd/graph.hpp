@@ -39,6 +39,7 @@ struct Meta final : MetaBase {
   void deliver() override {
     if (req == GradReq::write) grad.assign(pending);
     else if (req == GradReq::add) grad += pending;
+    fresh_grad = true;
   }
 };
 
@@ -308,6 +309,17 @@ Tensor<T> grad_of(const Tensor<T>& x) {
     deft::detail::raise<std::logic_error>("grad(): this tensor (shape ", x.shape().to_string(),
                                           ") has no gradient; call attach_grad() on it before recording");
   return meta_of<T>(*m).grad;
+}
+
+/// Whether backward() wrote x's gradient since the last forget_fresh_grad(x).
+template <class T>
+bool grad_is_fresh(const Tensor<T>& x) {
+  const auto& m = x.grad_meta();
+  return m && m->attached && m->fresh_grad;
+}
+template <class T>
+void forget_fresh_grad(const Tensor<T>& x) {
+  if (const auto& m = x.grad_meta()) m->fresh_grad = false;
 }
 
 /// The metas reachable from `root`, each after every meta that reads it.

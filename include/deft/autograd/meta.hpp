@@ -38,6 +38,9 @@ struct MetaBase {
   std::shared_ptr<Node> grad_fn;  // the recorded operation that produced the value
   bool attached = false;
   GradReq req = GradReq::write;
+  // Set when backward() hands this variable a gradient, cleared by the
+  // Trainer step that uses it: a step can tell a new gradient from an old one.
+  bool fresh_grad = false;
 
   // The gradient gathered for this value during one backward pass.
   virtual bool has_pending() const = 0;

@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "../autograd/graph.hpp"
 #include "../expr/operators.hpp"
 #include "../ops/creation.hpp"
 #include "../ops/devices.hpp"
@@ -45,22 +46,47 @@ class Trainer {
   /// Parameters held on several devices first sum their copies' gradients
   /// (allreduce, packed into buckets of allreduce_bucket_bytes(); batch_size
   /// counts the rows of all of them), then update every copy the same way,
-  /// so the copies stay equal. A parameter without a value yet is refused
-  /// before anything is recorded.
-  void step(std::int64_t batch_size) {
+  /// so the copies stay equal. Only gradients that backward() wrote since
+  /// the last step count: a copy whose device got no rows of this batch adds
+  /// nothing to the sum. A parameter without such a gradient on any device
+  /// (one the loss did not use, or a step without a backward) is refused,
+  /// std::logic_error naming it, unless `ignore_stale_grad`, which leaves it
+  /// as it is (Gluon's rule). Both refusals, and that of a parameter without
+  /// a value yet, come before anything is recorded.
+  void step(std::int64_t batch_size, bool ignore_stale_grad = false) {
     if (batch_size < 1) detail::raise("Trainer::step: batch_size must be at least 1, got ", batch_size);
     for (const Parameter* p : params_)
       if (!p->initialized())
         detail::raise<std::logic_error>("Trainer::step: parameter '", p->name(),
                                         "' has no value yet; run a forward and backward pass before step()");
+    std::vector<std::size_t> updated;  // the parameters with a new gradient somewhere
+    std::vector<std::vector<Tensor<float>>> values, grads;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto copies = params_[i]->list_data();
+      if (std::ranges::none_of(copies, [](const auto& v) { return autograd::detail::grad_is_fresh(v); })) {
+        if (ignore_stale_grad) continue;
+        detail::raise<std::logic_error>(
+            "Trainer::step: parameter '", params_[i]->name(), "' has no gradient from a backward() since the last step",
+            " (on ", detail::device_list(params_[i]->devices()),
+            "); call backward() on a loss that uses it, or pass ignore_stale_grad = true to leave such parameters "
+            "unchanged");
+      }
+      updated.push_back(i);
+      values.push_back(std::move(copies));
+    }
     const float rescale = 1.0f / float(batch_size);
     autograd::pause no_recording;  // updates are never differentiated
     ++steps_;
-    std::vector<std::vector<Tensor<float>>> values(params_.size()), grads(params_.size());
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      values[i] = params_[i]->list_data();
-      for (const auto& v : values[i]) grads[i].push_back(v.grad());
+    for (auto& copies : values) {
+      grads.emplace_back();
+      for (const auto& v : copies) {
+        grads.back().push_back(v.grad());
+        // A copy whose device had no rows holds the last step's gradient: zero adds nothing.
+        if (!autograd::detail::grad_is_fresh(v)) grads.back().back().assign(zeros<float>(v.shape(), v.device()));
+      }
     }
+    for (Parameter* p : params_)
+      for (const auto& v : p->list_data()) autograd::detail::forget_fresh_grad(v);
     allreduce(grads, bucket_bytes_);
     if (const auto* adam = std::get_if<Adam>(&opt_)) {
       std::vector<Device> devices;
@@ -69,10 +95,11 @@ class Trainer {
           if (std::ranges::find(devices, v.device()) == devices.end()) devices.push_back(v.device());
       for (Device d : devices) tick(*adam, d);
     }
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (state_[i].size() != values[i].size()) state_[i].assign(values[i].size(), State{});
-      for (std::size_t r = 0; r < values[i].size(); ++r)
-        std::visit([&](const auto& o) { update(o, values[i][r], grads[i][r], rescale, state_[i][r]); }, opt_);
+    for (std::size_t k = 0; k < updated.size(); ++k) {
+      auto& state = state_[updated[k]];
+      if (state.size() != values[k].size()) state.assign(values[k].size(), State{});
+      for (std::size_t r = 0; r < values[k].size(); ++r)
+        std::visit([&](const auto& o) { update(o, values[k][r], grads[k][r], rescale, state[r]); }, opt_);
     }
   }
 

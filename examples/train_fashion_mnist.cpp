@@ -5,7 +5,7 @@
 //                       (defaults: SGD lr 0.1 momentum 0.9 for the MLP,
 //                        Adam lr 0.001 for LeNet)
 //                       [--shares LIST] [--data DIR] [--csv FILE] [--seed N]
-//                       [--dropout P] [--hybridize]
+//                       [--dropout P] [--clip-norm X] [--hybridize]
 //
 // --device takes one device or a comma-separated list (cpu, cpu1, gpu0,
 // cpu,gpu0). With several, training is data-parallel as in Gluon: each
@@ -18,6 +18,9 @@
 // rows are split evenly.
 // --dropout P puts an nn::Dropout(P) after each hidden dense layer (active
 // in training only; the evaluation sees the whole network).
+// --clip-norm X clips the summed gradients to the global norm X before each
+// update (nn::clip_global_norm between trainer.allreduce_grads() and
+// trainer.update(); with --hybridize inside the traced step).
 // --hybridize runs each step as an nn::TrainStep: the whole step (forward,
 // loss, backward, update) is traced at the second batch and replayed after
 // that, as a few tasks instead of one per operation; with several devices
@@ -67,6 +70,7 @@ struct Options {
   std::string csv;
   std::uint64_t seed = 42;
   float dropout = 0.0f;
+  float clip_norm = 0.0f;  // 0: no clipping
   bool hybridize = false;
 };
 
@@ -76,7 +80,7 @@ struct Options {
                "usage: train_fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size N] [--lr X]\n"
                "                           [--optimizer sgd|adam] [--device cpu|cpu1|gpu0|cpu,gpu0|...]\n"
                "                           [--shares X,Y,...|auto] [--data DIR] [--csv FILE] [--seed N]\n"
-               "                           [--dropout P] [--hybridize]\n",
+               "                           [--dropout P] [--clip-norm X] [--hybridize]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -121,6 +125,10 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = std::uint64_t(number(value()));
     else if (a == "--hybridize") o.hybridize = true;
     else if (a == "--dropout") o.dropout = float(number(value()));
+    else if (a == "--clip-norm") {
+      o.clip_norm = float(number(value()));
+      if (!(o.clip_norm > 0) || !std::isfinite(o.clip_norm)) usage("--clip-norm must be a positive number");
+    }
     else if (a == "--help" || a == "-h") usage("train a Fashion-MNIST classifier");
     else usage("unknown option '" + a + "'");
   }
@@ -200,7 +208,9 @@ int main(int argc, char** argv) try {
   const auto test = data::load_fashion_mnist(dir, data::Split::test, layout);
   char dropout[32] = "";
   if (opt.dropout > 0.0f) std::snprintf(dropout, sizeof dropout, " with dropout %g", double(opt.dropout));
-  const std::string model = opt.model + dropout + (opt.hybridize ? ", hybridized" : "");
+  char clip[40] = "";
+  if (opt.clip_norm > 0.0f) std::snprintf(clip, sizeof clip, ", gradients clipped to norm %g", double(opt.clip_norm));
+  const std::string model = opt.model + dropout + clip + (opt.hybridize ? ", hybridized" : "");
   std::printf("Fashion-MNIST from %s: %lld train, %lld test images; model %s, %d epochs, batch %lld, %s, %s, %d workers\n",
               dir.string().c_str(), static_cast<long long>(train.size()), static_cast<long long>(test.size()),
               model.c_str(), opt.epochs, static_cast<long long>(opt.batch_size), opt.optimizer.c_str(),
@@ -215,7 +225,10 @@ int main(int argc, char** argv) try {
                                              : std::variant<nn::SGD, nn::Adam>(nn::Adam{.learning_rate = lr}));
   const nn::SoftmaxCrossEntropyLoss loss_fn;
   std::optional<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>> hybrid_step;
-  if (opt.hybridize) hybrid_step.emplace(*net, loss_fn, trainer);
+  if (opt.hybridize) {
+    hybrid_step.emplace(*net, loss_fn, trainer);
+    hybrid_step->set_max_grad_norm(opt.clip_norm);
+  }
   // LeNet reads (batch, 1, 28, 28); the MLP reads the flat (batch, 784) rows.
   const bool images = opt.model == "lenet";
   auto as_input = [images](const Tensor<float>& x) {
@@ -286,7 +299,13 @@ int main(int argc, char** argv) try {
             loss_sum = loss_sum + sum(loss.detach()).to(cpu());
           }
         }
-        trainer.step(batch.x.shape()[0]);  // sums the devices' gradients first
+        if (opt.clip_norm > 0) {
+          trainer.allreduce_grads();  // sums the devices' gradients
+          (void)nn::clip_global_norm(net->collect_params(), opt.clip_norm);
+          trainer.update(batch.x.shape()[0]);
+        } else {
+          trainer.step(batch.x.shape()[0]);  // sums the devices' gradients first
+        }
       }
       for (std::size_t d = 0; d < xs.size(); ++d)
         correct = correct + sum(cast<float>(argmax(scores[d].detach(), 1) == ys[d])).to(cpu());

@@ -328,6 +328,90 @@ BOOST_AUTO_TEST_CASE(a_stale_gradient_is_refused_or_ignored) {
   BOOST_TEST(trainer.steps() == 2);
 }
 
+// step() is allreduce_grads() then update(): the halves, called one by one,
+// give the same bits, and out of order they are refused.
+BOOST_AUTO_TEST_CASE(step_is_allreduce_grads_then_update) {
+  random::seed(7);
+  const Tensor<float> x = random::normal<float>(0, 1, {6, 4});
+  std::vector<std::vector<float>> trained[2];
+  for (int halves = 0; halves < 2; ++halves) {
+    random::seed(8);
+    nn::Dense layer(3);
+    layer.initialize(nn::init::xavier(), {cpu(0), cpu(1)});
+    (void)layer(x).to_vector();
+    nn::Trainer trainer(layer.collect_params(), nn::Adam{.learning_rate = 0.05f});
+    if (halves) BOOST_CHECK_EXCEPTION(trainer.update(6), std::logic_error, [](const std::logic_error& e) {
+        return mentions(e, "allreduce_grads() first");
+      });
+    for (int step = 0; step < 3; ++step) {
+      {
+        autograd::record rec;
+        sum(layer(x.rows(0, 2)) * layer(x.rows(0, 2))).backward();
+        sum(layer(x.rows(2, 6).to(cpu(1))) * layer(x.rows(2, 6).to(cpu(1)))).backward();
+      }
+      if (halves) {
+        trainer.allreduce_grads();
+        BOOST_CHECK_EXCEPTION(trainer.allreduce_grads(), std::logic_error,
+                              [](const std::logic_error& e) { return mentions(e, "summed already"); });
+        trainer.update(6);
+      } else {
+        trainer.step(6);
+      }
+    }
+    BOOST_TEST(trainer.steps() == 3);
+    for (auto* p : layer.collect_params())
+      for (const Device d : {cpu(0), cpu(1)}) trained[halves].push_back(p->data(d).to_vector());
+  }
+  BOOST_TEST_REQUIRE(trained[0].size() == trained[1].size());
+  for (std::size_t i = 0; i < trained[0].size(); ++i)
+    BOOST_TEST(trained[0][i] == trained[1][i], boost::test_tools::per_element());
+}
+
+// clip_global_norm against a double-precision loop, on arrays on two
+// devices: the norm, the scaled values, the arrays left alone when their
+// norm is below the bound, and its refusals.
+BOOST_AUTO_TEST_CASE(clip_global_norm_scales_by_the_norm_of_all_arrays) {
+  random::seed(9);
+  auto draw = [] {
+    return std::vector<Tensor<float>>{random::normal<float>(0, 2, {7, 5}), random::normal<float>(0, 2, {9}).to(cpu(1)),
+                                      random::normal<float>(0, 2, {3, 2, 2})};
+  };
+  std::vector<Tensor<float>> arrays = draw();
+  std::vector<std::vector<float>> before;
+  double squares = 0;
+  for (const auto& a : arrays) {
+    before.push_back(a.to_vector());
+    for (const float v : before.back()) squares += double(v) * v;
+  }
+  const double norm = std::sqrt(squares);
+  BOOST_TEST_REQUIRE(norm > 3.0);
+  const Tensor<float> got = nn::clip_global_norm(arrays, 3.0f);
+  BOOST_TEST(got.device() == cpu(0));
+  BOOST_TEST(std::abs(got.item() - norm) <= 1e-5 * norm);
+  const double scale = 3.0 / (norm + 1e-6);
+  double after = 0;
+  for (std::size_t i = 0; i < arrays.size(); ++i) {
+    const auto now = arrays[i].to_vector();
+    for (std::size_t k = 0; k < now.size(); ++k) {
+      BOOST_TEST(std::abs(now[k] - before[i][k] * scale) <= 1e-5 * std::max(1.0, std::abs(before[i][k] * scale)));
+      after += double(now[k]) * now[k];
+    }
+  }
+  BOOST_TEST(std::abs(std::sqrt(after) - 3.0) <= 1e-4);
+  // Below the bound nothing changes, bit for bit.
+  const auto clipped = arrays[0].to_vector();
+  BOOST_TEST(nn::clip_global_norm(arrays, 100.0f).item() <= 3.0001f);
+  BOOST_TEST(arrays[0].to_vector() == clipped, boost::test_tools::per_element());
+
+  std::vector<Tensor<float>> none;
+  BOOST_CHECK_EXCEPTION(nn::clip_global_norm(none, 1.0f), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "no arrays"); });
+  for (const float bad : {0.0f, -1.0f, std::nanf(""), INFINITY})
+    BOOST_CHECK_EXCEPTION(nn::clip_global_norm(arrays, bad), std::invalid_argument,
+                          [](const std::invalid_argument& e) { return mentions(e, "max_norm"); });
+  BOOST_TEST(arrays[0].to_vector() == clipped, boost::test_tools::per_element());  // refused before any change
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(parameter_files)

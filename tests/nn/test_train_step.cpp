@@ -483,6 +483,56 @@ BOOST_AUTO_TEST_CASE(a_batch_on_fewer_devices_replays_without_the_old_gradient) 
   BOOST_TEST(step.replays() == 6);
 }
 
+// Clipping the summed gradients inside the trace: on two devices and two
+// batch shapes, the replays train as the plain step written out with
+// allreduce_grads, clip_global_norm and update, and the copies stay equal.
+BOOST_AUTO_TEST_CASE(clipped_gradients_replay_like_the_written_out_step) {
+  random::seed(56);
+  const std::vector<Device> two = {cpu(0), cpu(1)};
+  const std::vector<std::int64_t> rows = {12, 12, 6};
+  std::vector<std::vector<Tensor<float>>> xs;
+  std::vector<std::vector<Tensor<std::int64_t>>> ys;
+  for (std::int64_t r : rows) {
+    xs.push_back(split_and_load(random::normal<float>(0, 1, {r, 8}), two));
+    ys.push_back(split_and_load(labels(r, 5), two));
+  }
+  auto hybrid = mlp(), plain = mlp();
+  hybrid->initialize(nn::init::normal(0.3f), two);
+  plain->initialize(nn::init::normal(0.3f), two);
+  (void)(*hybrid)(xs[0][0]).to_vector();  // deferred initialization
+  (void)(*plain)(xs[0][0]).to_vector();
+  const auto a = hybrid->collect_params(), b = plain->collect_params();
+  for (std::size_t i = 0; i < a.size(); ++i) b[i]->set_data(a[i]->data().clone());
+  nn::Trainer hybrid_trainer(a, nn::SGD{0.5f, 0.9f}), plain_trainer(b, nn::SGD{0.5f, 0.9f});
+  nn::TrainStep step(*hybrid, nn::SoftmaxCrossEntropyLoss(), hybrid_trainer);
+  constexpr float max_norm = 0.2f;
+  step.set_max_grad_norm(max_norm);
+  BOOST_TEST(step.max_grad_norm() == max_norm);
+  int clipped = 0;
+  for (int epoch = 0; epoch < 3; ++epoch)
+    for (std::size_t s = 0; s < rows.size(); ++s) {
+      (void)step(xs[s], ys[s]);
+      {
+        autograd::record rec;
+        for (std::size_t d = 0; d < 2; ++d) nn::SoftmaxCrossEntropyLoss()((*plain)(xs[s][d]), ys[s][d]).backward();
+      }
+      plain_trainer.allreduce_grads();
+      clipped += nn::clip_global_norm(b, max_norm).item() > max_norm;
+      plain_trainer.update(rows[s]);
+    }
+  BOOST_TEST(clipped >= 5);  // the bound is met often enough to matter
+  BOOST_TEST(step.traces() == 2);
+  BOOST_TEST(step.replays() == 6);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    BOOST_TEST_CONTEXT(a[i]->name()) {
+      for (Device d : two) expect_close(a[i]->data(d), b[i]->data(d), 1e-5);
+      BOOST_TEST(a[i]->data(cpu(1)).to_vector() == a[i]->data(cpu(0)).to_vector(), boost::test_tools::per_element());
+    }
+  }
+  BOOST_CHECK_THROW(step.set_max_grad_norm(-1.0f), std::invalid_argument);
+  BOOST_CHECK_THROW(step.set_max_grad_norm(std::nanf("")), std::invalid_argument);
+}
+
 BOOST_AUTO_TEST_CASE(misuse_is_reported) {
   auto net = mlp();
   nn::Trainer trainer(net->collect_params(), nn::SGD{});

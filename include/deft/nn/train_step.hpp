@@ -16,6 +16,7 @@
 // storage, learning rate), which traces again.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -24,6 +25,7 @@
 
 #include "../autograd/meta.hpp"
 #include "block.hpp"
+#include "clip.hpp"
 #include "trainer.hpp"
 
 namespace deft::detail {
@@ -108,6 +110,19 @@ class TrainStep {
     return run(xs, ys);
   }
 
+  /// Clips the summed gradients by their global norm before each update
+  /// (clip_global_norm between Trainer::allreduce_grads and update), inside
+  /// the traced step: no sync point. 0, the default, does not clip. A new
+  /// value traces again. std::invalid_argument for a negative or non-finite one.
+  void set_max_grad_norm(float max_norm) {
+    if (!(max_norm >= 0) || !std::isfinite(max_norm))
+      deft::detail::raise("TrainStep::set_max_grad_norm: needs a finite norm >= 0 (0: no clipping), got ", max_norm);
+    if (max_norm != max_grad_norm_) drop_traces();
+    max_grad_norm_ = max_norm;
+  }
+  /// The norm the gradients are clipped to; 0: no clipping.
+  float max_grad_norm() const { return max_grad_norm_; }
+
   /// How many times the step was traced: once per batch shape, and again
   /// when the learning rate or the parameters' storage changed.
   std::int64_t traces() const { return traces_; }
@@ -156,7 +171,13 @@ class TrainStep {
         rows += xs[i].shape()[0];
       }
     }
-    trainer_.step(rows);
+    if (max_grad_norm_ > 0) {
+      trainer_.allreduce_grads();
+      nn::clip_global_norm(trainer_.params_, max_grad_norm_);
+      trainer_.update(rows);
+    } else {
+      trainer_.step(rows);
+    }
     for (auto& o : out) o = {o.loss.detach(), o.scores.detach()};
     return out;
   }
@@ -362,6 +383,7 @@ class TrainStep {
   // the learning rate the traces baked in.
   std::vector<std::pair<std::shared_ptr<deft::detail::Buffer>, long>> state_;
   float learning_rate_ = 0;
+  float max_grad_norm_ = 0;
   std::int64_t calls_ = 0, traces_ = 0, replays_ = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <variant>
 #include <vector>
 
@@ -42,44 +43,52 @@ class Trainer {
     if (learning_rate() <= 0) detail::raise("Trainer: the learning rate must be positive, got ", learning_rate());
   }
 
-  /// One update of every parameter from its current gradient / batch_size.
+  /// One update of every parameter from its current gradient / batch_size:
+  /// allreduce_grads(ignore_stale_grad), then update(batch_size).
   /// Parameters held on several devices first sum their copies' gradients
-  /// (allreduce, packed into buckets of allreduce_bucket_bytes(); batch_size
-  /// counts the rows of all of them), then update every copy the same way,
-  /// so the copies stay equal. Only gradients that backward() wrote since
-  /// the last step count: a copy whose device got no rows of this batch adds
-  /// nothing to the sum. A parameter without such a gradient on any device
-  /// (one the loss did not use, or a step without a backward) is refused,
-  /// std::logic_error naming it, unless `ignore_stale_grad`, which leaves it
-  /// as it is (Gluon's rule). Both refusals, and that of a parameter without
-  /// a value yet, come before anything is recorded.
+  /// (batch_size counts the rows of all of them), then update every copy the
+  /// same way, so the copies stay equal. Every refusal (a bad batch_size, a
+  /// parameter without a value or a new gradient) comes before anything is
+  /// recorded.
   void step(std::int64_t batch_size, bool ignore_stale_grad = false) {
-    if (batch_size < 1) detail::raise("Trainer::step: batch_size must be at least 1, got ", batch_size);
+    check_batch_size(batch_size, "step");
+    allreduce_grads(ignore_stale_grad);
+    update(batch_size);
+  }
+
+  /// The first half of step(), for work on the summed gradients before the
+  /// update (clip_global_norm): sums each parameter's copies' gradients into
+  /// every copy (allreduce, packed into buckets of allreduce_bucket_bytes()).
+  /// Only gradients that backward() wrote since the last step count: a copy
+  /// whose device got no rows of this batch adds nothing to the sum. A
+  /// parameter without such a gradient on any device (one the loss did not
+  /// use, or a step without a backward) is refused, std::logic_error naming
+  /// it, unless `ignore_stale_grad`, which leaves it as it is (Gluon's rule).
+  void allreduce_grads(bool ignore_stale_grad = false) {
+    if (reduced_)
+      detail::raise<std::logic_error>("Trainer::allreduce_grads: the gradients are summed already; call "
+                                      "update(batch_size) before the next allreduce_grads()");
     for (const Parameter* p : params_)
       if (!p->initialized())
-        detail::raise<std::logic_error>("Trainer::step: parameter '", p->name(),
+        detail::raise<std::logic_error>("Trainer: parameter '", p->name(),
                                         "' has no value yet; run a forward and backward pass before step()");
-    std::vector<std::size_t> updated;  // the parameters with a new gradient somewhere
-    std::vector<std::vector<Tensor<float>>> values, grads;
+    std::vector<std::size_t> fresh;  // the parameters with a new gradient somewhere
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto copies = params_[i]->list_data();
-      if (std::ranges::none_of(copies, [](const auto& v) { return autograd::detail::grad_is_fresh(v); })) {
-        if (ignore_stale_grad) continue;
+      const auto copies = params_[i]->list_data();
+      if (std::ranges::any_of(copies, [](const auto& v) { return autograd::detail::grad_is_fresh(v); }))
+        fresh.push_back(i);
+      else if (!ignore_stale_grad)
         detail::raise<std::logic_error>(
-            "Trainer::step: parameter '", params_[i]->name(), "' has no gradient from a backward() since the last step",
+            "Trainer: parameter '", params_[i]->name(), "' has no gradient from a backward() since the last step",
             " (on ", detail::device_list(params_[i]->devices()),
             "); call backward() on a loss that uses it, or pass ignore_stale_grad = true to leave such parameters "
             "unchanged");
-      }
-      updated.push_back(i);
-      values.push_back(std::move(copies));
     }
-    const float rescale = 1.0f / float(batch_size);
     autograd::pause no_recording;  // updates are never differentiated
-    ++steps_;
-    for (auto& copies : values) {
+    std::vector<std::vector<Tensor<float>>> grads;
+    for (std::size_t i : fresh) {
       grads.emplace_back();
-      for (const auto& v : copies) {
+      for (const auto& v : params_[i]->list_data()) {
         grads.back().push_back(v.grad());
         // A copy whose device had no rows holds the last step's gradient: zero adds nothing.
         if (!autograd::detail::grad_is_fresh(v)) grads.back().back().assign(zeros<float>(v.shape(), v.device()));
@@ -88,6 +97,24 @@ class Trainer {
     for (Parameter* p : params_)
       for (const auto& v : p->list_data()) autograd::detail::forget_fresh_grad(v);
     allreduce(grads, bucket_bytes_);
+    reduced_ = std::move(fresh);
+  }
+
+  /// The second half of step(): updates the parameters allreduce_grads()
+  /// summed, from their gradients / batch_size. std::logic_error unless
+  /// allreduce_grads() came first.
+  void update(std::int64_t batch_size) {
+    check_batch_size(batch_size, "update");
+    if (!reduced_)
+      detail::raise<std::logic_error>("Trainer::update: no summed gradients; call allreduce_grads() first (step() "
+                                      "does both)");
+    const std::vector<std::size_t> params = std::move(*reduced_);
+    reduced_.reset();
+    const float rescale = 1.0f / float(batch_size);
+    autograd::pause no_recording;
+    ++steps_;
+    std::vector<std::vector<Tensor<float>>> values;
+    for (std::size_t i : params) values.push_back(params_[i]->list_data());
     if (const auto* adam = std::get_if<Adam>(&opt_)) {
       std::vector<Device> devices;
       for (const auto& vs : values)
@@ -95,11 +122,11 @@ class Trainer {
           if (std::ranges::find(devices, v.device()) == devices.end()) devices.push_back(v.device());
       for (Device d : devices) tick(*adam, d);
     }
-    for (std::size_t k = 0; k < updated.size(); ++k) {
-      auto& state = state_[updated[k]];
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      auto& state = state_[params[k]];
       if (state.size() != values[k].size()) state.assign(values[k].size(), State{});
       for (std::size_t r = 0; r < values[k].size(); ++r)
-        std::visit([&](const auto& o) { update(o, values[k][r], grads[k][r], rescale, state[r]); }, opt_);
+        std::visit([&](const auto& o) { apply(o, values[k][r], values[k][r].grad(), rescale, state[r]); }, opt_);
     }
   }
 
@@ -175,8 +202,12 @@ class Trainer {
   }
   // A TrainStep replay made one more step.
   void count_replayed_step() { ++steps_; }
+  static void check_batch_size(std::int64_t batch_size, const char* op) {
+    if (batch_size < 1) detail::raise("Trainer::", op, ": batch_size must be at least 1, got ", batch_size);
+  }
 
-  void update(const SGD& o, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
+  // One optimizer update of copy w from its summed gradient g.
+  void apply(const SGD& o, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
     if (o.momentum == 0.0f) {
       w -= (g * rescale + w * o.weight_decay) * o.learning_rate;
       return;
@@ -185,7 +216,7 @@ class Trainer {
     s.m = s.m * o.momentum - (g * rescale + w * o.weight_decay) * o.learning_rate;
     w += s.m;
   }
-  void update(const Adam& o, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
+  void apply(const Adam& o, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
     if (!s.m) {
       s.m = zeros<float>(w.shape(), w.device());
       s.v = zeros<float>(w.shape(), w.device());
@@ -201,6 +232,7 @@ class Trainer {
   std::vector<std::vector<State>> state_;  // per parameter, per device
   std::vector<std::pair<Device, Clock>> clocks_;
   std::int64_t steps_ = 0;
+  std::optional<std::vector<std::size_t>> reduced_;  // the parameters allreduce_grads() summed for update()
   std::size_t bucket_bytes_ = thresholds::allreduce_bucket_bytes;
 };
 

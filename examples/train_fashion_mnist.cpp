@@ -18,9 +18,10 @@
 // rows are split evenly.
 // --dropout P puts an nn::Dropout(P) after each hidden dense layer (active
 // in training only; the evaluation sees the whole network).
-// --clip-norm X clips the summed gradients to the global norm X before each
-// update (nn::clip_global_norm between trainer.allreduce_grads() and
-// trainer.update(); with --hybridize inside the traced step).
+// --clip-norm X clips the gradients to the global norm X before each update
+// (nn::clip_global_norm between trainer.allreduce_grads() and
+// trainer.update(); with --hybridize inside the traced step). They are sums
+// over the batch, as in Gluon: 20 clips most steps at batch 256.
 // --hybridize runs each step as an nn::TrainStep: the whole step (forward,
 // loss, backward, update) is traced at the second batch and replayed after
 // that, as a few tasks instead of one per operation; with several devices
@@ -208,7 +209,7 @@ int main(int argc, char** argv) try {
   const auto test = data::load_fashion_mnist(dir, data::Split::test, layout);
   char dropout[32] = "";
   if (opt.dropout > 0.0f) std::snprintf(dropout, sizeof dropout, " with dropout %g", double(opt.dropout));
-  char clip[40] = "";
+  char clip[64] = "";
   if (opt.clip_norm > 0.0f) std::snprintf(clip, sizeof clip, ", gradients clipped to norm %g", double(opt.clip_norm));
   const std::string model = opt.model + dropout + clip + (opt.hybridize ? ", hybridized" : "");
   std::printf("Fashion-MNIST from %s: %lld train, %lld test images; model %s, %d epochs, batch %lld, %s, %s, %d workers\n",

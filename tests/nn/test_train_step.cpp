@@ -90,6 +90,42 @@ void expect_same_outputs(const std::vector<nn::TrainStep<nn::SoftmaxCrossEntropy
   }
 }
 
+// Batches of the given rows split over cpu(0) and cpu(1), and two networks
+// on both devices with the same parameters, each with an SGD trainer.
+struct DataParallelTwins {
+  const std::vector<Device> two = {cpu(0), cpu(1)};
+  std::vector<std::vector<Tensor<float>>> xs;
+  std::vector<std::vector<Tensor<std::int64_t>>> ys;
+  std::shared_ptr<nn::Sequential> hybrid = mlp(), plain = mlp();
+  std::vector<nn::Parameter*> a, b;  // hybrid's and plain's parameters
+  std::unique_ptr<nn::Trainer> hybrid_trainer, plain_trainer;
+  DataParallelTwins(const std::vector<std::int64_t>& rows, float learning_rate) {
+    for (std::int64_t r : rows) {
+      xs.push_back(split_and_load(random::normal<float>(0, 1, {r, 8}), two));
+      ys.push_back(split_and_load(labels(r, 5), two));
+    }
+    hybrid->initialize(nn::init::normal(0.3f), two);
+    plain->initialize(nn::init::normal(0.3f), two);
+    (void)(*hybrid)(xs[0][0]).to_vector();  // deferred initialization
+    (void)(*plain)(xs[0][0]).to_vector();
+    a = hybrid->collect_params();
+    b = plain->collect_params();
+    for (std::size_t i = 0; i < a.size(); ++i) b[i]->set_data(a[i]->data().clone());
+    hybrid_trainer = std::make_unique<nn::Trainer>(a, nn::SGD{learning_rate, 0.9f});
+    plain_trainer = std::make_unique<nn::Trainer>(b, nn::SGD{learning_rate, 0.9f});
+  }
+  // Both devices' parameters within 1e-5 of the plain twin's, and every
+  // device holding the same bits after the allreduce.
+  void expect_same_parameters() {
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      BOOST_TEST_CONTEXT(a[i]->name()) {
+        for (Device d : two) expect_close(a[i]->data(d), b[i]->data(d), 1e-5);
+        BOOST_TEST(a[i]->data(cpu(1)).to_vector() == a[i]->data(cpu(0)).to_vector(), boost::test_tools::per_element());
+      }
+    }
+  }
+};
+
 bool mentions(const std::exception& e, const std::string& what) {
   return std::string(e.what()).find(what) != std::string::npos;
 }
@@ -389,23 +425,10 @@ BOOST_AUTO_TEST_CASE(dropout_draws_a_new_mask_in_each_replay) {
 // two full batches and a shorter one, without a sync between steps.
 BOOST_AUTO_TEST_CASE(data_parallel_replays_match_the_plain_step) {
   random::seed(54);
-  const std::vector<Device> two = {cpu(0), cpu(1)};
   const std::vector<std::int64_t> rows = {12, 12, 5};
-  std::vector<std::vector<Tensor<float>>> xs;
-  std::vector<std::vector<Tensor<std::int64_t>>> ys;
-  for (std::int64_t r : rows) {
-    xs.push_back(split_and_load(random::normal<float>(0, 1, {r, 8}), two));
-    ys.push_back(split_and_load(labels(r, 5), two));
-  }
-  auto hybrid = mlp(), plain = mlp();
-  hybrid->initialize(nn::init::normal(0.3f), two);
-  plain->initialize(nn::init::normal(0.3f), two);
-  (void)(*hybrid)(xs[0][0]).to_vector();  // deferred initialization
-  (void)(*plain)(xs[0][0]).to_vector();
-  const auto a = hybrid->collect_params(), b = plain->collect_params();
-  for (std::size_t i = 0; i < a.size(); ++i) b[i]->set_data(a[i]->data().clone());
-  nn::Trainer hybrid_trainer(a, nn::SGD{0.1f, 0.9f}), plain_trainer(b, nn::SGD{0.1f, 0.9f});
-  nn::TrainStep step(*hybrid, nn::SoftmaxCrossEntropyLoss(), hybrid_trainer);
+  DataParallelTwins twins(rows, 0.1f);
+  auto& [two, xs, ys, hybrid, plain, a, b, hybrid_trainer, plain_trainer] = twins;
+  nn::TrainStep step(*hybrid, nn::SoftmaxCrossEntropyLoss(), *hybrid_trainer);
   std::vector<std::vector<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>::Output>> got;
   std::vector<std::vector<std::pair<Tensor<float>, Tensor<float>>>> want;
   for (int epoch = 0; epoch < 3; ++epoch)
@@ -421,7 +444,7 @@ BOOST_AUTO_TEST_CASE(data_parallel_replays_match_the_plain_step) {
           want.back()[d] = {l.detach(), scores.detach()};
         }
       }
-      plain_trainer.step(rows[s]);
+      plain_trainer->step(rows[s]);
     }
   BOOST_TEST(step.traces() == 2);
   BOOST_TEST(step.replays() == 6);
@@ -434,13 +457,7 @@ BOOST_AUTO_TEST_CASE(data_parallel_replays_match_the_plain_step) {
         expect_close(got[i][d].scores, want[i][d].second, 1e-5);
       }
     }
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    BOOST_TEST_CONTEXT(a[i]->name()) {
-      for (Device d : two) expect_close(a[i]->data(d), b[i]->data(d), 1e-5);
-      // Every device holds the same parameters after the allreduce.
-      BOOST_TEST(a[i]->data(cpu(1)).to_vector() == a[i]->data(cpu(0)).to_vector(), boost::test_tools::per_element());
-    }
-  }
+  twins.expect_same_parameters();
 }
 
 // An epoch's last batch of one row goes to cpu(0) alone: its trace (a part
@@ -488,23 +505,10 @@ BOOST_AUTO_TEST_CASE(a_batch_on_fewer_devices_replays_without_the_old_gradient) 
 // allreduce_grads, clip_global_norm and update, and the copies stay equal.
 BOOST_AUTO_TEST_CASE(clipped_gradients_replay_like_the_written_out_step) {
   random::seed(56);
-  const std::vector<Device> two = {cpu(0), cpu(1)};
   const std::vector<std::int64_t> rows = {12, 12, 6};
-  std::vector<std::vector<Tensor<float>>> xs;
-  std::vector<std::vector<Tensor<std::int64_t>>> ys;
-  for (std::int64_t r : rows) {
-    xs.push_back(split_and_load(random::normal<float>(0, 1, {r, 8}), two));
-    ys.push_back(split_and_load(labels(r, 5), two));
-  }
-  auto hybrid = mlp(), plain = mlp();
-  hybrid->initialize(nn::init::normal(0.3f), two);
-  plain->initialize(nn::init::normal(0.3f), two);
-  (void)(*hybrid)(xs[0][0]).to_vector();  // deferred initialization
-  (void)(*plain)(xs[0][0]).to_vector();
-  const auto a = hybrid->collect_params(), b = plain->collect_params();
-  for (std::size_t i = 0; i < a.size(); ++i) b[i]->set_data(a[i]->data().clone());
-  nn::Trainer hybrid_trainer(a, nn::SGD{0.5f, 0.9f}), plain_trainer(b, nn::SGD{0.5f, 0.9f});
-  nn::TrainStep step(*hybrid, nn::SoftmaxCrossEntropyLoss(), hybrid_trainer);
+  DataParallelTwins twins(rows, 0.5f);
+  auto& [two, xs, ys, hybrid, plain, a, b, hybrid_trainer, plain_trainer] = twins;
+  nn::TrainStep step(*hybrid, nn::SoftmaxCrossEntropyLoss(), *hybrid_trainer);
   constexpr float max_norm = 0.2f;
   step.set_max_grad_norm(max_norm);
   BOOST_TEST(step.max_grad_norm() == max_norm);
@@ -516,19 +520,14 @@ BOOST_AUTO_TEST_CASE(clipped_gradients_replay_like_the_written_out_step) {
         autograd::record rec;
         for (std::size_t d = 0; d < 2; ++d) nn::SoftmaxCrossEntropyLoss()((*plain)(xs[s][d]), ys[s][d]).backward();
       }
-      plain_trainer.allreduce_grads();
+      plain_trainer->allreduce_grads();
       clipped += nn::clip_global_norm(b, max_norm).item() > max_norm;
-      plain_trainer.update(rows[s]);
+      plain_trainer->update(rows[s]);
     }
   BOOST_TEST(clipped >= 5);  // the bound is met often enough to matter
   BOOST_TEST(step.traces() == 2);
   BOOST_TEST(step.replays() == 6);
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    BOOST_TEST_CONTEXT(a[i]->name()) {
-      for (Device d : two) expect_close(a[i]->data(d), b[i]->data(d), 1e-5);
-      BOOST_TEST(a[i]->data(cpu(1)).to_vector() == a[i]->data(cpu(0)).to_vector(), boost::test_tools::per_element());
-    }
-  }
+  twins.expect_same_parameters();
   BOOST_CHECK_THROW(step.set_max_grad_norm(-1.0f), std::invalid_argument);
   BOOST_CHECK_THROW(step.set_max_grad_norm(std::nanf("")), std::invalid_argument);
 }

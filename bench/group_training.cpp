@@ -9,6 +9,8 @@
 //   - a training step of 512 -> 256 -> 128 -> 10 at batch 32 and of
 //     32 -> 16 -> 16 -> 10 at batch 8 (softmax cross-entropy, SGD with
 //     momentum), written out and as nn::TrainStep (us per step);
+//   - the small one with its gradients clipped by their global norm: the
+//     norm read back each step (Gluon's way), deferred, and as a TrainStep;
 //   - the seeds' data-parallel step on cpu(0) and cpu(1) with the gradients
 //     summed in one bucket, against one sum per parameter (us per step);
 //   - one Fashion-MNIST epoch of the example's MLP (784 -> 256 -> 10, SGD
@@ -225,6 +227,81 @@ void train_step_rows(const char* g, std::int64_t batch, std::int64_t in, std::in
                 (long long)step.traces());
 }
 
+// --- gradient clipping: reading the norm each step against keeping it deferred --
+
+// Gluon's clip_global_norm reads the norm back to the host, a sync point per
+// step; deft's keeps it a tensor, so steps stay deferred and TrainStep can
+// trace the clipping. The front-end-bound step, clipped to a norm that most
+// steps exceed: the norm read each step, deferred, and as a TrainStep.
+void clip_rows(const char* g) {
+  constexpr std::int64_t batch = 8, in = 32;
+  constexpr float max_norm = 0.5f;
+  const std::string name = "clipped train step 32-16-16-10", size = "8x32";
+  const int w = engine::num_workers();
+  constexpr int steps = 100;  // per timed repeat
+  random::seed(17);
+  const Tensor<float> x = random::normal<float>(0, 1, {batch, in});
+  std::vector<std::int64_t> labels(batch);
+  for (std::int64_t i = 0; i < batch; ++i) labels[std::size_t(i)] = (i * 3) % 10;
+  const Tensor<std::int64_t> y(labels, {batch});
+  std::vector<std::shared_ptr<nn::Sequential>> nets;
+  for (int i = 0; i < 3; ++i) {
+    nets.push_back(dense_net({{16, nn::Act::relu}, {16, nn::Act::relu}, {10, nn::Act::none}}));
+    nets.back()->initialize(nn::init::xavier());
+    (void)(*nets.back())(x).to_vector();  // deferred initialization
+    if (i > 0) {
+      const auto from = nets[0]->collect_params(), to = nets.back()->collect_params();
+      for (std::size_t k = 0; k < from.size(); ++k) to[k]->set_data(from[k]->data().clone());
+    }
+  }
+  const nn::SGD sgd{.learning_rate = 0.01f, .momentum = 0.9f};
+  nn::Trainer read_trainer(nets[0]->collect_params(), sgd), deferred_trainer(nets[1]->collect_params(), sgd),
+      traced_trainer(nets[2]->collect_params(), sgd);
+  const nn::SoftmaxCrossEntropyLoss loss_fn;
+  nn::TrainStep step(*nets[2], loss_fn, traced_trainer);
+  step.set_max_grad_norm(max_norm);
+  Tensor<float> read_loss, deferred_loss, traced_loss;
+  int clipped = 0;  // steps whose norm exceeded the bound (the reading loop counts them)
+  auto written_out = [&](nn::Sequential& net, nn::Trainer& trainer, Tensor<float>& l, bool read) {
+    {
+      autograd::record rec;
+      l = loss_fn(net(x), y);
+      l.backward();
+    }
+    trainer.allreduce_grads();
+    const Tensor<float> norm = nn::clip_global_norm(net.collect_params(), max_norm);
+    if (read) clipped += norm.item() > max_norm;  // Gluon's way: a host number each step
+    trainer.update(batch);
+  };
+  auto read_loop = [&] {
+    for (int i = 0; i < steps; ++i) written_out(*nets[0], read_trainer, read_loss, true);
+    read_loss.wait_to_read();
+  };
+  auto deferred_loop = [&] {
+    for (int i = 0; i < steps; ++i) written_out(*nets[1], deferred_trainer, deferred_loss, false);
+    deferred_loss.wait_to_read();
+  };
+  auto traced_loop = [&] {
+    for (int i = 0; i < steps; ++i) traced_loss = step(x, y).loss;
+    traced_loss.wait_to_read();
+  };
+  read_loop();  // the same steps on every side before the checks
+  deferred_loop();
+  traced_loop();
+  std::printf("%-12s %s: %d of %d steps clipped\n", g, name.c_str(), clipped, steps);
+  const auto rl = read_loss.to_vector(), dl = deferred_loss.to_vector(), tl = traced_loss.to_vector();
+  check_same(g, name + " deferred vs norm read, loss after 100 steps", dl.data(), rl.data(), rl.size(), 1e-5);
+  check_same(g, name + " TrainStep vs norm read, loss after 100 steps", tl.data(), rl.data(), rl.size(), 1e-5);
+  add_time(g, name + ", norm read each step", "deft", w, size, "us", measure(read_loop), steps);
+  add_time(g, name + ", deferred", "deft", w, size, "us", measure(deferred_loop), steps);
+  add_time(g, name + ", TrainStep", "deft", w, size, "us", measure(traced_loop), steps);
+  const double r = find_median(g, name + ", norm read each step", "deft", w, size),
+               d = find_median(g, name + ", deferred", "deft", w, size),
+               t = find_median(g, name + ", TrainStep", "deft", w, size);
+  if (r > 0 && d > 0 && t > 0)
+    std::printf("%-12s %s: norm read / deferred %.2f, norm read / TrainStep %.2f\n", g, name.c_str(), r / d, r / t);
+}
+
 // --- one Fashion-MNIST epoch ----------------------------------------------------
 
 void epoch_rows(const char* g) {
@@ -285,6 +362,7 @@ void bench_training() {
   forward_rows(g);
   train_step_rows(g, 32, 512, 256, 128);  // arithmetic-bound
   train_step_rows(g, 8, 32, 16, 16);      // front-end-bound
+  clip_rows(g);
   data_parallel_rows(g, {cpu(0), cpu(1)}, "cpu,cpu1");
   data_parallel_shares_rows(g, {cpu(0), cpu(1)}, "cpu,cpu1");
   epoch_rows(g);

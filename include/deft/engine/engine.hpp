@@ -159,8 +159,10 @@ class Engine {
     // The usual sync point waits for the task recorded last: drop its entry
     // now, or its weak reference would keep the task's memory (shared with
     // its control block) from the allocator until compact_recorded().
-    if (!recorded_.empty() && same_owner(recorded_.back(), t))
+    if (!recorded_.empty() && same_owner(recorded_.back(), t)) {
+      t->listed = false;
       recorded_.pop_back();
+    }
     if (runnable_alone(*t)) {  // the usual case: run it here, without submit_locked's work list
       start_locked(*t);
       lk.unlock();
@@ -344,7 +346,10 @@ class Engine {
     auto& c = counters();
     c.count_recorded(t->bytes);
     t->counted = true;
-    recorded_.push_back(t);
+    if (!t->listed) {
+      t->listed = true;
+      recorded_.push_back(t);
+    }
     const auto live = c.live_tasks();
     if (recorded_.size() > 2 * live + 64) compact_recorded();
     if (live > limits_.max_recorded_tasks || c.live_bytes() > limits_.max_recorded_bytes) {
@@ -403,7 +408,10 @@ class Engine {
   void compact_recorded() {
     std::erase_if(recorded_, [](const std::weak_ptr<Task>& w) {
       auto t = w.lock();
-      return !t || t->state.load(std::memory_order_relaxed) != Task::State::recorded;
+      if (!t) return true;
+      if (t->state.load(std::memory_order_relaxed) == Task::State::recorded) return false;
+      t->listed = false;
+      return true;
     });
   }
 
@@ -413,7 +421,10 @@ class Engine {
     std::size_t tasks = 0, work = 0;
     bool hand_off = false;
     for (auto& w : recorded_)
-      if (auto t = w.lock()) submit_locked(t, ready, tasks, work, hand_off);
+      if (auto t = w.lock()) {
+        t->listed = false;
+        submit_locked(t, ready, tasks, work, hand_off);
+      }
     recorded_.clear();
     return !hand_off && work <= tasks * thresholds::inline_task_work;
   }

@@ -116,6 +116,11 @@ class Task {
   int pending = 0;
   bool awaited = false;  // a thread sleeps until this task finishes: wake it then
   bool counted = false;  // Engine::record counted it (a task freed before that was never counted)
+  // It has an entry in the engine's list of recorded tasks. A task recorded
+  // again (Engine::record_again) may still have one from its last time: a
+  // second would stay as long as the task is recorded whenever the list is
+  // compacted, and the list would grow by one per loop.
+  bool listed = false;
   TaskList<2> successors;
 
  private:

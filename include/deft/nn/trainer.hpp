@@ -72,10 +72,11 @@ class Trainer {
       if (!p->initialized())
         detail::raise<std::logic_error>("Trainer: parameter '", p->name(),
                                         "' has no value yet; run a forward and backward pass before step()");
+    std::vector<std::vector<Tensor<float>>> copies(params_.size());
     std::vector<std::size_t> fresh;  // the parameters with a new gradient somewhere
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      const auto copies = params_[i]->list_data();
-      if (std::ranges::any_of(copies, [](const auto& v) { return autograd::detail::grad_is_fresh(v); }))
+      copies[i] = params_[i]->list_data();
+      if (std::ranges::any_of(copies[i], [](const auto& v) { return autograd::detail::grad_is_fresh(v); }))
         fresh.push_back(i);
       else if (!ignore_stale_grad)
         detail::raise<std::logic_error>(
@@ -88,14 +89,14 @@ class Trainer {
     std::vector<std::vector<Tensor<float>>> grads;
     for (std::size_t i : fresh) {
       grads.emplace_back();
-      for (const auto& v : params_[i]->list_data()) {
+      for (const auto& v : copies[i]) {
         grads.back().push_back(v.grad());
         // A copy whose device had no rows holds the last step's gradient: zero adds nothing.
         if (!autograd::detail::grad_is_fresh(v)) grads.back().back().assign(zeros<float>(v.shape(), v.device()));
       }
     }
-    for (Parameter* p : params_)
-      for (const auto& v : p->list_data()) autograd::detail::forget_fresh_grad(v);
+    for (const auto& vs : copies)
+      for (const auto& v : vs) autograd::detail::forget_fresh_grad(v);
     allreduce(grads, bucket_bytes_);
     reduced_ = std::move(fresh);
   }

@@ -412,6 +412,42 @@ BOOST_AUTO_TEST_CASE(clip_global_norm_scales_by_the_norm_of_all_arrays) {
   BOOST_TEST(arrays[0].to_vector() == clipped, boost::test_tools::per_element());  // refused before any change
 }
 
+// Arrays spread over two devices, interleaved: each device sums its own
+// arrays' squares and gets the scale once, so the clipping copies one value
+// each way between the devices however many arrays there are (a copy is a
+// task named "to" in the pending graph).
+BOOST_AUTO_TEST_CASE(clip_global_norm_copies_once_per_device) {
+  random::seed(10);
+  std::vector<Tensor<float>> arrays;
+  std::vector<std::vector<float>> before;
+  double squares = 0;
+  for (int i = 0; i < 6; ++i) {
+    arrays.push_back(random::normal<float>(0, 1, {5, 3}, i % 3 == 0 ? cpu(0) : cpu(1)));
+    before.push_back(arrays.back().to_vector());
+    for (const float v : before.back()) squares += double(v) * v;
+  }
+  const std::string graph = temp_file("clip.dot").string();
+  const engine::Mode mode = engine::mode();
+  engine::set_mode(engine::Mode::deferred);  // the work stays pending until the dump
+  const Tensor<float> norm = nn::clip_global_norm(arrays, 1.0f);
+  BOOST_TEST_REQUIRE(engine::dump_graph(graph) > 0);
+  engine::set_mode(mode);
+  std::ifstream in(graph);
+  const std::string dot((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::size_t copies = 0;
+  for (std::size_t at = dot.find("label=\"to\\n"); at != std::string::npos; at = dot.find("label=\"to\\n", at + 1)) ++copies;
+  BOOST_TEST(copies == 2u);  // cpu(1)'s squares to cpu(0), the scale back
+  std::filesystem::remove(graph);
+  // The values are those of the norm of all arrays together.
+  BOOST_TEST(std::abs(norm.item() - std::sqrt(squares)) <= 1e-5 * std::sqrt(squares));
+  const double scale = 1.0 / (std::sqrt(squares) + 1e-6);
+  for (std::size_t i = 0; i < arrays.size(); ++i) {
+    const auto now = arrays[i].to_vector();
+    for (std::size_t k = 0; k < now.size(); ++k)
+      BOOST_TEST(std::abs(now[k] - before[i][k] * scale) <= 1e-5 * std::max(1.0, std::abs(before[i][k] * scale)));
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(parameter_files)

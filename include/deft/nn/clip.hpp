@@ -3,8 +3,10 @@
 // Gluon reads the norm back to the host, deft adds no sync point, so the
 // clipping defers like the rest of a step and a TrainStep can trace it.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <concepts>
+#include <utility>
 #include <vector>
 
 #include "../autograd/meta.hpp"
@@ -17,9 +19,10 @@ namespace deft::nn {
 /// Scales `arrays` in place by min(1, max_norm / (norm + 1e-6)), where norm
 /// is the 2-norm of all their elements together, and returns that norm (a
 /// scalar tensor on the first array's device, deferred). The arrays may
-/// live on several devices; the norm is formed on the first one's. A NaN or
-/// infinite norm makes the arrays NaN: check the returned norm where that
-/// can happen. Not differentiated. std::invalid_argument for no arrays or a
+/// live on several devices: each device sums its arrays' squares, the norm
+/// is formed on the first one's, and each device gets one copy of the
+/// scale. A NaN or infinite norm makes the arrays NaN: check the returned
+/// norm where that can happen. Not differentiated. std::invalid_argument for no arrays or a
 /// max_norm that is not a positive finite number.
 template <std::floating_point T>
 Tensor<T> clip_global_norm(std::vector<Tensor<T>>& arrays, T max_norm) {
@@ -27,12 +30,24 @@ Tensor<T> clip_global_norm(std::vector<Tensor<T>>& arrays, T max_norm) {
   if (!(max_norm > 0) || !std::isfinite(max_norm))
     detail::raise("clip_global_norm: max_norm must be a positive finite number, got ", max_norm);
   autograd::pause no_recording;
-  const Device home = arrays[0].device();
-  Tensor<T> squares = sum(arrays[0] * arrays[0]);
-  for (std::size_t i = 1; i < arrays.size(); ++i) squares = squares + sum(arrays[i] * arrays[i]).to(home);
+  // Per device, in order of first appearance: its arrays' squares summed
+  // there, then the scale. One copy each way per device, not per array.
+  std::vector<std::pair<Device, Tensor<T>>> per_device;
+  auto on = [&](Device d) {
+    auto it = std::ranges::find(per_device, d, &std::pair<Device, Tensor<T>>::first);
+    return it == per_device.end() ? nullptr : &it->second;
+  };
+  for (const auto& a : arrays) {
+    if (Tensor<T>* squares = on(a.device())) *squares = *squares + sum(a * a);
+    else per_device.emplace_back(a.device(), sum(a * a));
+  }
+  const Device home = per_device[0].first;
+  Tensor<T> squares = per_device[0].second;
+  for (std::size_t i = 1; i < per_device.size(); ++i) squares = squares + per_device[i].second.to(home);
   Tensor<T> norm = sqrt(squares);
   const Tensor<T> scale = minimum(max_norm / (norm + T(1e-6)), T(1));
-  for (auto& a : arrays) a *= scale.to(a.device());
+  for (auto& [d, s] : per_device) s = d == home ? scale : scale.to(d);
+  for (auto& a : arrays) a *= *on(a.device());
   return norm;
 }
 

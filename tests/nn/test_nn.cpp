@@ -328,6 +328,69 @@ BOOST_AUTO_TEST_CASE(a_stale_gradient_is_refused_or_ignored) {
   BOOST_TEST(trainer.steps() == 2);
 }
 
+// Adam's bias correction counts each parameter's own updates (Gluon's
+// rule): a layer left out of the first two steps (ignore_stale_grad) takes
+// its first update at step 3 with the correction of a first step, while the
+// other layer's is that of a third; against a double loop with a count per
+// parameter, and again when the two share a count once more.
+BOOST_AUTO_TEST_CASE(adam_counts_each_parameters_own_updates) {
+  random::seed(11);
+  nn::Dense early(3), late(2);
+  early.initialize();
+  late.initialize();
+  const Tensor<float> x = random::normal<float>(0, 1, {6, 4});
+  (void)early(x).to_vector();
+  (void)late(x).to_vector();
+  std::vector<nn::Parameter*> params = early.collect_params();
+  for (auto* p : late.collect_params()) params.push_back(p);
+  const nn::Adam adam{.learning_rate = 0.05f};
+  nn::Trainer trainer(params, adam);
+  struct Reference {
+    std::vector<double> w, m, v;
+    int count = 0;
+  };
+  std::vector<Reference> ref;
+  for (auto* p : params) {
+    const auto w = p->data().to_vector();
+    ref.push_back({{w.begin(), w.end()}, std::vector<double>(w.size()), std::vector<double>(w.size())});
+  }
+  for (int step = 1; step <= 5; ++step) {
+    const bool late_used = step >= 3;
+    {
+      autograd::record rec;
+      Tensor<float> l = sum(early(x) * early(x));
+      if (late_used) l = l + sum(late(x) * late(x));
+      l.backward();
+    }
+    std::vector<std::vector<float>> grads;
+    for (auto* p : params) grads.push_back(p->grad().to_vector());
+    trainer.step(6, /*ignore_stale_grad=*/true);
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      BOOST_TEST_CONTEXT("step " << step << ", " << params[k]->name()) {
+        Reference& r = ref[k];
+        const bool updated = k < early.collect_params().size() || late_used;
+        if (updated) {
+          const int t = ++r.count;
+          const double lr = 0.05 * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t));
+          for (std::size_t i = 0; i < r.w.size(); ++i) {
+            const double g = grads[k][i] / 6.0;
+            r.m[i] = 0.9 * r.m[i] + 0.1 * g;
+            r.v[i] = 0.999 * r.v[i] + 0.001 * g * g;
+            r.w[i] -= lr * r.m[i] / (std::sqrt(r.v[i]) + 1e-8);
+          }
+        }
+        const auto now = params[k]->data().to_vector();
+        for (std::size_t i = 0; i < now.size(); ++i) {
+          BOOST_TEST(std::abs(now[i] - r.w[i]) <= 1e-5 * std::max(1.0, std::abs(r.w[i])));
+          r.w[i] = now[i];  // follow deft's float values
+        }
+      }
+    }
+  }
+  BOOST_TEST(ref[0].count == 5);
+  BOOST_TEST(ref.back().count == 3);
+}
+
 // step() is allreduce_grads() then update(): the halves, called one by one,
 // give the same bits, and out of order they are refused.
 BOOST_AUTO_TEST_CASE(step_is_allreduce_grads_then_update) {

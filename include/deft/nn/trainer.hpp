@@ -25,7 +25,9 @@ struct SGD {
   float momentum = 0.0f;        ///< 0: plain SGD
   float weight_decay = 0.0f;    ///< L2 penalty added to each gradient (times the weight)
 };
-/// Adam (Kingma & Ba), with bias correction.
+/// Adam (Kingma & Ba), with bias correction. Each parameter's correction
+/// counts its own updates (Gluon's rule): one a step left as it was
+/// (ignore_stale_grad) is corrected as if that step had not happened.
 struct Adam {
   float learning_rate = 0.001f;  ///< step size, positive
   float beta1 = 0.9f;            ///< decay of the first-moment estimate
@@ -116,18 +118,13 @@ class Trainer {
     ++steps_;
     std::vector<std::vector<Tensor<float>>> values;
     for (std::size_t i : params) values.push_back(params_[i]->list_data());
-    if (const auto* adam = std::get_if<Adam>(&opt_)) {
-      std::vector<Device> devices;
-      for (const auto& vs : values)
-        for (const auto& v : vs)
-          if (std::ranges::find(devices, v.device()) == devices.end()) devices.push_back(v.device());
-      for (Device d : devices) tick(*adam, d);
-    }
+    if (const auto* adam = std::get_if<Adam>(&opt_)) advance_clocks(*adam, params, values);
     for (std::size_t k = 0; k < params.size(); ++k) {
       auto& state = state_[params[k]];
       if (state.size() != values[k].size()) state.assign(values[k].size(), State{});
       for (std::size_t r = 0; r < values[k].size(); ++r)
-        std::visit([&](const auto& o) { apply(o, values[k][r], values[k][r].grad(), rescale, state[r]); }, opt_);
+        std::visit([&](const auto& o) { apply(o, params[k], values[k][r], values[k][r].grad(), rescale, state[r]); },
+                   opt_);
     }
   }
 
@@ -157,31 +154,75 @@ class Trainer {
   struct State {
     Tensor<float> m, v;  // momentum / Adam's moments, created at the first step
   };
-  // Adam's step count on one device and its bias-corrected step size, kept
-  // as data rather than host numbers so that a replayed step (TrainStep)
-  // advances them like a step() call does.
-  struct Clock {
+  // Adam's update count, shared by the parameters updated equally often
+  // (all of them, unless ignore_stale_grad left some out), with the
+  // bias-corrected step size it gives. Kept per device as data rather than
+  // host numbers, so that a replayed step (TrainStep) advances it like a
+  // step() call does; `count` is the host's copy.
+  struct DeviceClock {
+    Device device;
     Tensor<double> t;
     Tensor<float> step_size;  // lr * sqrt(1 - beta2^t) / (1 - beta1^t)
   };
+  struct Clock {
+    std::int64_t count = 0;
+    std::vector<std::size_t> params;  // indices into params_
+    std::vector<DeviceClock> on;
+  };
+  static constexpr std::size_t no_clock = std::size_t(-1);
 
-  // Advances the clock of `device` to step steps_.
-  void tick(const Adam& o, Device device) {
-    Clock* c = clock_of(device);
-    if (!c) c = &clocks_.emplace_back(device, Clock{full<double>(Shape{}, double(steps_ - 1), device), {}}).second;
-    c->t += 1.0;
-    const Tensor<double>& t = c->t;
-    c->step_size = cast<float>(sqrt(1.0 - exp(t * std::log(double(o.beta2)))) * double(o.learning_rate) /
-                               (1.0 - exp(t * std::log(double(o.beta1)))));
+  // Advances the clocks of the parameters `updated` (values: their copies).
+  // A clock that counts for some of them and not others first splits: the
+  // updated ones take a copy of its count and go on alone. A parameter's
+  // first update starts a clock from 0.
+  void advance_clocks(const Adam& o, const std::vector<std::size_t>& updated,
+                      const std::vector<std::vector<Tensor<float>>>& values) {
+    clock_of_.resize(params_.size(), no_clock);
+    std::vector<char> is_updated(params_.size(), 0);
+    for (std::size_t i : updated) is_updated[i] = 1;
+    for (std::size_t c = 0, n = clocks_.size(); c < n; ++c) {
+      auto& counted = clocks_[c].params;
+      const auto moving = std::ranges::stable_partition(counted, [&](std::size_t i) { return !is_updated[i]; });
+      if (moving.begin() == counted.begin() || moving.empty()) continue;  // all or none updated
+      Clock split{clocks_[c].count, {moving.begin(), moving.end()}, {}};
+      counted.erase(moving.begin(), moving.end());
+      for (const DeviceClock& d : clocks_[c].on) split.on.push_back({d.device, d.t.clone(), {}});
+      for (std::size_t i : split.params) clock_of_[i] = clocks_.size();
+      clocks_.push_back(std::move(split));
+    }
+    Clock first;
+    for (std::size_t i : updated)
+      if (clock_of_[i] == no_clock) first.params.push_back(i), clock_of_[i] = clocks_.size();
+    if (!first.params.empty()) clocks_.push_back(std::move(first));
+    // Each clock of the updated parameters, on each device their copies live on.
+    std::vector<std::pair<std::size_t, Device>> ticks;
+    for (std::size_t k = 0; k < updated.size(); ++k)
+      for (const auto& v : values[k])
+        if (std::pair tick{clock_of_[updated[k]], v.device()}; std::ranges::find(ticks, tick) == ticks.end())
+          ticks.push_back(tick);
+    std::vector<char> advanced(clocks_.size(), 0);
+    for (const auto& [c, device] : ticks) {
+      tick(o, clocks_[c], device);
+      advanced[c] = 1;
+    }
+    for (std::size_t c = 0; c < clocks_.size(); ++c) clocks_[c].count += advanced[c];
   }
-  Clock* clock_of(Device device) {
-    for (auto& [d, clock] : clocks_)
-      if (d == device) return &clock;
-    return nullptr;
+  // Advances `clock`'s data on `device` to count + 1.
+  static void tick(const Adam& o, Clock& clock, Device device) {
+    auto it = std::ranges::find(clock.on, device, &DeviceClock::device);
+    if (it == clock.on.end()) {
+      clock.on.push_back({device, full<double>(Shape{}, double(clock.count), device), {}});
+      it = clock.on.end() - 1;
+    }
+    it->t += 1.0;
+    const Tensor<double>& t = it->t;
+    it->step_size = cast<float>(sqrt(1.0 - exp(t * std::log(double(o.beta2)))) * double(o.learning_rate) /
+                                (1.0 - exp(t * std::log(double(o.beta1)))));
   }
-  const Tensor<float>& step_size(Device device) {
-    if (const Clock* c = clock_of(device)) return c->step_size;
-    detail::raise<std::logic_error>("Trainer: no Adam step size on ", device);
+  const Tensor<float>& step_size(std::size_t param, Device device) const {
+    const Clock& c = clocks_.at(clock_of_.at(param));
+    if (auto it = std::ranges::find(c.on, device, &DeviceClock::device); it != c.on.end()) return it->step_size;
+    detail::raise<std::logic_error>("Trainer: no Adam step size for '", params_[param]->name(), "' on ", device);
   }
 
   // Calls f(const std::shared_ptr<Buffer>&) on every buffer a step reads
@@ -199,16 +240,21 @@ class Trainer {
       }
     for (const auto& per_device : state_)
       for (const State& st : per_device) visit(st.m), visit(st.v);
-    for (const auto& [d, c] : clocks_) visit(c.t), visit(c.step_size);
+    for (const Clock& c : clocks_)
+      for (const DeviceClock& d : c.on) visit(d.t), visit(d.step_size);
   }
-  // A TrainStep replay made one more step.
-  void count_replayed_step() { ++steps_; }
+  // A TrainStep replay made one more step, of every parameter (it refuses
+  // stale gradients), so every clock advanced.
+  void count_replayed_step() {
+    ++steps_;
+    for (Clock& c : clocks_) ++c.count;
+  }
   static void check_batch_size(std::int64_t batch_size, const char* op) {
     if (batch_size < 1) detail::raise("Trainer::", op, ": batch_size must be at least 1, got ", batch_size);
   }
 
-  // One optimizer update of copy w from its summed gradient g.
-  void apply(const SGD& o, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
+  // One optimizer update of copy w of parameter `param` from its summed gradient g.
+  void apply(const SGD& o, std::size_t, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
     if (o.momentum == 0.0f) {
       w -= (g * rescale + w * o.weight_decay) * o.learning_rate;
       return;
@@ -217,7 +263,7 @@ class Trainer {
     s.m = s.m * o.momentum - (g * rescale + w * o.weight_decay) * o.learning_rate;
     w += s.m;
   }
-  void apply(const Adam& o, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
+  void apply(const Adam& o, std::size_t param, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
     if (!s.m) {
       s.m = zeros<float>(w.shape(), w.device());
       s.v = zeros<float>(w.shape(), w.device());
@@ -225,13 +271,14 @@ class Trainer {
     const auto grad = g * rescale + w * o.weight_decay;
     s.m = s.m * o.beta1 + grad * (1.0f - o.beta1);
     s.v = s.v * o.beta2 + grad * grad * (1.0f - o.beta2);
-    w -= s.m * step_size(w.device()) / (sqrt(s.v) + o.epsilon);
+    w -= s.m * step_size(param, w.device()) / (sqrt(s.v) + o.epsilon);
   }
 
   std::vector<Parameter*> params_;
   std::variant<SGD, Adam> opt_;
   std::vector<std::vector<State>> state_;  // per parameter, per device
-  std::vector<std::pair<Device, Clock>> clocks_;
+  std::vector<Clock> clocks_;
+  std::vector<std::size_t> clock_of_;  // per parameter: its clock in clocks_ (no_clock before its first update)
   std::int64_t steps_ = 0;
   std::optional<std::vector<std::size_t>> reduced_;  // the parameters allreduce_grads() summed for update()
   std::size_t bucket_bytes_ = thresholds::allreduce_bucket_bytes;

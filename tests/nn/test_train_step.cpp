@@ -512,24 +512,39 @@ BOOST_AUTO_TEST_CASE(clipped_gradients_replay_like_the_written_out_step) {
   constexpr float max_norm = 0.2f;
   step.set_max_grad_norm(max_norm);
   BOOST_TEST(step.max_grad_norm() == max_norm);
+  BOOST_TEST(!step.grad_norm());  // no step yet
   int clipped = 0;
+  std::vector<Tensor<float>> norms;  // each step's, as the TrainStep handed it out
+  std::vector<float> read;           // their values, read at once
   for (int epoch = 0; epoch < 3; ++epoch)
     for (std::size_t s = 0; s < rows.size(); ++s) {
       (void)step(xs[s], ys[s]);
+      const Tensor<float> traced_norm = step.grad_norm();
       {
         autograd::record rec;
         for (std::size_t d = 0; d < 2; ++d) nn::SoftmaxCrossEntropyLoss()((*plain)(xs[s][d]), ys[s][d]).backward();
       }
       plain_trainer->allreduce_grads();
-      clipped += nn::clip_global_norm(b, max_norm).item() > max_norm;
+      const float norm = nn::clip_global_norm(b, max_norm).item();
+      clipped += norm > max_norm;
       plain_trainer->update(rows[s]);
+      // The step hands out the norm it clipped by: the plain loop's, on the first device.
+      BOOST_TEST(traced_norm.device() == two[0]);
+      read.push_back(traced_norm.item());
+      BOOST_TEST(read.back() == norm, boost::test_tools::tolerance(1e-5f));
+      norms.push_back(traced_norm);
     }
+  // Each call's norm has its own storage: later replays did not overwrite it.
+  for (std::size_t k = 0; k < norms.size(); ++k) BOOST_TEST(norms[k].item() == read[k]);
   BOOST_TEST(clipped >= 5);  // the bound is met often enough to matter
   BOOST_TEST(step.traces() == 2);
   BOOST_TEST(step.replays() == 6);
   twins.expect_same_parameters();
   BOOST_CHECK_THROW(step.set_max_grad_norm(-1.0f), std::invalid_argument);
   BOOST_CHECK_THROW(step.set_max_grad_norm(std::nanf("")), std::invalid_argument);
+  step.set_max_grad_norm(0.0f);  // no clipping: no norm
+  (void)step(xs[0], ys[0]);
+  BOOST_TEST(!step.grad_norm());
 }
 
 BOOST_AUTO_TEST_CASE(misuse_is_reported) {

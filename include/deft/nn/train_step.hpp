@@ -122,6 +122,12 @@ class TrainStep {
   }
   /// The norm the gradients are clipped to; 0: no clipping.
   float max_grad_norm() const { return max_grad_norm_; }
+  /// The global norm of the summed gradients the last call clipped, before
+  /// clipping (what clip_global_norm returns: a deferred 0-d tensor on the
+  /// parameters' first device), for monitoring: a NaN or infinite norm means
+  /// the update made the parameters NaN. A replay copies it out inside the
+  /// task that computed it. An empty handle while set_max_grad_norm is 0.
+  const Tensor<float>& grad_norm() const { return grad_norm_; }
 
   /// How many times the step was traced: once per batch shape, and again
   /// when the learning rate or the parameters' storage changed.
@@ -143,6 +149,8 @@ class TrainStep {
     deft::detail::Trace trace;
     std::vector<Part> parts;
     std::size_t loss_step = deft::detail::Trace::none;  // part 0's loss step, given a new buffer per replay
+    Tensor<float> grad_norm;  // the traced clipping's norm (empty: no clipping)
+    std::size_t grad_norm_copy = deft::detail::Trace::none;
     std::vector<long> holds;  // the references to each state buffer (state_'s order) the trace keeps
     // Whether replays give part i's loss step a new buffer (else the loss is copied out).
     bool loss_made(std::size_t i) const { return i == 0 && loss_step != deft::detail::Trace::none; }
@@ -173,9 +181,10 @@ class TrainStep {
     }
     if (max_grad_norm_ > 0) {
       trainer_.allreduce_grads();
-      nn::clip_global_norm(trainer_.params_, max_grad_norm_);
+      grad_norm_ = nn::clip_global_norm(trainer_.params_, max_grad_norm_);
       trainer_.update(rows);
     } else {
+      grad_norm_ = {};
       trainer_.step(rows);
     }
     for (auto& o : out) o = {o.loss.detach(), o.scores.detach()};
@@ -228,6 +237,7 @@ class TrainStep {
         t->parts[i].loss = std::move(out[i].loss);
         t->parts[i].scores = std::move(out[i].scores);
       }
+      t->grad_norm = grad_norm_;
     }
     ++traces_;
     // Wait for the traced run: then only the tensors, state_ and the traces
@@ -262,11 +272,13 @@ class TrainStep {
       if (!t->loss_made(i)) copy_out(p.loss, p.loss_copy, "train step loss");
       copy_out(p.scores, p.scores_copy, "train step scores");
     }
+    if (t->grad_norm) copy_out(t->grad_norm, t->grad_norm_copy, "train step gradient norm");
     // The traced run's values, for the caller: those replays overwrite are copied.
     for (std::size_t i = 0; i < out.size(); ++i) {
       if (!t->loss_made(i)) out[i].loss = deft::detail::traced_result(t->trace, nullptr, out[i].loss);
       out[i].scores = deft::detail::traced_result(t->trace, nullptr, out[i].scores);
     }
+    if (t->grad_norm) grad_norm_ = deft::detail::traced_result(t->trace, nullptr, t->grad_norm);
     traced_.push_back(std::move(t));
     return out;
   }
@@ -348,6 +360,7 @@ class TrainStep {
                                     : handed_out(p.loss, p.loss_copy),
                      handed_out(p.scores, p.scores_copy)});
     }
+    grad_norm_ = t.grad_norm ? handed_out(t.grad_norm, t.grad_norm_copy) : Tensor<float>();
     return out;
   }
 
@@ -384,6 +397,7 @@ class TrainStep {
   std::vector<std::pair<std::shared_ptr<deft::detail::Buffer>, long>> state_;
   float learning_rate_ = 0;
   float max_grad_norm_ = 0;
+  Tensor<float> grad_norm_;  // the last call's (grad_norm())
   std::int64_t calls_ = 0, traces_ = 0, replays_ = 0;
 };
 

@@ -182,10 +182,12 @@ class Trainer {
     for (std::size_t i : updated) is_updated[i] = 1;
     for (std::size_t c = 0, n = clocks_.size(); c < n; ++c) {
       auto& counted = clocks_[c].params;
-      const auto moving = std::ranges::stable_partition(counted, [&](std::size_t i) { return !is_updated[i]; });
-      if (moving.begin() == counted.begin() || moving.empty()) continue;  // all or none updated
-      Clock split{clocks_[c].count, {moving.begin(), moving.end()}, {}};
-      counted.erase(moving.begin(), moving.end());
+      // (Iterators, not std::ranges: clang 14 cannot use the subrange that returns.)
+      const auto moving =
+          std::stable_partition(counted.begin(), counted.end(), [&](std::size_t i) { return !is_updated[i]; });
+      if (moving == counted.begin() || moving == counted.end()) continue;  // all or none updated
+      Clock split{clocks_[c].count, {moving, counted.end()}, {}};
+      counted.erase(moving, counted.end());
       for (const DeviceClock& d : clocks_[c].on) split.on.push_back({d.device, d.t.clone(), {}});
       for (std::size_t i : split.params) clock_of_[i] = clocks_.size();
       clocks_.push_back(std::move(split));

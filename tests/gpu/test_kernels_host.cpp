@@ -86,6 +86,47 @@ BOOST_AUTO_TEST_CASE(copies_and_waits_follow_the_buffers_mark) {
   BOOST_TEST(backend.checker().races.load() == races, backend.checker().first_race());
 }
 
+// The emulated product checks its operands against the uses its work
+// declared: an operand left out of the declaration, which the lanes would
+// then not order after its writer, counts as a race (the values alone could
+// not show it: emulated kernels run in order). Declared, it does not.
+BOOST_AUTO_TEST_CASE(a_product_of_undeclared_memory_is_a_race) {
+  namespace gk = deft::detail::gpu;
+  auto& checker = gk::emulated_backend().checker();
+  const deft::Tensor<float> a(gpu_tensors::random_values(4, 22), {2, 2}, deft::gpu(0));
+  const deft::Tensor<float> b(gpu_tensors::random_values(4, 23), {2, 2}, deft::gpu(0));
+  const deft::Tensor<float> c(std::vector<float>(4), {2, 2}, deft::gpu(0));
+  using Uses = deft::detail::MemoryUses;
+  const float* pa = a.leaf().buffer->as<const float>();
+  const float* pb = b.leaf().buffer->as<const float>();
+  float* pc = c.leaf().buffer->as<float>();
+  BOOST_TEST_REQUIRE(checker.races.load() == 0);  // the fixture's rule: none so far
+  {
+    gk::Launch on(0, Uses{{pa}, {pc}});  // b left out
+    on.gemm(2, 2, 2, pa, pb, pc, false, false);
+  }
+  BOOST_TEST(checker.races.load() == 1);
+  BOOST_TEST(checker.first_race().find("a matrix product reads") != std::string::npos, checker.first_race());
+  {
+    gk::Launch on(0, Uses{{pb}, {pa}});  // the output left out (a declared read does not cover a write)
+    on.gemm(2, 2, 2, pb, pb, pc, false, false);
+  }
+  BOOST_TEST(checker.races.load() == 2);
+  checker.races -= 2;  // expected ones: the fixture counts any other
+  {
+    gk::Launch on(0, Uses{{pa, pb}, {pc}});
+    on.gemm(2, 2, 2, pa, pb, pc, false, false);
+  }
+  BOOST_TEST(checker.races.load() == 0);
+  // Through the engine: dot declares both operands, views of them included.
+  const auto got = deft::dot(a.rows(1, 2), b).to_vector();
+  const auto va = a.to_vector(), vb = b.to_vector();
+  for (int j = 0; j < 2; ++j)
+    BOOST_TEST(got[std::size_t(j)] == va[2] * vb[std::size_t(j)] + va[3] * vb[std::size_t(2 + j)],
+               boost::test_tools::tolerance(1e-6f));
+  BOOST_TEST(checker.races.load() == 0);
+}
+
 BOOST_AUTO_TEST_CASE(device_pool_is_reused_in_a_steady_loop) {
   auto& pool = deft::detail::gpu::emulated_backend().pool(0);
   deft::Tensor<float> x = deft::ones<float>({256, 256}, deft::gpu(0));

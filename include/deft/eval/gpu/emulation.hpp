@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -99,6 +100,21 @@ class LaneClockChecker {
            " on lane " + std::to_string(u.lane) + " that used the same block");
     });
     record_.record({lane, ++clock[std::size_t(lane)]}, uses);
+  }
+  /// Work reading (or writing) `p` while the uses in `declared` are
+  /// declared: a race unless one of them names p's block (a read may be
+  /// declared as a write). An undeclared use would go unordered on a GPU,
+  /// and unseen here, where the kernels run in order.
+  void check_declared(const void* p, bool write, const std::vector<const MemoryUses*>& declared, const char* what) {
+    std::lock_guard lk(m_);
+    const void* block = record_.block_start(p);
+    if (!block) return;  // not device memory the pools handed out (an empty operand)
+    auto names_block = [&](const std::vector<const void*>& ptrs) {
+      return std::ranges::any_of(ptrs, [&](const void* q) { return record_.block_start(q) == block; });
+    };
+    for (const MemoryUses* u : declared)
+      if (names_block(u->writes) || (!write && names_block(u->reads))) return;
+    race(std::string(what) + (write ? " writes" : " reads") + " a block that no use declared by its work names");
   }
   std::string first_race() {
     std::lock_guard lk(m_);
@@ -206,10 +222,26 @@ class EmulatedBackend final : public DeviceBackend {
   int lanes() override { return compute_lanes; }
   void before_work(int index, int lane, const MemoryUses& uses) override {
     tracker_.before(global_lane(index, lane), uses);
+    declared_here().push_back({index, &uses});
   }
   void after_work(int index, int lane, const MemoryUses& uses) override {
     tracker_.after(global_lane(index, lane), uses);
+    auto& here = declared_here();
+    if (auto it = std::ranges::find(here, std::pair{index, &uses}); it != here.end()) here.erase(it);
     if (lane < compute_lanes) ++lane_work[std::size_t(index * compute_lanes + lane)];
+  }
+  /// Checks that the work in progress on this thread declared the device
+  /// memory a kernel is handed (`what`: the kernel): each pointer lies in a
+  /// block one of its live LaneAccess objects names. Work recorded into a
+  /// program is checked by its launches instead (ProgramCapture).
+  void check_declared(int index, const char* what, std::initializer_list<const void*> reads,
+                      std::initializer_list<const void*> writes) {
+    if (ProgramCapture::active()) return;
+    std::vector<const MemoryUses*> declared;
+    for (const auto& [device, uses] : declared_here())
+      if (device == index) declared.push_back(uses);
+    for (const void* p : reads) checker_.check_declared(p, false, declared, what);
+    for (const void* p : writes) checker_.check_declared(p, true, declared, what);
   }
 
   /// Emulated collectives (NCCL's allreduce): every device here is host
@@ -313,6 +345,12 @@ class EmulatedBackend final : public DeviceBackend {
     for (const SumPart& p : parts) std::copy(total.begin(), total.end(), static_cast<T*>(p.to));
     ++collective_sums;
   }
+  // The uses declared by the LaneAccess objects alive on this thread, with
+  // their devices (before_work to after_work), for check_declared.
+  static std::vector<std::pair<int, const MemoryUses*>>& declared_here() {
+    thread_local std::vector<std::pair<int, const MemoryUses*>> live;
+    return live;
+  }
   void host_waits_for(int lane) {
     tracker_.host_waits(lane, [&] { checker_.host_waited(lane); });
   }
@@ -339,14 +377,17 @@ inline EmulatedBackend& emulated_backend() {
 inline const bool emulated_backend_registered = register_gpu_backend(&emulated_backend());
 
 /// Executor<gpu>'s launch context: Thrust's sequential host policy, the
-/// work's uses declared on the calling thread's lane.
+/// work's uses declared on the calling thread's lane. A product's operands
+/// are checked against the declared uses (the Thrust kernels' pointers are
+/// inside their functors, out of reach).
 class Launch {
  public:
-  Launch(int device, MemoryUses uses) : access_(backend_for(device), device, std::move(uses)) {}
+  Launch(int device, MemoryUses uses) : access_(backend_for(device), device, std::move(uses)), device_(device) {}
   static auto policy() { return thrust::cpp::par; }
   template <class T>
   void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c, bool trans_a,
             bool trans_b) const {
+    emulated_backend().check_declared(device_, "a matrix product", {a, b}, {c});
     naive_gemm(policy(), m, n, k, a, b, c, trans_a, trans_b);
   }
 
@@ -356,6 +397,7 @@ class Launch {
     return emulated_backend();
   }
   LaneAccess access_;
+  int device_;
 };
 
 }  // namespace deft::detail::gpu

@@ -86,6 +86,11 @@ class UseRecord {
         for (const LaneUse& r : b->reads) f(r);
       }
   }
+  /// The start of the block holding `p`; nullptr when no block does.
+  const void* block_start(const void* p) const {
+    const auto it = holding(p);
+    return it == blocks_.end() ? nullptr : reinterpret_cast<const void*>(it->first);
+  }
   /// Records `uses` as done by the work `now`.
   void record(const LaneUse& now, const MemoryUses& uses) {
     for (const void* p : uses.reads)
@@ -115,12 +120,16 @@ class UseRecord {
     it->second.bytes = at - it->first;
     blocks_.emplace_hint(std::next(it), at, std::move(tail));
   }
-  Block* find(const void* p) {
-    if (!p || blocks_.empty()) return nullptr;
+  std::map<std::uintptr_t, Block>::const_iterator holding(const void* p) const {
+    if (!p || blocks_.empty()) return blocks_.end();
     auto it = blocks_.upper_bound(key(p));
-    if (it == blocks_.begin()) return nullptr;
+    if (it == blocks_.begin()) return blocks_.end();
     --it;
-    return key(p) < it->first + it->second.bytes ? &it->second : nullptr;
+    return key(p) < it->first + it->second.bytes ? it : blocks_.end();
+  }
+  Block* find(const void* p) {
+    const auto it = holding(p);
+    return it == blocks_.end() ? nullptr : const_cast<Block*>(&it->second);  // this is not const
   }
   std::map<std::uintptr_t, Block> blocks_;
 };

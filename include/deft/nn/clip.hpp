@@ -22,8 +22,8 @@ namespace deft::nn {
 /// live on several devices: each device sums its arrays' squares, the norm
 /// is formed on the first one's, and each device gets one copy of the
 /// scale. A NaN or infinite norm makes the arrays NaN: check the returned
-/// norm where that can happen. Not differentiated. std::invalid_argument for no arrays or a
-/// max_norm that is not a positive finite number.
+/// norm where that can happen. Not differentiated. std::invalid_argument
+/// for no arrays or a max_norm that is not a positive finite number.
 template <std::floating_point T>
 Tensor<T> clip_global_norm(std::vector<Tensor<T>>& arrays, T max_norm) {
   if (arrays.empty()) detail::raise("clip_global_norm: no arrays given");

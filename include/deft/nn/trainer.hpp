@@ -41,7 +41,7 @@ class Trainer {
  public:
   /// Trains `params` (e.g. net.collect_params()); std::invalid_argument for a non-positive learning rate.
   Trainer(std::vector<Parameter*> params, std::variant<SGD, Adam> optimizer)
-      : params_(std::move(params)), opt_(optimizer), state_(params_.size()) {
+      : params_(std::move(params)), opt_(optimizer), state_(params_.size()), clock_of_(params_.size(), no_clock) {
     if (learning_rate() <= 0) detail::raise("Trainer: the learning rate must be positive, got ", learning_rate());
   }
 
@@ -177,7 +177,6 @@ class Trainer {
   // first update starts a clock from 0.
   void advance_clocks(const Adam& o, const std::vector<std::size_t>& updated,
                       const std::vector<std::vector<Tensor<float>>>& values) {
-    clock_of_.resize(params_.size(), no_clock);
     std::vector<char> is_updated(params_.size(), 0);
     for (std::size_t i : updated) is_updated[i] = 1;
     for (std::size_t c = 0, n = clocks_.size(); c < n; ++c) {

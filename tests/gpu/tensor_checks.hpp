@@ -5,7 +5,7 @@
 // two GPUs, Thrust's C++ backend; CI runs it) and test_kernels_device.cu on
 // a real GPU. Results are compared with naive double-precision loops on
 // random inputs, or with the CPU's result where the CPU computes the same
-// operations (autograd, an SGD step).
+// operations (autograd, an SGD step). Random programs: random_checks.hpp.
 #pragma once
 #include <boost/test/unit_test.hpp>
 
@@ -20,28 +20,9 @@
 #include <deft/deft.hpp>
 #include <deft/nn.hpp>
 
+#include "check_support.hpp"
+
 namespace gpu_tensors {
-
-using deft::Shape;
-using deft::Tensor;
-using i64 = std::int64_t;
-
-template <class T = float>
-std::vector<T> random_values(i64 n, unsigned seed, double lo = -2, double hi = 2) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> pick(lo, hi);
-  std::vector<T> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = T(pick(gen));
-  return v;
-}
-
-template <class T>
-void expect_near(const std::vector<T>& got, const std::vector<double>& want, double tol, const char* what) {
-  BOOST_REQUIRE_EQUAL(got.size(), want.size());
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::abs(double(got[i]) - want[i]) <= tol * std::max(1.0, std::abs(want[i]))))
-      BOOST_FAIL(what << ": element " << i << " is " << got[i] << ", want " << want[i] << " (tolerance " << tol << ")");
-}
 
 /// A fused tree with row and column broadcasting, on data copied to the GPU
 /// and back: one expression on gpu(0) against a double loop.
@@ -380,232 +361,6 @@ inline void hybridized_forward() {
   }
 }
 
-/// Lane races the runner's backend saw so far (the emulation's clock
-/// checker; 0 where nothing checks). Each runner defines it.
-long lane_races();
-
-/// Random programs over five square matrices on the host and the GPUs (two
-/// where there are two): fused expressions whose operands are first copied
-/// to one device, matrix products (one operand transposed, or a block of
-/// rows), reductions along an axis broadcast back, in-place updates of the
-/// whole and of a block of rows through a view, views held across later
-/// statements (they see in-place updates of their storage, and keep the old
-/// storage when the matrix is rebound), copies to another device, new values
-/// uploaded, sums read as scalars, values read back, waits. A quarter run in
-/// synchronous mode, the rest deferred with 1 to 3 workers. Every value read
-/// is compared with a double-precision run of the same program, within a
-/// bound on float32's rounding carried through each statement. This reaches
-/// what the fixed cases order by hand: lanes the engine picks, blocks the
-/// pools hand from one lane to the next, views at an offset into a block,
-/// scratch memory of reductions, marks, and waits after host waits.
-inline void random_programs(int programs = 150) {
-  std::vector<deft::Device> devices = {deft::cpu()};
-  for (int g = 0; g < std::min(deft::num_gpus(), 2); ++g) devices.push_back(deft::gpu(g));
-  // A value's reference: each element's exact value, the sum of |terms| behind
-  // it (`size`), and a bound on float32's error relative to that size from
-  // the roundings so far (`rel`, on top of a flat 1e-5 for elementwise steps).
-  struct Reference {
-    std::vector<double> value, size;
-    double rel = 0;
-  };
-  struct Slot : Reference {
-    Tensor<float> t;
-    int generation = 0;  // changes when t is rebound to a new storage (not on in-place updates)
-  };
-  // Rows [r0, r1) of a slot's storage, held across statements: it reads the
-  // slot's current value while the slot keeps that storage, and the value it
-  // had when the slot was rebound (`frozen`) after that.
-  struct HeldView {
-    Tensor<float> t;
-    std::size_t slot;
-    int generation;
-    i64 r0, r1;
-    Reference frozen;
-  };
-  constexpr double eps = 1.0 / (1 << 24);  // float32's unit roundoff
-  std::mt19937 rng(2029);
-  const int workers = deft::engine::num_workers();
-  const long races = lane_races();
-  for (int p = 0; p < programs; ++p) {
-    const i64 s = std::vector<i64>{1, 6, 31, 77}[rng() % 4];  // the matrices are s x s
-    const bool synchronous = rng() % 4 == 0;
-    if (synchronous) deft::engine::set_mode(deft::engine::Mode::synchronous);
-    else deft::engine::set_num_workers(1 + int(rng() % 3));
-    const auto any_device = [&] { return devices[rng() % devices.size()]; };
-    std::vector<Slot> slots(5);
-    std::vector<HeldView> held;
-    const auto rows_of = [&](const Reference& r, i64 r0, i64 r1) {
-      Reference out{{r.value.begin() + r0 * s, r.value.begin() + r1 * s}, {r.size.begin() + r0 * s, r.size.begin() + r1 * s}, r.rel};
-      return out;
-    };
-    // Rebinds slot a to a new storage: the views of the old one keep its value.
-    const auto rebind = [&](Slot& a, Tensor<float> t, Reference r) {
-      for (HeldView& h : held)
-        if (&slots[h.slot] == &a && h.generation == a.generation) h.frozen = rows_of(a, h.r0, h.r1), h.generation = -1;
-      a.t = std::move(t);
-      static_cast<Reference&>(a) = std::move(r);
-      ++a.generation;
-    };
-    const auto fresh = [&](Slot& a) {
-      const auto v = random_values(s * s, unsigned(rng()));
-      Reference r{{v.begin(), v.end()}, std::vector<double>(v.size()), 0};
-      for (std::size_t e = 0; e < v.size(); ++e) r.size[e] = std::abs(r.value[e]);
-      rebind(a, Tensor<float>(v, {s, s}, any_device()), std::move(r));
-    };
-    for (Slot& a : slots) fresh(a);
-    const auto check = [&](const Reference& r, const std::vector<float>& got, const char* what) {
-      BOOST_REQUIRE_EQUAL(got.size(), r.value.size());
-      for (std::size_t e = 0; e < got.size(); ++e)
-        if (!(std::abs(double(got[e]) - r.value[e]) <= (1e-5 + 2 * r.rel) * r.size[e] + 1e-30))
-          BOOST_FAIL("program " << p << " (" << s << "x" << s << "), " << what << ": element " << e << " is "
-                                << got[e] << ", want " << r.value[e]);
-    };
-    const auto check_view = [&](const HeldView& h, const char* what) {
-      check(h.generation < 0 ? h.frozen : rows_of(slots[h.slot], h.r0, h.r1), h.t.to(deft::cpu()).to_vector(), what);
-    };
-    // x on device d: itself, or a copy recorded now.
-    const auto on = [](const Tensor<float>& x, deft::Device d) { return x.device() == d ? x : x.to(d); };
-    // A block of rows [r0, r1), possibly empty.
-    const auto any_rows = [&] {
-      const i64 r0 = i64(rng() % std::uint64_t(s + 1)), r1 = r0 + i64(rng() % std::uint64_t(s - r0 + 1));
-      return std::pair{r0, r1};
-    };
-    // (b + c) * f elementwise, and b's rows times c: the reference steps.
-    const auto product = [&](const Reference& b, bool transpose_b, const Reference& c, i64 r0, i64 r1) {
-      Reference out{std::vector<double>((r1 - r0) * s), std::vector<double>((r1 - r0) * s),
-                    b.rel + c.rel + b.rel * c.rel + double(s + 2) * eps};
-      for (i64 i = r0; i < r1; ++i)
-        for (i64 j = 0; j < s; ++j) {
-          double v = 0, m = 0;
-          for (i64 k = 0; k < s; ++k) {
-            const i64 bi = transpose_b ? k * s + i : i * s + k;
-            v += b.value[bi] * c.value[k * s + j], m += b.size[bi] * c.size[k * s + j];
-          }
-          out.value[(i - r0) * s + j] = v / double(s), out.size[(i - r0) * s + j] = m / double(s);
-        }
-      return out;
-    };
-    for (int op = 0; op < 30; ++op) {
-      Slot &a = slots[rng() % 5], &b = slots[rng() % 5], &c = slots[rng() % 5];
-      switch (rng() % 12) {
-        case 0: {  // a = (b + c) * 0.5, on b's device
-          const deft::Device d = b.t.device();
-          Reference r{std::vector<double>(b.value.size()), std::vector<double>(b.value.size()), std::max(b.rel, c.rel) + eps};
-          for (std::size_t e = 0; e < r.value.size(); ++e)
-            r.value[e] = (b.value[e] + c.value[e]) * 0.5, r.size[e] = (b.size[e] + c.size[e]) * 0.5;
-          rebind(a, (on(b.t, d) + on(c.t, d)) * 0.5f, std::move(r));
-          break;
-        }
-        case 1: {  // a = maximum(b, 0) - c * 0.5, on c's device
-          const deft::Device d = c.t.device();
-          Reference r{std::vector<double>(b.value.size()), std::vector<double>(b.value.size()), std::max(b.rel, c.rel) + 2 * eps};
-          for (std::size_t e = 0; e < r.value.size(); ++e)
-            r.value[e] = std::max(b.value[e], 0.0) - c.value[e] * 0.5, r.size[e] = b.size[e] + c.size[e] * 0.5;
-          rebind(a, deft::maximum(on(b.t, d), 0.0f) - on(c.t, d) * 0.5f, std::move(r));
-          break;
-        }
-        case 2: {  // a += b * 0.25, in a's storage
-          const deft::Device d = a.t.device();
-          const Tensor<float> add = on(b.t, d) * 0.25f;  // before a changes (b may be a)
-          a.t += add;
-          for (std::size_t e = 0; e < a.value.size(); ++e)
-            a.value[e] += b.value[e] * 0.25, a.size[e] += b.size[e] * 0.25;
-          a.rel = std::max(a.rel, b.rel) + 2 * eps;
-          break;
-        }
-        case 3: {  // a = b on another device (a clone on the same one: no shared storage)
-          const deft::Device d = any_device();
-          Reference r = b;
-          rebind(a, b.t.device() == d ? b.t.clone() : b.t.to(d), std::move(r));
-          break;
-        }
-        case 4:
-          fresh(a);
-          break;
-        case 5:
-          if (!held.empty() && rng() % 2) check_view(held[rng() % held.size()], "held view");
-          else check(a, a.t.to_vector(), "to_vector");
-          break;
-        case 6: {  // the sum, read as a scalar
-          double want = 0, size = 0;
-          for (std::size_t e = 0; e < a.value.size(); ++e) want += a.value[e], size += a.size[e];
-          const double got = deft::sum(a.t).item();
-          if (!(std::abs(got - want) <= (double(s * s) * 1.2e-7 + 1e-5 + 2 * a.rel) * size + 1e-30))
-            BOOST_FAIL("program " << p << ": sum is " << got << ", want " << want);
-          break;
-        }
-        case 7: {  // a = op(b) . c / s, op a transpose or nothing, on c's device
-          const deft::Device d = c.t.device();
-          const bool transpose_b = rng() % 2;
-          Reference r = product(b, transpose_b, c, 0, s);
-          const Tensor<float> lhs = transpose_b ? Tensor<float>(deft::transpose(on(b.t, d))) : on(b.t, d);
-          rebind(a, deft::dot(lhs, on(c.t, d)) * (1.0f / float(s)), std::move(r));
-          break;
-        }
-        case 8: {  // a = b - mean or max of c along an axis, broadcast back, on b's device
-          const deft::Device d = b.t.device();
-          const int axis = int(rng() % 2);
-          const bool use_max = rng() % 2;
-          const Tensor<float> cd = on(c.t, d);
-          Tensor<float> reduced = use_max ? Tensor<float>(deft::max(cd, axis, true)) : Tensor<float>(deft::mean(cd, axis, true));
-          Reference r{std::vector<double>(b.value.size()), std::vector<double>(b.value.size()),
-                      std::max(b.rel, c.rel + double(s + 1) * eps) + eps};
-          for (i64 i = 0; i < s; ++i)
-            for (i64 j = 0; j < s; ++j) {
-              double v = use_max ? -INFINITY : 0, m = 0;
-              for (i64 k = 0; k < s; ++k) {
-                const i64 e = axis == 0 ? k * s + j : i * s + k;
-                if (use_max) {
-                  if (c.value[e] > v) v = c.value[e];
-                  m = std::max(m, c.size[e]);  // the max moves by at most the largest element's error
-                } else {
-                  v += c.value[e] / double(s), m += c.size[e] / double(s);
-                }
-              }
-              r.value[i * s + j] = b.value[i * s + j] - v, r.size[i * s + j] = b.size[i * s + j] + m;
-            }
-          rebind(a, on(b.t, d) - reduced, std::move(r));
-          break;
-        }
-        case 9: {  // rows [r0, r1) of a updated through a view: += b's rows / 4, or = b's rows . c / s
-          const auto [r0, r1] = any_rows();
-          const deft::Device d = a.t.device();
-          Tensor<float> view = a.t.rows(r0, r1);
-          if (rng() % 2) {
-            // b's rows copied to d after taking the view, or the view of b's copy
-            const Tensor<float> src = rng() % 2 ? on(b.t.rows(r0, r1), d) : on(b.t, d).rows(r0, r1);
-            view += src * 0.25f;
-            for (i64 e = r0 * s; e < r1 * s; ++e) a.value[e] += b.value[e] * 0.25, a.size[e] += b.size[e] * 0.25;
-            a.rel = std::max(a.rel, b.rel) + 2 * eps;
-          } else {
-            const Reference r = product(b, false, c, r0, r1);
-            view.assign(deft::dot(on(b.t, d).rows(r0, r1), on(c.t, d)) * (1.0f / float(s)));
-            std::copy(r.value.begin(), r.value.end(), a.value.begin() + r0 * s);
-            std::copy(r.size.begin(), r.size.end(), a.size.begin() + r0 * s);
-            a.rel = std::max(a.rel, r.rel);
-          }
-          break;
-        }
-        case 10: {  // hold a view of a's rows (at most four held)
-          const auto [r0, r1] = any_rows();
-          HeldView h{a.t.rows(r0, r1), std::size_t(&a - slots.data()), a.generation, r0, r1, {}};
-          if (held.size() < 4) held.push_back(std::move(h));
-          else held[rng() % held.size()] = std::move(h);
-          break;
-        }
-        default:
-          if (rng() % 2) a.t.wait_to_read();
-          else deft::wait_all();
-      }
-    }
-    for (const Slot& a : slots) check(a, a.t.to(deft::cpu()).to_vector(), "at the end");
-    for (const HeldView& h : held) check_view(h, "held view at the end");
-    if (synchronous) deft::engine::set_mode(deft::engine::Mode::deferred);
-  }
-  deft::engine::set_num_workers(workers);
-  BOOST_TEST(lane_races() == races);
-}
-
 }  // namespace gpu_tensors
 
 /// Registers the checks above; `exact`: the backend runs the host's code.
@@ -620,5 +375,4 @@ inline void random_programs(int programs = 150) {
   BOOST_AUTO_TEST_CASE(errors_name_the_devices) { gpu_tensors::errors(); }                      \
   BOOST_AUTO_TEST_CASE(convolution_and_pooling_on_gpu) { gpu_tensors::convolution_and_pooling(); } \
   BOOST_AUTO_TEST_CASE(autograd_and_sgd_on_gpu) { gpu_tensors::autograd_and_sgd(); }             \
-  BOOST_AUTO_TEST_CASE(hybridized_forward_on_gpu) { gpu_tensors::hybridized_forward(); }      \
-  BOOST_AUTO_TEST_CASE(random_programs_on_the_host_and_gpus) { gpu_tensors::random_programs(); }
+  BOOST_AUTO_TEST_CASE(hybridized_forward_on_gpu) { gpu_tensors::hybridized_forward(); }     

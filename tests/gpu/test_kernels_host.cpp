@@ -17,6 +17,7 @@
 #include <thrust/system/cpp/execution_policy.h>
 
 #include "kernel_checks.hpp"
+#include "random_checks.hpp"
 #include "tensor_checks.hpp"
 
 // Every piece of emulated GPU work is checked against the lanes' waits.
@@ -58,6 +59,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(gpu_tensors_emulated)
 
 DEFT_GPU_TENSOR_CASES(true)
+DEFT_GPU_RANDOM_CASES
 
 BOOST_AUTO_TEST_CASE(num_gpus_counts_the_backends_devices) { BOOST_TEST(deft::num_gpus() == 2); }
 

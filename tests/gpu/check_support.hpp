@@ -1,0 +1,41 @@
+// What tensor_checks.hpp and random_checks.hpp share: random inputs, an
+// elementwise comparison, and the runner's count of lane races.
+#pragma once
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <deft/deft.hpp>
+
+namespace gpu_tensors {
+
+using deft::Shape;
+using deft::Tensor;
+using i64 = std::int64_t;
+
+template <class T = float>
+std::vector<T> random_values(i64 n, unsigned seed, double lo = -2, double hi = 2) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> pick(lo, hi);
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = T(pick(gen));
+  return v;
+}
+
+template <class T>
+void expect_near(const std::vector<T>& got, const std::vector<double>& want, double tol, const char* what) {
+  BOOST_REQUIRE_EQUAL(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(double(got[i]) - want[i]) <= tol * std::max(1.0, std::abs(want[i]))))
+      BOOST_FAIL(what << ": element " << i << " is " << got[i] << ", want " << want[i] << " (tolerance " << tol << ")");
+}
+
+/// Lane races the runner's backend saw so far (the emulation's clock
+/// checker; 0 where nothing checks). Each runner defines it.
+long lane_races();
+
+}  // namespace gpu_tensors

@@ -16,6 +16,45 @@
 
 namespace deft::nn {
 
+namespace detail_clip {
+/// The 2-norm of all elements of `arrays` together and the clipping scale
+/// min(1, max_norm / (norm + 1e-6)), both on the first array's device; the
+/// arrays may live on several devices (see clip_global_norm).
+template <std::floating_point T>
+std::pair<Tensor<T>, Tensor<T>> clipping_scale(const std::vector<Tensor<T>>& arrays, T max_norm) {
+  // Per device, in order of first appearance: its arrays' squares summed
+  // there; one copy to the first device each, not one per array.
+  std::vector<std::pair<Device, Tensor<T>>> per_device;
+  for (const auto& a : arrays) {
+    const auto it = std::ranges::find(per_device, a.device(), &std::pair<Device, Tensor<T>>::first);
+    if (it != per_device.end()) it->second = it->second + sum(a * a);
+    else per_device.emplace_back(a.device(), sum(a * a));
+  }
+  const Device home = per_device[0].first;
+  Tensor<T> squares = per_device[0].second;
+  for (std::size_t i = 1; i < per_device.size(); ++i) squares = squares + per_device[i].second.to(home);
+  Tensor<T> norm = sqrt(squares);
+  Tensor<T> scale = minimum(max_norm / (norm + T(1e-6)), T(1));
+  return {std::move(norm), std::move(scale)};
+}
+
+/// Multiplies each array by `scale`, copied once to each other device.
+template <std::floating_point T>
+void scale_by(std::vector<Tensor<T>>& arrays, const Tensor<T>& scale) {
+  std::vector<Tensor<T>> on_device{scale};
+  for (auto& a : arrays) {
+    auto it = std::ranges::find_if(on_device, [&](const Tensor<T>& s) { return s.device() == a.device(); });
+    if (it == on_device.end()) it = on_device.insert(on_device.end(), scale.to(a.device()));
+    a *= *it;
+  }
+}
+
+inline void check_max_norm(double max_norm) {
+  if (!(max_norm > 0) || !std::isfinite(max_norm))
+    detail::raise("clip_global_norm: max_norm must be a positive finite number, got ", max_norm);
+}
+}  // namespace detail_clip
+
 /// Scales `arrays` in place by min(1, max_norm / (norm + 1e-6)), where norm
 /// is the 2-norm of all their elements together, and returns that norm (a
 /// scalar tensor on the first array's device, deferred). The arrays may
@@ -27,37 +66,24 @@ namespace deft::nn {
 template <std::floating_point T>
 Tensor<T> clip_global_norm(std::vector<Tensor<T>>& arrays, T max_norm) {
   if (arrays.empty()) detail::raise("clip_global_norm: no arrays given");
-  if (!(max_norm > 0) || !std::isfinite(max_norm))
-    detail::raise("clip_global_norm: max_norm must be a positive finite number, got ", max_norm);
+  detail_clip::check_max_norm(double(max_norm));
   autograd::pause no_recording;
-  // Per device, in order of first appearance: its arrays' squares summed
-  // there, then the scale. One copy each way per device, not per array.
-  std::vector<std::pair<Device, Tensor<T>>> per_device;
-  auto on = [&](Device d) {
-    auto it = std::ranges::find(per_device, d, &std::pair<Device, Tensor<T>>::first);
-    return it == per_device.end() ? nullptr : &it->second;
-  };
-  for (const auto& a : arrays) {
-    if (Tensor<T>* squares = on(a.device())) *squares = *squares + sum(a * a);
-    else per_device.emplace_back(a.device(), sum(a * a));
-  }
-  const Device home = per_device[0].first;
-  Tensor<T> squares = per_device[0].second;
-  for (std::size_t i = 1; i < per_device.size(); ++i) squares = squares + per_device[i].second.to(home);
-  Tensor<T> norm = sqrt(squares);
-  const Tensor<T> scale = minimum(max_norm / (norm + T(1e-6)), T(1));
-  for (auto& [d, s] : per_device) s = d == home ? scale : scale.to(d);
-  for (auto& a : arrays) a *= *on(a.device());
+  auto [norm, scale] = detail_clip::clipping_scale(arrays, max_norm);
+  detail_clip::scale_by(arrays, scale);
   return norm;
 }
 
 /// Clips the gradients of `params` together by their global norm, as
 /// above, on every device they live on: for data parallelism, between
 /// Trainer::allreduce_grads() and Trainer::update(), when every device holds
-/// the summed gradients. Each device computes the same norm from the same
-/// bits, so the copies stay equal. Returns the norm on the first device.
-/// std::invalid_argument for no parameters or parameters on different
-/// devices; std::logic_error for one without a value yet.
+/// the summed gradients. The copies must stay equal to the bit, so each
+/// device scales by the same number. Devices of one kind each compute it
+/// from their own copy (the same bits through the same kernels; no
+/// copies). A mix of kinds (the CPU and a GPU) sums in different orders:
+/// there the first device computes it and sends each other one a copy.
+/// Returns the norm on the first device. std::invalid_argument for no
+/// parameters or parameters on different devices; std::logic_error for
+/// one without a value yet.
 inline Tensor<float> clip_global_norm(const std::vector<Parameter*>& params, float max_norm) {
   if (params.empty()) detail::raise("clip_global_norm: no parameters given");
   for (const Parameter* p : params) {
@@ -67,12 +93,25 @@ inline Tensor<float> clip_global_norm(const std::vector<Parameter*>& params, flo
       detail::raise("clip_global_norm: parameter '", p->name(), "' lives on ", detail::device_list(p->devices()),
                     " but '", params[0]->name(), "' on ", detail::device_list(params[0]->devices()));
   }
-  Tensor<float> first_norm;
-  for (const Device d : params[0]->devices()) {
+  detail_clip::check_max_norm(double(max_norm));
+  autograd::pause no_recording;
+  const std::vector<Device>& devices = params[0]->devices();
+  const auto grads_on = [&](Device d) {
     std::vector<Tensor<float>> grads;
     for (Parameter* p : params) grads.push_back(p->grad(d));
-    Tensor<float> norm = clip_global_norm(grads, max_norm);
-    if (!first_norm) first_norm = std::move(norm);
+    return grads;
+  };
+  const bool one_kind = std::ranges::all_of(devices, [&](Device d) { return d.type == devices[0].type; });
+  Tensor<float> first_norm, first_scale;
+  for (const Device d : devices) {
+    std::vector<Tensor<float>> grads = grads_on(d);
+    if (!first_norm || one_kind) {
+      auto [norm, scale] = detail_clip::clipping_scale(grads, max_norm);
+      detail_clip::scale_by(grads, scale);
+      if (!first_norm) first_norm = std::move(norm), first_scale = std::move(scale);
+    } else {
+      detail_clip::scale_by(grads, first_scale);
+    }
   }
   return first_norm;
 }

@@ -158,11 +158,15 @@ class Trainer {
   // (all of them, unless ignore_stale_grad left some out), with the
   // bias-corrected step size it gives. Kept per device as data rather than
   // host numbers, so that a replayed step (TrainStep) advances it like a
-  // step() call does; `count` is the host's copy.
+  // step() call does; `count` is the host's copy. The powers beta^t grow by
+  // one multiplication per step, and the step size takes a square root and
+  // a division: operations every device rounds alike (exp and log differ
+  // between the CPU's SIMD code and CUDA's), so the copies of a parameter on
+  // a CPU and a GPU get the same step size.
   struct DeviceClock {
     Device device;
-    Tensor<double> t;
-    Tensor<float> step_size;  // lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+    Tensor<double> beta1_t, beta2_t;  // beta1^t, beta2^t
+    Tensor<float> step_size;          // lr * sqrt(1 - beta2^t) / (1 - beta1^t)
   };
   struct Clock {
     std::int64_t count = 0;
@@ -187,7 +191,7 @@ class Trainer {
       if (moving == counted.begin() || moving == counted.end()) continue;  // all or none updated
       Clock split{clocks_[c].count, {moving, counted.end()}, {}};
       counted.erase(moving, counted.end());
-      for (const DeviceClock& d : clocks_[c].on) split.on.push_back({d.device, d.t.clone(), {}});
+      for (const DeviceClock& d : clocks_[c].on) split.on.push_back({d.device, d.beta1_t.clone(), d.beta2_t.clone(), {}});
       for (std::size_t i : split.params) clock_of_[i] = clocks_.size();
       clocks_.push_back(std::move(split));
     }
@@ -202,23 +206,29 @@ class Trainer {
         if (std::pair tick{clock_of_[updated[k]], v.device()}; std::ranges::find(ticks, tick) == ticks.end())
           ticks.push_back(tick);
     std::vector<char> advanced(clocks_.size(), 0);
+    for (const auto& [c, device] : ticks) join(o, clocks_[c], device);  // all before any tick
     for (const auto& [c, device] : ticks) {
       tick(o, clocks_[c], device);
       advanced[c] = 1;
     }
     for (std::size_t c = 0; c < clocks_.size(); ++c) clocks_[c].count += advanced[c];
   }
-  // Advances `clock`'s data on `device` to count + 1.
+  // Gives `clock` data on `device` for its count, unless it has some: a
+  // copy of another device's powers (bits and all), or beta^count.
+  static void join(const Adam& o, Clock& clock, Device device) {
+    if (std::ranges::find(clock.on, device, &DeviceClock::device) != clock.on.end()) return;
+    const auto power = [&](const Tensor<double> DeviceClock::*of, float beta) {
+      return clock.on.empty() ? full<double>(Shape{}, std::pow(double(beta), double(clock.count)), device)
+                              : (clock.on.front().*of).to(device);
+    };
+    clock.on.push_back({device, power(&DeviceClock::beta1_t, o.beta1), power(&DeviceClock::beta2_t, o.beta2), {}});
+  }
+  // Advances `clock`'s data on `device` (see join) to count + 1.
   static void tick(const Adam& o, Clock& clock, Device device) {
-    auto it = std::ranges::find(clock.on, device, &DeviceClock::device);
-    if (it == clock.on.end()) {
-      clock.on.push_back({device, full<double>(Shape{}, double(clock.count), device), {}});
-      it = clock.on.end() - 1;
-    }
-    it->t += 1.0;
-    const Tensor<double>& t = it->t;
-    it->step_size = cast<float>(sqrt(1.0 - exp(t * std::log(double(o.beta2)))) * double(o.learning_rate) /
-                                (1.0 - exp(t * std::log(double(o.beta1)))));
+    DeviceClock& d = *std::ranges::find(clock.on, device, &DeviceClock::device);
+    d.beta1_t *= double(o.beta1);
+    d.beta2_t *= double(o.beta2);
+    d.step_size = cast<float>(sqrt(1.0 - d.beta2_t) * double(o.learning_rate) / (1.0 - d.beta1_t));
   }
   const Tensor<float>& step_size(std::size_t param, Device device) const {
     const Clock& c = clocks_.at(clock_of_.at(param));
@@ -242,7 +252,7 @@ class Trainer {
     for (const auto& per_device : state_)
       for (const State& st : per_device) visit(st.m), visit(st.v);
     for (const Clock& c : clocks_)
-      for (const DeviceClock& d : c.on) visit(d.t), visit(d.step_size);
+      for (const DeviceClock& d : c.on) visit(d.beta1_t), visit(d.beta2_t), visit(d.step_size);
   }
   // A TrainStep replay made one more step, of every parameter (it refuses
   // stale gradients), so every clock advanced.

@@ -134,6 +134,13 @@ class TrainStep {
   std::int64_t traces() const { return traces_; }
   /// How many calls replayed a trace.
   std::int64_t replays() const { return replays_; }
+  /// How many of the current traces (one per batch shape) replay as one
+  /// CUDA graph: recorded at their first replay on a GPU, unless the step
+  /// cannot be recorded (it spans several devices) or HybridizeOptions
+  /// says otherwise.
+  int cuda_graphs() const {
+    return int(std::ranges::count_if(traced_, [](const auto& t) { return t->trace.recorded_program(); }));
+  }
 
  private:
   // One part of a traced batch: its placeholders (x, y: each replay refills

@@ -49,7 +49,10 @@ class Trainer {
   /// allreduce_grads(ignore_stale_grad), then update(batch_size).
   /// Parameters held on several devices first sum their copies' gradients
   /// (batch_size counts the rows of all of them), then update every copy the
-  /// same way, so the copies stay equal. Every refusal (a bad batch_size, a
+  /// same way, so the copies stay equal to the bit: devices of one kind each
+  /// update their own copy; where a parameter lives on the CPU and a GPU,
+  /// whose kernels round differently (fused multiply-adds), the first copy
+  /// is updated and copied to the others. Every refusal (a bad batch_size, a
   /// parameter without a value or a new gradient) comes before anything is
   /// recorded.
   void step(std::int64_t batch_size, bool ignore_stale_grad = false) {
@@ -121,10 +124,17 @@ class Trainer {
     if (const auto* adam = std::get_if<Adam>(&opt_)) advance_clocks(*adam, params, values);
     for (std::size_t k = 0; k < params.size(); ++k) {
       auto& state = state_[params[k]];
-      if (state.size() != values[k].size()) state.assign(values[k].size(), State{});
-      for (std::size_t r = 0; r < values[k].size(); ++r)
-        std::visit([&](const auto& o) { apply(o, params[k], values[k][r], values[k][r].grad(), rescale, state[r]); },
-                   opt_);
+      auto& copies = values[k];
+      if (state.size() != copies.size()) state.assign(copies.size(), State{});
+      const DeviceType kind = copies[0].device().type;
+      const bool one_kind = std::ranges::all_of(copies, [&](const auto& v) { return v.device().type == kind; });
+      for (std::size_t r = 0; r < copies.size(); ++r) {
+        if (!one_kind && r > 0) {
+          copies[r].assign(copies[0].to(copies[r].device()));  // in place: a TrainStep keeps the storage
+          continue;
+        }
+        std::visit([&](const auto& o) { apply(o, params[k], copies[r], copies[r].grad(), rescale, state[r]); }, opt_);
+      }
     }
   }
 

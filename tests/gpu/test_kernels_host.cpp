@@ -8,10 +8,14 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <thrust/system/cpp/execution_policy.h>
@@ -1081,6 +1085,56 @@ BOOST_AUTO_TEST_CASE(data_parallel_training_sums_gradients_with_the_collective) 
     for (std::size_t i = 0; i < trained[0].size(); ++i)
       BOOST_TEST(trained[0][i] == trained[run][i], boost::test_tools::per_element());
   }
+}
+
+// A parameter on the host and a GPU is updated once, on its first copy,
+// which is then copied to the other (their kernels may round an update
+// differently: Trainer::update), and its clipped gradients are scaled by
+// the first device's norm (their sums add in different orders:
+// clip_global_norm). That is one copy per parameter and one of the scale
+// more than the same step on two GPUs summing through copies, where each
+// GPU clips and updates its own copy. Copies and gradients end equal.
+BOOST_AUTO_TEST_CASE(a_parameter_on_the_host_and_a_gpu_is_updated_once) {
+  const WithoutCollectives off;
+  const auto copies_in_a_step = [](const std::vector<deft::Device>& devices) {
+    deft::random::seed(360);
+    auto net = two_layer_net();
+    net->initialize(deft::nn::init::xavier(), devices);
+    const Tensor<float> x = deft::random::normal<float>(0, 1, {8, 5});
+    const Tensor<std::int64_t> y(std::vector<std::int64_t>{0, 1, 2, 0, 1, 2, 2, 1}, {8});
+    const auto xs = deft::split_and_load(x, devices);
+    const auto ys = deft::split_and_load(y, devices);
+    deft::nn::Trainer trainer(net->collect_params(), deft::nn::SGD{.learning_rate = 0.1f, .momentum = 0.9f});
+    trainer.set_allreduce_bucket_bytes(0);
+    {
+      deft::autograd::record rec;
+      for (std::size_t d = 0; d < devices.size(); ++d) deft::nn::SoftmaxCrossEntropyLoss()((*net)(xs[d]), ys[d]).backward();
+    }
+    deft::wait_all();  // only the step's own work is pending in the dump
+    const deft::engine::Mode mode = deft::engine::mode();
+    deft::engine::set_mode(deft::engine::Mode::deferred);
+    trainer.allreduce_grads();
+    (void)deft::nn::clip_global_norm(net->collect_params(), 0.01f);  // clips: the norm is far above
+    trainer.update(8);
+    const std::string graph = (std::filesystem::temp_directory_path() / "deft_update_once.dot").string();
+    BOOST_TEST_REQUIRE(deft::engine::dump_graph(graph) > 0);
+    deft::engine::set_mode(mode);
+    std::ifstream in(graph);
+    const std::string dot((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::filesystem::remove(graph);
+    long copies = 0;
+    for (std::size_t at = dot.find("label=\"to\\n"); at != std::string::npos; at = dot.find("label=\"to\\n", at + 1)) ++copies;
+    for (auto* p : net->collect_params()) {
+      BOOST_TEST(p->data(devices[1]).to(deft::cpu()).to_vector() == p->data(devices[0]).to(deft::cpu()).to_vector(),
+                 boost::test_tools::per_element());
+      BOOST_TEST(p->grad(devices[1]).to(deft::cpu()).to_vector() == p->grad(devices[0]).to(deft::cpu()).to_vector(),
+                 boost::test_tools::per_element());
+    }
+    return copies;
+  };
+  const long two_gpus = copies_in_a_step(both_gpus), mixed = copies_in_a_step({deft::cpu(), deft::gpu(0)});
+  BOOST_TEST(two_gpus > 0);
+  BOOST_TEST(mixed == two_gpus + 4 + 1);  // 4 parameters, 1 scale
 }
 
 BOOST_AUTO_TEST_SUITE_END()

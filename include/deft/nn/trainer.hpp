@@ -126,10 +126,9 @@ class Trainer {
       auto& state = state_[params[k]];
       auto& copies = values[k];
       if (state.size() != copies.size()) state.assign(copies.size(), State{});
-      const DeviceType kind = copies[0].device().type;
-      const bool one_kind = std::ranges::all_of(copies, [&](const auto& v) { return v.device().type == kind; });
+      const bool each = updates_each_copy(copies);
       for (std::size_t r = 0; r < copies.size(); ++r) {
-        if (!one_kind && r > 0) {
+        if (!each && r > 0) {
           copies[r].assign(copies[0].to(copies[r].device()));  // in place: a TrainStep keeps the storage
           continue;
         }
@@ -185,6 +184,13 @@ class Trainer {
   };
   static constexpr std::size_t no_clock = std::size_t(-1);
 
+  // Whether each copy of a parameter takes the update on its own device
+  // (devices of one kind), or the first copy does and is copied to the
+  // others (the CPU and a GPU round an update differently).
+  static bool updates_each_copy(const std::vector<Tensor<float>>& copies) {
+    return std::ranges::all_of(copies, [&](const auto& v) { return v.device().type == copies[0].device().type; });
+  }
+
   // Advances the clocks of the parameters `updated` (values: their copies).
   // A clock that counts for some of them and not others first splits: the
   // updated ones take a copy of its count and go on alone. A parameter's
@@ -209,11 +215,11 @@ class Trainer {
     for (std::size_t i : updated)
       if (clock_of_[i] == no_clock) first.params.push_back(i), clock_of_[i] = clocks_.size();
     if (!first.params.empty()) clocks_.push_back(std::move(first));
-    // Each clock of the updated parameters, on each device their copies live on.
+    // Each clock of the updated parameters, on each device that updates a copy.
     std::vector<std::pair<std::size_t, Device>> ticks;
     for (std::size_t k = 0; k < updated.size(); ++k)
-      for (const auto& v : values[k])
-        if (std::pair tick{clock_of_[updated[k]], v.device()}; std::ranges::find(ticks, tick) == ticks.end())
+      for (std::size_t r = 0; r < (updates_each_copy(values[k]) ? values[k].size() : 1); ++r)
+        if (std::pair tick{clock_of_[updated[k]], values[k][r].device()}; std::ranges::find(ticks, tick) == ticks.end())
           ticks.push_back(tick);
     std::vector<char> advanced(clocks_.size(), 0);
     for (const auto& [c, device] : ticks) join(o, clocks_[c], device);  // all before any tick

@@ -170,8 +170,7 @@ class Trainer {
   // step() call does; `count` is the host's copy. The powers beta^t grow by
   // one multiplication per step, and the step size takes a square root and
   // a division: operations every device rounds alike (exp and log differ
-  // between the CPU's SIMD code and CUDA's), so the copies of a parameter on
-  // a CPU and a GPU get the same step size.
+  // between the CPU's SIMD code and CUDA's in the last bit).
   struct DeviceClock {
     Device device;
     Tensor<double> beta1_t, beta2_t;  // beta1^t, beta2^t

@@ -34,6 +34,13 @@ void expect_near(const std::vector<T>& got, const std::vector<double>& want, dou
       BOOST_FAIL(what << ": element " << i << " is " << got[i] << ", want " << want[i] << " (tolerance " << tol << ")");
 }
 
+/// The host and up to two GPUs: the devices a random program draws from.
+inline std::vector<deft::Device> host_and_gpus() {
+  std::vector<deft::Device> devices = {deft::cpu()};
+  for (int g = 0; g < std::min(deft::num_gpus(), 2); ++g) devices.push_back(deft::gpu(g));
+  return devices;
+}
+
 /// Lane races the runner's backend saw so far (the emulation's clock
 /// checker; 0 where nothing checks). Each runner defines it.
 long lane_races();

@@ -37,8 +37,7 @@ namespace gpu_tensors {
 /// pools hand from one lane to the next, views at an offset into a block,
 /// scratch memory of reductions, marks, and waits after host waits.
 inline void random_programs(int programs = 150) {
-  std::vector<deft::Device> devices = {deft::cpu()};
-  for (int g = 0; g < std::min(deft::num_gpus(), 2); ++g) devices.push_back(deft::gpu(g));
+  const std::vector<deft::Device> devices = host_and_gpus();
   // A value's reference: each element's exact value, the sum of |terms| behind
   // it (`size`), and a bound on float32's error relative to that size from
   // the roundings so far (`rel`, on top of a flat 1e-5 for elementwise steps).
@@ -258,8 +257,7 @@ inline void random_programs(int programs = 150) {
 /// maximum) from going the other way on the other device's rounding.
 inline void random_gradient_programs(int programs = 80) {
   using T = Tensor<double>;
-  std::vector<deft::Device> devices = {deft::cpu()};
-  for (int g = 0; g < std::min(deft::num_gpus(), 2); ++g) devices.push_back(deft::gpu(g));
+  const std::vector<deft::Device> devices = host_and_gpus();
   std::mt19937 rng(4711);
   const int workers = deft::engine::num_workers();
   const long races = lane_races();
@@ -449,8 +447,7 @@ class RecipeBlock final : public deft::nn::Block {
 /// precision: within 1e-5 per statement of the magnitudes behind each
 /// element, float32's rounding with room for the reductions' order.
 inline void random_hybridized_forwards(int programs = 40) {
-  std::vector<deft::Device> devices = {deft::cpu()};
-  for (int g = 0; g < std::min(deft::num_gpus(), 2); ++g) devices.push_back(deft::gpu(g));
+  const std::vector<deft::Device> devices = host_and_gpus();
   std::mt19937 rng(1931);
   const int workers = deft::engine::num_workers();
   const long races = lane_races();

@@ -1,5 +1,6 @@
 // Where a tensor lives. Expressions check that all operands agree.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -35,6 +36,13 @@ inline std::string device_list(const std::vector<Device>& devices) {
   std::string s;
   for (const Device& d : devices) s += (s.empty() ? "" : ", ") + d.to_string();
   return s;
+}
+
+/// Whether all `devices` are of one kind. Devices of one kind compute a value
+/// alike to the bit; the CPU and a GPU need not (summing order, fused
+/// multiply-adds), so a value kept on a mix is computed once and copied.
+inline bool one_device_kind(const std::vector<Device>& devices) {
+  return std::ranges::all_of(devices, [&](Device d) { return d.type == devices.front().type; });
 }
 }  // namespace detail
 

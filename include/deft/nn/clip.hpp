@@ -101,7 +101,7 @@ inline Tensor<float> clip_global_norm(const std::vector<Parameter*>& params, flo
     for (Parameter* p : params) grads.push_back(p->grad(d));
     return grads;
   };
-  const bool one_kind = std::ranges::all_of(devices, [&](Device d) { return d.type == devices[0].type; });
+  const bool one_kind = detail::one_device_kind(devices);
   Tensor<float> first_norm, first_scale;
   for (const Device d : devices) {
     std::vector<Tensor<float>> grads = grads_on(d);

@@ -126,7 +126,7 @@ class Trainer {
       auto& state = state_[params[k]];
       auto& copies = values[k];
       if (state.size() != copies.size()) state.assign(copies.size(), State{});
-      const bool each = updates_each_copy(copies);
+      const bool each = updates_each_copy(params[k]);
       for (std::size_t r = 0; r < copies.size(); ++r) {
         if (!each && r > 0) {
           copies[r].assign(copies[0].to(copies[r].device()));  // in place: a TrainStep keeps the storage
@@ -183,12 +183,9 @@ class Trainer {
   };
   static constexpr std::size_t no_clock = std::size_t(-1);
 
-  // Whether each copy of a parameter takes the update on its own device
-  // (devices of one kind), or the first copy does and is copied to the
-  // others (the CPU and a GPU round an update differently).
-  static bool updates_each_copy(const std::vector<Tensor<float>>& copies) {
-    return std::ranges::all_of(copies, [&](const auto& v) { return v.device().type == copies[0].device().type; });
-  }
+  // Whether each copy of parameter i takes the update on its own device
+  // (devices of one kind), or the first copy does and is copied to the others.
+  bool updates_each_copy(std::size_t i) const { return detail::one_device_kind(params_[i]->devices()); }
 
   // Advances the clocks of the parameters `updated` (values: their copies).
   // A clock that counts for some of them and not others first splits: the
@@ -217,7 +214,7 @@ class Trainer {
     // Each clock of the updated parameters, on each device that updates a copy.
     std::vector<std::pair<std::size_t, Device>> ticks;
     for (std::size_t k = 0; k < updated.size(); ++k)
-      for (std::size_t r = 0; r < (updates_each_copy(values[k]) ? values[k].size() : 1); ++r)
+      for (std::size_t r = 0; r < (updates_each_copy(updated[k]) ? values[k].size() : 1); ++r)
         if (std::pair tick{clock_of_[updated[k]], values[k][r].device()}; std::ranges::find(ticks, tick) == ticks.end())
           ticks.push_back(tick);
     std::vector<char> advanced(clocks_.size(), 0);

@@ -45,4 +45,29 @@ inline std::vector<deft::Device> host_and_gpus() {
 /// checker; 0 where nothing checks). Each runner defines it.
 long lane_races();
 
+/// A random test's hold on the engine: each program picks its mode and
+/// workers; the end of the test (a failed check too) puts back the mode and
+/// worker count it found, then checks that the runner saw no new lane race.
+class EngineForPrograms {
+ public:
+  EngineForPrograms() : mode_(deft::engine::mode()), workers_(deft::engine::num_workers()), races_(lane_races()) {}
+  EngineForPrograms(const EngineForPrograms&) = delete;
+  EngineForPrograms& operator=(const EngineForPrograms&) = delete;
+  ~EngineForPrograms() {
+    deft::engine::set_mode(mode_);
+    deft::engine::set_num_workers(workers_);
+    BOOST_TEST(lane_races() == races_);
+  }
+  /// The next program runs synchronously, or deferred on `workers` workers.
+  void run_next(bool synchronous, int workers) {
+    deft::engine::set_mode(synchronous ? deft::engine::Mode::synchronous : deft::engine::Mode::deferred);
+    if (!synchronous) deft::engine::set_num_workers(workers);
+  }
+
+ private:
+  deft::engine::Mode mode_;
+  int workers_;
+  long races_;
+};
+
 }  // namespace gpu_tensors

@@ -61,13 +61,11 @@ inline void random_programs(int programs = 150) {
   };
   constexpr double eps = 1.0 / (1 << 24);  // float32's unit roundoff
   std::mt19937 rng(2029);
-  const int workers = deft::engine::num_workers();
-  const long races = lane_races();
+  EngineForPrograms engine;
   for (int p = 0; p < programs; ++p) {
     const i64 s = std::vector<i64>{1, 6, 31, 77}[rng() % 4];  // the matrices are s x s
     const bool synchronous = rng() % 4 == 0;
-    if (synchronous) deft::engine::set_mode(deft::engine::Mode::synchronous);
-    else deft::engine::set_num_workers(1 + int(rng() % 3));
+    engine.run_next(synchronous, synchronous ? 0 : 1 + int(rng() % 3));
     const auto any_device = [&] { return devices[rng() % devices.size()]; };
     std::vector<Slot> slots(5);
     std::vector<HeldView> held;
@@ -237,10 +235,7 @@ inline void random_programs(int programs = 150) {
     }
     for (const Slot& a : slots) check(a, a.t.to(deft::cpu()).to_vector(), "at the end");
     for (const HeldView& h : held) check_view(h, "held view at the end");
-    if (synchronous) deft::engine::set_mode(deft::engine::Mode::deferred);
   }
-  deft::engine::set_num_workers(workers);
-  BOOST_TEST(lane_races() == races);
 }
 
 /// Random recorded programs in double precision: a chain of 2 to 8
@@ -259,8 +254,7 @@ inline void random_gradient_programs(int programs = 80) {
   using T = Tensor<double>;
   const std::vector<deft::Device> devices = host_and_gpus();
   std::mt19937 rng(4711);
-  const int workers = deft::engine::num_workers();
-  const long races = lane_races();
+  EngineForPrograms engine;
   struct Statement {
     unsigned op, device, bits;
   };
@@ -333,10 +327,8 @@ inline void random_gradient_programs(int programs = 80) {
       for (const T& v : vars) out.push_back(v.grad().to(deft::cpu()).to_vector());
       return out;
     };
-    if (synchronous) deft::engine::set_mode(deft::engine::Mode::synchronous);
-    else deft::engine::set_num_workers(run_workers);
+    engine.run_next(synchronous, run_workers);
     const auto on_host = run(false), spread = run(true);
-    if (synchronous) deft::engine::set_mode(deft::engine::Mode::deferred);
     const char* names[] = {"the result", "x's gradient", "w's gradient", "row's gradient", "col's gradient",
                            "g's gradient"};
     for (std::size_t k = 0; k < on_host.size(); ++k) {
@@ -350,8 +342,6 @@ inline void random_gradient_programs(int programs = 80) {
                                          << on_host[k][e]);
     }
   }
-  deft::engine::set_num_workers(workers);
-  BOOST_TEST(lane_races() == races);
 }
 
 /// A block whose forward is a recipe of statements over its input (r x c)
@@ -449,8 +439,7 @@ class RecipeBlock final : public deft::nn::Block {
 inline void random_hybridized_forwards(int programs = 40) {
   const std::vector<deft::Device> devices = host_and_gpus();
   std::mt19937 rng(1931);
-  const int workers = deft::engine::num_workers();
-  const long races = lane_races();
+  EngineForPrograms engine;
   for (int p = 0; p < programs; ++p) {
     std::vector<unsigned> recipe(2 + rng() % 6);
     for (unsigned& st : recipe) st = unsigned(rng() % 16);
@@ -458,8 +447,7 @@ inline void random_hybridized_forwards(int programs = 40) {
     const std::vector<i64> batches{std::vector<i64>{1, 7, 40}[rng() % 3], std::vector<i64>{1, 7, 40}[rng() % 3]};
     const deft::Device d = devices[rng() % devices.size()];
     const bool graph = rng() % 2, synchronous = rng() % 4 == 0;
-    if (synchronous) deft::engine::set_mode(deft::engine::Mode::synchronous);
-    else deft::engine::set_num_workers(1 + int(rng() % 3));
+    engine.run_next(synchronous, synchronous ? 0 : 1 + int(rng() % 3));
     deft::random::seed(unsigned(rng()));
     auto net = std::make_shared<RecipeBlock>(recipe);
     net->initialize(deft::nn::init::uniform(1.0f), {d});
@@ -484,10 +472,7 @@ inline void random_hybridized_forwards(int programs = 40) {
     const bool reads_parameters = std::ranges::any_of(recipe, [](unsigned st) { return st % 8 == 0 || st % 8 == 2 || st % 8 == 3; });
     BOOST_TEST(net->traces() == (batches[0] == batches[1] ? 1 : 2) * (reads_parameters ? 2 : 1));
     if (d.type == deft::DeviceType::cpu || !graph) BOOST_TEST(net->cuda_graphs() == 0);
-    if (synchronous) deft::engine::set_mode(deft::engine::Mode::deferred);
   }
-  deft::engine::set_num_workers(workers);
-  BOOST_TEST(lane_races() == races);
 }
 
 }  // namespace gpu_tensors

@@ -241,7 +241,8 @@ inline void random_programs(int programs = 150) {
 /// Random recorded programs in double precision: a chain of 2 to 8
 /// differentiable statements (broadcasts, unary functions, where, matrix
 /// products with and without transposed operands, reductions along an axis
-/// and their norms, views of rows, reshapes) over five variables, then a
+/// and their norms, views of rows, reshapes, a padded convolution with a
+/// bias then max or average pooling) over seven variables, then a
 /// loss and backward(). Each statement runs on a device drawn from the host
 /// and the GPUs, so values, and gradients on their way back, cross devices
 /// through recorded copies, and a variable's gradient gathers parts from
@@ -261,23 +262,24 @@ inline void random_gradient_programs(int programs = 80) {
   for (int p = 0; p < programs; ++p) {
     const i64 r = std::vector<i64>{1, 5, 33}[rng() % 3], c = std::vector<i64>{1, 4, 17}[rng() % 3];
     std::vector<Statement> program(2 + rng() % 7);
-    for (Statement& st : program) st = {unsigned(rng() % 13), unsigned(rng()), unsigned(rng())};
+    for (Statement& st : program) st = {unsigned(rng() % 14), unsigned(rng()), unsigned(rng())};
     const unsigned loss_kind = rng() % 5, loss_bits = unsigned(rng());
-    std::vector<unsigned> home(5);
+    std::vector<unsigned> home(7);
     for (unsigned& h : home) h = unsigned(rng());
     const std::vector<std::vector<double>> values = {
         random_values<double>(r * c, unsigned(rng()), -1, 1), random_values<double>(c * c, unsigned(rng()), -1, 1),
         random_values<double>(c, unsigned(rng()), -1, 1), random_values<double>(r, unsigned(rng()), -1, 1),
-        random_values<double>(r * c, unsigned(rng()), -1, 1), random_values<double>(r * c, unsigned(rng()), -1, 1)};
-    const std::vector<Shape> shapes = {{r, c}, {c, c}, {c}, {r, 1}, {r, c}};
+        random_values<double>(r * c, unsigned(rng()), -1, 1), random_values<double>(8, unsigned(rng()), -1, 1),
+        random_values<double>(2, unsigned(rng()), -1, 1), random_values<double>(r * c, unsigned(rng()), -1, 1)};
+    const std::vector<Shape> shapes = {{r, c}, {c, c}, {c}, {r, 1}, {r, c}, {2, 1, 2, 2}, {2}};
     const bool synchronous = rng() % 4 == 0;
     const int run_workers = 1 + int(rng() % 3);
 
-    // The result, then the five variables' gradients, on the host.
+    // The result, then the seven variables' gradients, on the host.
     const auto run = [&](bool spread) {
       const auto device = [&](unsigned k) { return spread ? devices[k % devices.size()] : deft::cpu(); };
       std::vector<T> vars;
-      for (std::size_t v = 0; v < 5; ++v) vars.push_back(T(values[v], shapes[v], device(home[v])).attach_grad());
+      for (std::size_t v = 0; v < shapes.size(); ++v) vars.push_back(T(values[v], shapes[v], device(home[v])).attach_grad());
       T result;
       {
         deft::autograd::record recording;
@@ -287,6 +289,7 @@ inline void random_gradient_programs(int programs = 80) {
           const auto on = [&](const T& t) { return t.device() == d ? t : t.to(d); };
           h = on(h);
           const T x = on(vars[0]), w = on(vars[1]), row = on(vars[2]), col = on(vars[3]), g = on(vars[4]);
+          const T kernel = on(vars[5]), bias = on(vars[6]);
           const int axis = int(st.bits % 2);
           const i64 r0 = i64(st.bits / 2 % std::uint64_t(r)), r1 = r0 + 1 + i64(st.bits / 64 % std::uint64_t(r - r0));
           switch (st.op) {
@@ -304,6 +307,15 @@ inline void random_gradient_programs(int programs = 80) {
               h = deft::pow(deft::abs(h) + 1.0, 1.5) * 0.5 - deft::maximum(h, g) + deft::minimum(h, col);
               break;
             case 11: h = h + deft::sum(h.rows(r0, r1), 0, true) * (1.0 / double(r)); break;
+            case 12: {
+              // Two channels of (r + 1) x (c + 1), pooled back to r x c. Adding
+              // x keeps the pooled values apart (h may be all zeros), so the
+              // maximum cannot change with the other device's rounding.
+              const T y = deft::conv2d(T(h + x * 0.25).reshape({1, 1, r, c}), kernel, bias, {1, 1}, {1, 1});
+              const T pooled = st.bits & 2 ? T(deft::max_pool2d(y, {2, 2}, {1, 1})) : T(deft::avg_pool2d(y, {2, 2}, {1, 1}));
+              h = deft::sum(pooled, 1).reshape({r, c}) * 0.5;
+              break;
+            }
             default: {
               const T along = deft::tanh(deft::dot(h, row));  // (r): a matrix times a vector
               h = deft::transpose(h.reshape({c, r})).reshape({r, c}) * 0.5 + h * along.reshape({r, 1});
@@ -312,7 +324,7 @@ inline void random_gradient_programs(int programs = 80) {
           }
         }
         const i64 r0 = i64(loss_bits % std::uint64_t(r)), r1 = r0 + 1 + i64(loss_bits / 8 % std::uint64_t(r - r0));
-        const T head = T(values[5], {r, c}, h.device());
+        const T head = T(values[7], {r, c}, h.device());
         switch (loss_kind) {
           case 0: result = deft::sum(h * head); break;
           case 1: result = deft::mean(h * h); break;
@@ -330,7 +342,7 @@ inline void random_gradient_programs(int programs = 80) {
     engine.run_next(synchronous, run_workers);
     const auto on_host = run(false), spread = run(true);
     const char* names[] = {"the result", "x's gradient", "w's gradient", "row's gradient", "col's gradient",
-                           "g's gradient"};
+                           "g's gradient", "kernel's gradient", "bias's gradient"};
     for (std::size_t k = 0; k < on_host.size(); ++k) {
       BOOST_REQUIRE_EQUAL(spread[k].size(), on_host[k].size());
       double scale = 1;

@@ -33,14 +33,14 @@ struct UploadQueue {
   Mark mark() { return ctx.mark(stream); }
   static bool finished(const Mark& m) {
     const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(m.get()));
-    if (status == cudaErrorNotReady) return false;
-    // A failure here belongs to a kernel; its sync point reports it. The
-    // DMA will not run any more: its block may be reused.
-    if (status != cudaSuccess) (void)cudaGetLastError();
-    return true;
+    // "Not ready" is kept as the thread's last error too. A failure belongs
+    // to a kernel, whose sync point reports it; the DMA will not run any
+    // more, so its block may be reused.
+    discard(status);
+    return status != cudaErrorNotReady;
   }
   static void wait(const Mark& m) {
-    if (cudaEventSynchronize(static_cast<cudaEvent_t>(m.get())) != cudaSuccess) (void)cudaGetLastError();
+    discard(cudaEventSynchronize(static_cast<cudaEvent_t>(m.get())));
   }
 };
 

@@ -116,6 +116,7 @@ class Collectives {
     const auto& [ranks, set] = clique(nccl, devices);
     check(nccl, set.made, devices);
     const auto uses = declare_sum(backend, parts, DeviceContext::collective_lane);
+    std::lock_guard no_frees(collective_launches());
     check(nccl, nccl.group_start(), devices);
     ncclResult_t queued = ncclSuccess;
     for (const SumPart& p : parts) {

@@ -23,7 +23,7 @@ class CudaProgram final : public DeviceProgram {
   // CUDA frees a graph destroyed while a launch of it runs once that launch
   // is done; its scratch blocks return to the pool, where the lanes' record
   // orders their next user after that launch.
-  ~CudaProgram() override { cudaGraphExecDestroy(exec_); }
+  ~CudaProgram() override { discard(cudaGraphExecDestroy(exec_)); }
   CudaProgram(const CudaProgram&) = delete;
   CudaProgram& operator=(const CudaProgram&) = delete;
 
@@ -51,17 +51,20 @@ inline std::unique_ptr<DeviceProgram> record_program(DeviceBackend& backend, int
   DeviceContext& ctx = context(device);
   DeviceGuard on(device);
   std::lock_guard one_capture(ctx.capture_mutex);
-  (void)blas_handle(ctx, DeviceContext::capture_lane);  // made before the capture: cublasCreate allocates and waits
+  // Every lane's cuBLAS handle is made before the capture: cublasCreate
+  // allocates and may wait for the device, which would end it.
+  for (int k = 0; k <= DeviceContext::capture_lane; ++k) (void)blas_handle(ctx, k);
   ProgramMemory memory;
   cudaGraph_t graph = nullptr;
   {
+    DeviceMemory::Capturing frees_wait(*ctx.upstream);
     ProgramCapture capture(device, memory, ProgramCapture::Mode::record);
     LaneScope lane(device, DeviceContext::capture_lane);
     check(cudaStreamBeginCapture(ctx.capture_stream, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture", device);
     try {
       work();
     } catch (...) {
-      if (cudaStreamEndCapture(ctx.capture_stream, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+      if (cudaStreamEndCapture(ctx.capture_stream, &graph) == cudaSuccess && graph) discard(cudaGraphDestroy(graph));
       (void)cudaGetLastError();
       throw;
     }
@@ -69,7 +72,7 @@ inline std::unique_ptr<DeviceProgram> record_program(DeviceBackend& backend, int
   }
   cudaGraphExec_t exec = nullptr;
   const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
+  discard(cudaGraphDestroy(graph));
   check(status, "cudaGraphInstantiate", device);
   auto program = std::make_unique<CudaProgram>(backend, ctx, exec, std::move(memory));
   program->launch();

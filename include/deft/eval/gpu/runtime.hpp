@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <vector>
 
@@ -48,6 +49,13 @@ inline void check(cudaError_t status, const char* what, int device) {
                             cudaGetErrorString(status), ")");
 }
 
+/// For a call whose failure nobody can act on (a free, a query answering
+/// "not yet"): clears the thread's last error, which the next Thrust launch
+/// would otherwise read (CUB checks cudaPeekAtLastError) as its own failure.
+inline void discard(cudaError_t status) noexcept {
+  if (status != cudaSuccess) (void)cudaGetLastError();
+}
+
 /// Makes `device` current for the calling thread while it lives.
 class DeviceGuard {
  public:
@@ -56,8 +64,18 @@ class DeviceGuard {
     if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice", device);
     changed_ = previous_ != device;
   }
+  /// The same where nothing may throw (a free): a failure is cleared, and
+  /// the calls made under the guard then fail on their own.
+  DeviceGuard(int device, std::nothrow_t) noexcept {
+    cudaError_t status = cudaGetDevice(&previous_);
+    if (status == cudaSuccess && previous_ != device) {
+      status = cudaSetDevice(device);
+      changed_ = status == cudaSuccess;
+    }
+    discard(status);
+  }
   ~DeviceGuard() {
-    if (changed_) cudaSetDevice(previous_);
+    if (changed_) discard(cudaSetDevice(previous_));
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
@@ -98,15 +116,59 @@ class DeviceMemory final : public engine::HostAllocator {
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t) noexcept override {
-    DeviceGuard on(device_);
-    cudaFree(p);  // waits for the device: no use of the block is left to order
-    lane_tracker().remove_block(p, bytes);
+    lane_tracker().remove_block(p, bytes);  // first: once freed, cudaMalloc may hand the address out again
+    {
+      std::lock_guard lk(m_);
+      if (captures_ > 0) try {
+          parked_.push_back(p);
+          return;
+        } catch (...) {  // no memory for the list: freed now
+        }
+    }
+    free_now(p);
   }
   void reissue(void* p, std::size_t bytes) override { lane_tracker().reissue(p, bytes); }
 
+  /// While it lives a program records on this device (program.hpp), and
+  /// freed blocks wait: cudaFree may wait for the device, which ends a
+  /// capture in progress. They go back when the last recording ends.
+  class Capturing {
+   public:
+    explicit Capturing(DeviceMemory& memory) : memory_(memory) {
+      std::lock_guard lk(memory_.m_);
+      ++memory_.captures_;
+    }
+    ~Capturing() {
+      std::vector<void*> parked;
+      {
+        std::lock_guard lk(memory_.m_);
+        if (--memory_.captures_ == 0) parked.swap(memory_.parked_);
+      }
+      for (void* p : parked) memory_.free_now(p);
+    }
+    Capturing(const Capturing&) = delete;
+    Capturing& operator=(const Capturing&) = delete;
+
+   private:
+    DeviceMemory& memory_;
+  };
+
  private:
+  void free_now(void* p) noexcept;  // defined below, with the contexts
+
   int device_;
+  std::mutex m_;
+  int captures_ = 0;            // programs recording on the device now
+  std::vector<void*> parked_;   // blocks freed meanwhile
 };
+
+/// Held while NCCL queues a sum's kernels on several GPUs (collective.hpp)
+/// and while a block is freed: a wait for a device in between could wait
+/// for a kernel whose partners on the other GPUs are not queued yet.
+inline std::mutex& collective_launches() {
+  static auto* m = new std::mutex;  // leaked, see DeviceContext
+  return *m;
+}
 
 /// cudaHostAlloc / cudaFreeHost: page-locked host memory that every GPU can
 /// copy to and from by DMA (cudaHostAllocPortable).
@@ -121,7 +183,7 @@ class PinnedMemory final : public engine::HostAllocator {
     }
     return p;
   }
-  void deallocate(void* p, std::size_t, std::size_t) noexcept override { cudaFreeHost(p); }
+  void deallocate(void* p, std::size_t, std::size_t) noexcept override { discard(cudaFreeHost(p)); }
 };
 
 /// One GPU's resources, created on first use: its memory cache, the compute
@@ -136,6 +198,7 @@ class PinnedMemory final : public engine::HostAllocator {
 /// thread's work can slip into a capture there.
 struct DeviceContext {
   int device;
+  std::shared_ptr<DeviceMemory> upstream;                // memory's
   std::shared_ptr<engine::CachingHostAllocator> memory;  // shared: buffers keep it alive
   std::vector<cudaStream_t> lanes;
   cudaStream_t copy_stream = nullptr, collective_stream = nullptr, capture_stream = nullptr;
@@ -143,7 +206,8 @@ struct DeviceContext {
 
   explicit DeviceContext(int d)
       : device(d),
-        memory(std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceMemory>(d), thresholds::gpu_cache_max_bytes,
+        upstream(std::make_shared<DeviceMemory>(d)),
+        memory(std::make_shared<engine::CachingHostAllocator>(upstream, thresholds::gpu_cache_max_bytes,
                                                               thresholds::gpu_cache_min_bytes, engine::BlockReuse::split)),
         lanes(std::size_t(thresholds::gpu_lanes), nullptr) {
     DeviceGuard on(d);
@@ -201,7 +265,7 @@ struct DeviceContext {
     try {
       free_events_.push_back(e);
     } catch (...) {
-      cudaEventDestroy(e);
+      discard(cudaEventDestroy(e));
     }
   }
   std::mutex events_m_;
@@ -273,6 +337,17 @@ inline void CudaLaneQueue::order_at(int /*from*/, std::uint64_t /*count*/, const
   DeviceGuard on(dst.device);
   check(cudaStreamWaitEvent(dst.stream(to % DeviceContext::tracked_lanes), static_cast<cudaEvent_t>(mark.get()), 0),
         "cudaStreamWaitEvent", dst.device);
+}
+
+inline void DeviceMemory::free_now(void* p) noexcept {
+  DeviceGuard on(device_, std::nothrow);
+  std::lock_guard no_group(collective_launches());
+  // cudaFree of cudaMalloc's memory "may" wait for the device (CUDA 12's
+  // documentation), not must: the kernels queued on the block's last users
+  // are waited for here.
+  const DeviceContext& ctx = context(device_);  // made: this pool is its
+  for (int k = 0; k < DeviceContext::tracked_lanes; ++k) discard(cudaStreamSynchronize(ctx.stream(k)));
+  discard(cudaFree(p));
 }
 
 inline LaneTracker<CudaLaneQueue>& lane_tracker() {

@@ -301,6 +301,48 @@ BOOST_AUTO_TEST_CASE(blocks_return_to_the_pool_once_their_dma_ran) {
   BOOST_TEST((dc == a));
 }
 
+// DMAs on different lanes (or to different devices) finish in any order:
+// a block whose DMA is done goes back even while an older one is pending.
+namespace {
+struct OutOfOrderQueue {
+  using Mark = std::size_t;  // the DMA's number
+  static inline std::vector<DeferredQueue::Dma> queued;
+  static inline std::vector<char> done;
+  static inline long waits = 0;
+  void copy(void* to, const void* staged, std::size_t n) { queued.push_back({to, staged, n}), done.push_back(0); }
+  static Mark mark() { return queued.size() - 1; }
+  static bool finished(Mark m) { return done[m] != 0; }
+  static void wait(Mark m) {
+    ++waits;
+    run(m);
+  }
+  static void run(Mark m) {
+    if (!done[m]) std::memcpy(queued[m].to, queued[m].from, queued[m].n), done[m] = 1;
+  }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_finished_block_returns_while_an_older_dma_is_pending) {
+  auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<deft::engine::DefaultHostAllocator>(),
+                                                                   std::size_t(1) << 20, 256);
+  deft::detail::gpu::StagingArea<OutOfOrderQueue> area(pool, chunk, bound);
+  OutOfOrderQueue queue;
+  const auto a = random_bytes(5000, 9), b = random_bytes(5000, 10);
+  std::vector<unsigned char> da(5000), db(5000), dc(5000);
+  area.upload(da.data(), a.data(), a.size(), queue);
+  area.upload(db.data(), b.data(), b.size(), queue);
+  OutOfOrderQueue::run(1);  // b's DMA finishes first
+  area.upload(dc.data(), b.data(), b.size(), queue);  // takes b's block back, not a third one
+  BOOST_TEST(pool->stats().misses == 2u);
+  BOOST_TEST(pool->stats().hits == 1u);
+  BOOST_TEST(area.bytes_in_flight() == 2 * 8192u);
+  BOOST_TEST(OutOfOrderQueue::waits == 0);
+  area.drain();
+  BOOST_TEST((da == a));
+  BOOST_TEST((db == b));
+  BOOST_TEST((dc == b));
+}
+
 // The emulated backend stages every copy to a device in 16 KiB chunks; a
 // copy from a device lands in its stand-in for pinned memory.
 BOOST_AUTO_TEST_CASE(tensors_copied_to_a_device_are_staged_and_back_pinned) {

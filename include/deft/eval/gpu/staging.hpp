@@ -147,14 +147,19 @@ class StagingArea {
     in_flight_.push_back({block, size, std::move(mark)});
   }
 
-  // Returns the finished blocks at the front (DMAs to one device finish in
-  // the order they were queued; one to another device may hold the front
-  // until the next upload, which is all a bound needs).
+  // Returns every block whose DMA is done. DMAs finish out of the order
+  // they were queued in (each goes on the uploading thread's lane, or to
+  // another device), so a pending one at the front holds back none after
+  // it. (At most max_in_flight_blocks queries.)
   void reclaim_finished() {
-    while (!in_flight_.empty() && Queue::finished(in_flight_.front().mark)) {
-      pinned_->deallocate(in_flight_.front().block, in_flight_.front().size, thresholds::alignment);
-      reserved_ -= in_flight_.front().size;
-      in_flight_.pop_front();
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      if (!Queue::finished(it->mark)) {
+        ++it;
+        continue;
+      }
+      pinned_->deallocate(it->block, it->size, thresholds::alignment);
+      reserved_ -= it->size;
+      it = in_flight_.erase(it);
     }
   }
 

@@ -8,6 +8,7 @@
 #pragma once
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -122,34 +123,47 @@ void reduce_all(Mem& mem) {
   }
 }
 
-/// Reductions along each axis of a 3-D expression.
+/// Reductions along each axis of 3-D expressions: short axes (one pass),
+/// and long axes with few outputs, which AxisPlan cuts into runs merged by
+/// a second pass (the runs' lengths do not divide the axis).
 template <class Mem>
 void reduce_axes(Mem& mem) {
   deft::random::seed(10);
-  const Shape shape{4, 33, 20};
-  auto x = deft::random::uniform<float>(-1, 1, shape);
-  mem.mirror(x);
-  const auto vx = values(x);
-  for (int axis = 0; axis < 3; ++axis) {
-    const deft::detail::AxisSplit g(shape, axis);
-    std::vector<double> sum(g.outer * g.inner, 0), mx(g.outer * g.inner, -INFINITY);
-    for (i64 o = 0; o < g.outer; ++o)
-      for (i64 j = 0; j < g.len; ++j)
-        for (i64 i = 0; i < g.inner; ++i) {
-          const double v = double(vx[(o * g.len + j) * g.inner + i] * 3.0f);  // the float product, as evaluated
-          sum[o * g.inner + i] += v;
-          mx[o * g.inner + i] = std::max(mx[o * g.inner + i], v);
-        }
-    const auto el = elements_in(mem, x * 3.0f);
-    float* out_sum = mem.template make<float>(g.outer * g.inner);
-    float* out_max = mem.template make<float>(g.outer * g.inner);
-    gk::reduce_axis_elements<deft::detail::SumReducer<float>>(mem.policy(), el, g, out_sum);
-    gk::reduce_axis_elements<deft::detail::MaxReducer<float>>(mem.policy(), el, g, out_max);
-    BOOST_TEST_CONTEXT("axis " << axis) {
-      expect_close(mem.get(out_sum, g.outer * g.inner), sum, 1e-5);
-      expect_close(mem.get(out_max, g.outer * g.inner), mx, 0);
+  int split = 0;
+  for (const Shape& shape : {Shape{4, 33, 20}, Shape{3, 2000, 5}, Shape{5001, 3, 1}, Shape{2, 1, 4099}}) {
+    auto x = deft::random::uniform<float>(-1, 1, shape);
+    mem.mirror(x);
+    const auto vx = values(x);
+    for (int axis = 0; axis < 3; ++axis) {
+      const deft::detail::AxisSplit g(shape, axis);
+      const gk::AxisPlan plan(g);
+      split += plan.chunks > 1;
+      const i64 outputs = g.outer * g.inner;
+      std::vector<double> sum(outputs, 0), mean(outputs), mx(outputs, -INFINITY);
+      for (i64 o = 0; o < g.outer; ++o)
+        for (i64 j = 0; j < g.len; ++j)
+          for (i64 i = 0; i < g.inner; ++i) {
+            const double v = double(vx[(o * g.len + j) * g.inner + i] * 3.0f);  // the float product, as evaluated
+            sum[o * g.inner + i] += v;
+            mx[o * g.inner + i] = std::max(mx[o * g.inner + i], v);
+          }
+      for (i64 s = 0; s < outputs; ++s) mean[s] = sum[s] / double(g.len);
+      const auto el = elements_in(mem, x * 3.0f);
+      float* out_sum = mem.template make<float>(outputs);
+      float* out_mean = mem.template make<float>(outputs);
+      float* out_max = mem.template make<float>(outputs);
+      float* scratch = mem.template make<float>(std::max<i64>(plan.scratch(), 1));
+      gk::reduce_axis_elements<deft::detail::SumReducer<float>>(mem.policy(), el, g, out_sum, scratch);
+      gk::reduce_axis_elements<deft::detail::MeanReducer<float>>(mem.policy(), el, g, out_mean, scratch);
+      gk::reduce_axis_elements<deft::detail::MaxReducer<float>>(mem.policy(), el, g, out_max, scratch);
+      BOOST_TEST_CONTEXT("shape " << shape.to_string() << ", axis " << axis << ", " << plan.chunks << " runs") {
+        expect_close(mem.get(out_sum, outputs), sum, 1e-5);
+        expect_close(mem.get(out_mean, outputs), mean, 1e-5);
+        expect_close(mem.get(out_max, outputs), mx, 0);
+      }
     }
   }
+  BOOST_TEST(split == 3);  // 2000, 5001 and 4099 long axes
 }
 
 /// argmax: ties go to the first index, the first NaN wins, over all

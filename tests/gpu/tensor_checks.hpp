@@ -101,6 +101,20 @@ inline void reductions() {
   BOOST_TEST(deft::argmax(x).item() == best_at);
   expect_near(deft::sum(x, 1).to_vector(), rows, 1e-12, "sum along axis 1");
   expect_near(deft::sum(x, 0).to_vector(), cols, 1e-12, "sum along axis 0");
+  // A long axis with few outputs (a sum over a batch) is cut into runs
+  // that a second kernel merges, with scratch memory from the pool.
+  const i64 tall = 4000;
+  const auto w = random_values<double>(tall * 3, 6);
+  const Tensor<double> t = Tensor<double>(w, {tall, 3}).to(deft::gpu(0));
+  std::vector<double> per_column(3, 0), column_means(3);
+  for (i64 i = 0; i < tall; ++i)
+    for (i64 j = 0; j < 3; ++j) per_column[j] += w[i * 3 + j];
+  for (i64 j = 0; j < 3; ++j) column_means[j] = per_column[j] / double(tall);
+  expect_near(deft::sum(t, 0).to_vector(), per_column, 1e-12, "sum along a long axis 0");
+  expect_near(deft::mean(t, 0).to_vector(), column_means, 1e-12, "mean along a long axis 0");
+  std::vector<double> per_row(3, 0);  // the same values as 3 rows of 4000: the last axis
+  for (i64 i = 0; i < 3 * tall; ++i) per_row[i / tall] += w[i];
+  expect_near(deft::sum(t.reshape({3, tall}), 1).to_vector(), per_row, 1e-12, "sum along a long axis 1");
 }
 
 /// Matrix products (cuBLAS on a GPU), the transposed-operand form autograd

@@ -12,6 +12,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <type_traits>
 
 #include "../../core/device.hpp"
@@ -65,7 +66,10 @@ struct Executor<DeviceType::gpu> {
   template <class R, class E, class T>
   void reduce_axis(const E& e, int axis, T* out) const {
     gpu::Launch on(device, gpu::uses_of(e, out));
-    gpu::reduce_axis<R>(on.policy(), e, axis, out);
+    const gpu::AxisPlan plan(AxisSplit(e.shape(), axis));
+    std::optional<gpu::Scratch<T>> scratch;  // only for a split reduction
+    if (plan.scratch() > 0) scratch.emplace(device, plan.scratch());
+    gpu::reduce_axis<R>(on.policy(), e, axis, out, scratch ? scratch->get() : nullptr);
   }
   template <class E>
   void argmax_all(const E& e, std::int64_t* out) const {

@@ -10,6 +10,7 @@
 // passes over interleaved partials, whose reads are coalesced and whose
 // order is fixed (the same bits on every run).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <type_traits>
@@ -183,14 +184,65 @@ void reduce_all(const Policy& policy, const Expr& e, T* out, T* scratch) {
   with_element_at(e, [&](const auto& el) { reduce_elements<R>(policy, el, e.shape().size(), out, scratch); });
 }
 
-/// out[o * inner + i] = R over j of e[o, j, i] (axis `axis` is j).
+/// How a reduction along an axis is cut. One thread per output runs `len`
+/// steps alone; with few outputs and long ones (a bias gradient is a sum
+/// over the batch) most of the GPU would idle, so each output is cut into
+/// `chunks` runs of at least min_chunk elements whose partials a second
+/// pass merges. (The figures are not yet measured on a GPU.)
+struct AxisPlan {
+  static constexpr std::int64_t enough_threads = 65536, min_chunk = 128;
+  std::int64_t outputs, len, chunks = 1;
+  explicit AxisPlan(const AxisSplit& g) : outputs(g.outer * g.inner), len(g.len) {
+    if (outputs > 0 && outputs < enough_threads && len >= 4 * min_chunk)
+      chunks = std::min((enough_threads + outputs - 1) / outputs, len / min_chunk);
+  }
+  /// Elements of each run (the last may be shorter).
+  std::int64_t step() const { return (len + chunks - 1) / chunks; }
+  /// Scratch elements the partials need (0: one pass, no scratch).
+  std::int64_t scratch() const { return chunks > 1 ? outputs * chunks : 0; }
+};
+
+/// Partial t = (c, s) of an AxisPlan: R over run c of output s. Neighbouring
+/// threads take neighbouring outputs, which read neighbouring elements
+/// when the reduced axis is not the last.
+template <class R, class Elem, class T>
+struct AxisPartial {
+  Elem elem;
+  std::int64_t outputs, len, inner, step;
+  DEFT_HD T operator()(std::int64_t t) const {
+    const std::int64_t s = t % outputs, first = t / outputs * step;
+    const std::int64_t base = (s / inner) * len * inner + s % inner, end = first + step < len ? first + step : len;
+    T acc = R::identity();
+    for (std::int64_t j = first; j < end; ++j) acc = R::step(acc, elem(base + j * inner));
+    return acc;
+  }
+};
+
+/// Output s of an AxisPlan: its runs' partials merged, then R::finish.
+template <class R, class T>
+struct MergeAxisPartials {
+  const T* in;
+  std::int64_t outputs, chunks, len;
+  DEFT_HD T operator()(std::int64_t s) const {
+    T acc = R::identity();
+    for (std::int64_t c = 0; c < chunks; ++c) acc = R::merge(acc, in[c * outputs + s]);
+    return R::finish(acc, len);
+  }
+};
+
+/// out[o * inner + i] = R over j of e[o, j, i] (axis `axis` is j); `scratch`
+/// holds AxisPlan(g).scratch() values (none when that is 0).
 template <class R, class Policy, class Elem, class T>
-void reduce_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, T* out) {
-  for_each_output(policy, g.outer * g.inner, AxisReduce<R, Elem, T>{elem, g.len, g.inner}, out);
+void reduce_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, T* out, T* scratch) {
+  const AxisPlan plan(g);
+  if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisReduce<R, Elem, T>{elem, g.len, g.inner}, out);
+  for_each_output(policy, plan.outputs * plan.chunks, AxisPartial<R, Elem, T>{elem, plan.outputs, g.len, g.inner, plan.step()},
+                  scratch);
+  for_each_output(policy, plan.outputs, MergeAxisPartials<R, T>{scratch, plan.outputs, plan.chunks, g.len}, out);
 }
 template <class R, class Policy, class Expr, class T>
-void reduce_axis(const Policy& policy, const Expr& e, int axis, T* out) {
-  with_element_at(e, [&](const auto& el) { reduce_axis_elements<R>(policy, el, AxisSplit(e.shape(), axis), out); });
+void reduce_axis(const Policy& policy, const Expr& e, int axis, T* out, T* scratch) {
+  with_element_at(e, [&](const auto& el) { reduce_axis_elements<R>(policy, el, AxisSplit(e.shape(), axis), out, scratch); });
 }
 
 // --- argmax: index of the first largest value (the first NaN wins, as numpy) ---

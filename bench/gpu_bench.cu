@@ -4,6 +4,8 @@
 //     kernel, deft's fused tree and the same tree as single-op passes, at
 //     2^26 floats: GB/s counting bytes read and written;
 //   - products: deft's matmul against cublasSgemm called directly;
+//   - column sums (sum along axis 0, as a bias gradient): deft against
+//     cublasSgemv with a vector of ones, GB/s of the matrix read;
 //   - copies: the host to the GPU and back, deft's to() against cudaMemcpy
 //     from pageable and from pinned memory (GB/s), and how long a copy to a
 //     busy GPU holds its caller (raw pageable) or deft's worker (staged);
@@ -36,6 +38,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "data_parallel.hpp"
@@ -200,6 +203,48 @@ void gemm_rows() {
     add_time(g, "sgemm", "deft", 1, size, "us", d, calls);
     std::printf("%-12s %s: cublas %.1f TFLOP/s, deft %.1f TFLOP/s, deft/cublas time %.3f\n", g, size.c_str(),
                 flops * calls / direct.median / 1e12, flops * calls / d.median / 1e12, d.median / direct.median);
+  }
+  cublasDestroy(h);
+  cudaStreamDestroy(s);
+}
+
+// --- reductions along an axis -----------------------------------------------------
+
+/// Column sums of a row-major matrix (a bias gradient: a sum over the
+/// batch): deft's sum(x, 0) against cuBLAS's gemv with a vector of ones, in
+/// GB/s of the matrix read. Tall shapes are what AxisPlan cuts into runs.
+void reduce_rows() {
+  const char* g = "gpu_reduce";
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+  cudaStream_t s;
+  cuda_check(cudaStreamCreate(&s), "cudaStreamCreate");
+  cublasSetStream(h, s);
+  constexpr int calls = 20;
+  for (const auto& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{{256, 256}, {1 << 16, 10}, {1 << 20, 16}, {1 << 14, 1024}}) {
+    const std::string size = std::to_string(rows) + "x" + std::to_string(cols);
+    const auto vx = random_floats(std::size_t(rows * cols), 6);
+    DeviceFloats x(std::size_t(rows * cols)), ones(std::size_t(rows)), y(std::size_t(cols));
+    x.upload(vx), ones.upload(std::vector<float>(std::size_t(rows), 1.0f));
+    const float one = 1, zero = 0;
+    // Row-major rows x cols is column-major cols x rows: the sums are M * ones.
+    const Summary direct = measure([&] {
+      for (int i = 0; i < calls; ++i)
+        cublasSgemv(h, CUBLAS_OP_N, int(cols), int(rows), &one, x.p, int(cols), ones.p, 1, &zero, y.p, 1);
+      cuda_check(cudaStreamSynchronize(s), "cublasSgemv");
+    });
+    const Tensor<float> tx = Tensor<float>(vx, {rows, cols}, gpu(0));
+    std::vector<Tensor<float>> outs(std::size_t(calls));
+    const Summary d = measure([&] {
+      for (auto& o : outs) o = sum(tx, 0);
+      wait_all();
+    });
+    std::printf("%-12s %s: deft vs cublasSgemv max rel diff %.2e\n", g, size.c_str(),
+                worst_rel(outs.back().to_vector(), y.download()));
+    const double bytes = 4.0 * double(rows * cols) * calls;
+    add(g, "sum along axis 0", "cublas gemv", 1, size, "GB/s", bytes / direct.median / 1e9, bytes / direct.min / 1e9);
+    add(g, "sum along axis 0", "deft", 1, size, "GB/s", bytes / d.median / 1e9, bytes / d.min / 1e9);
+    std::printf("%-12s %s: deft/cublas gemv time %.2f\n", g, size.c_str(), d.median / direct.median);
   }
   cublasDestroy(h);
   cudaStreamDestroy(s);
@@ -493,6 +538,7 @@ int main(int argc, char** argv) try {
   bench::print_header();
   if (bench::selected("gpu_fused")) bandwidth_rows();
   if (bench::selected("gpu_gemm")) gemm_rows();
+  if (bench::selected("gpu_reduce")) reduce_rows();
   if (bench::selected("gpu_copy")) copy_rows();
   if (bench::selected("gpu_launch")) launch_rows();
   if (bench::selected("gpu_lanes")) lane_rows();

@@ -223,9 +223,10 @@ void reduce_rows() {
   constexpr int calls = 20;
   for (const auto& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{{256, 256}, {1 << 16, 10}, {1 << 20, 16}, {1 << 14, 1024}}) {
     const std::string size = std::to_string(rows) + "x" + std::to_string(cols);
-    const auto vx = random_floats(std::size_t(rows * cols), 6);
-    DeviceFloats x(std::size_t(rows * cols)), ones(std::size_t(rows)), y(std::size_t(cols));
-    x.upload(vx), ones.upload(std::vector<float>(std::size_t(rows), 1.0f));
+    const auto n = static_cast<std::size_t>(rows * cols), r = static_cast<std::size_t>(rows);
+    const auto vx = random_floats(n, 6);
+    DeviceFloats x(n), ones(r), y(static_cast<std::size_t>(cols));
+    x.upload(vx), ones.upload(std::vector<float>(r, 1.0f));
     const float one = 1, zero = 0;
     // Row-major rows x cols is column-major cols x rows: the sums are M * ones.
     const Summary direct = measure([&] {
@@ -234,7 +235,7 @@ void reduce_rows() {
       cuda_check(cudaStreamSynchronize(s), "cublasSgemv");
     });
     const Tensor<float> tx = Tensor<float>(vx, {rows, cols}, gpu(0));
-    std::vector<Tensor<float>> outs(std::size_t(calls));
+    std::vector<Tensor<float>> outs(static_cast<std::size_t>(calls));
     const Summary d = measure([&] {
       for (auto& o : outs) o = sum(tx, 0);
       wait_all();

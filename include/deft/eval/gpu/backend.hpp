@@ -124,6 +124,7 @@ class CudaBackend final : public DeviceBackend {
     // Between GPUs or on one: on the calling thread's lane of the destination
     // (the record is process-wide: the source's lanes may be another GPU's).
     DeviceContext& dst = context(to_device.index);
+    if (src.device != dst.device) (void)peer_access(dst.device, src.device);  // a direct DMA where the GPUs allow it
     DeviceGuard on(dst.device);
     cudaError_t status;
     {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -161,6 +162,28 @@ class DeviceMemory final : public engine::HostAllocator {
   int captures_ = 0;            // programs recording on the device now
   std::vector<void*> parked_;   // blocks freed meanwhile
 };
+
+/// Whether kernels and copies on `device` reach `peer`'s memory directly
+/// (NVLink or PCIe peer to peer), enabled on first ask for each pair.
+/// Without it cudaMemcpyPeerAsync still works, staged through the host.
+/// A pair that cannot, or whose enabling fails, is not asked again.
+inline bool peer_access(int device, int peer) {
+  static std::mutex m;
+  static auto* known = new std::map<std::pair<int, int>, bool>;  // leaked, see DeviceContext
+  std::lock_guard lk(m);
+  if (const auto it = known->find({device, peer}); it != known->end()) return it->second;
+  int can = 0;
+  cudaError_t status = cudaDeviceCanAccessPeer(&can, device, peer);
+  bool enabled = false;
+  if (status == cudaSuccess && can) {
+    DeviceGuard on(device, std::nothrow);
+    status = cudaDeviceEnablePeerAccess(peer, 0);
+    enabled = status == cudaSuccess || status == cudaErrorPeerAccessAlreadyEnabled;
+  }
+  discard(status);
+  known->emplace(std::pair{device, peer}, enabled);
+  return enabled;
+}
 
 /// Held while NCCL queues a sum's kernels on several GPUs (collective.hpp)
 /// and while a block is freed: a wait for a device in between could wait

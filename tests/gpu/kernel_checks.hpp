@@ -124,13 +124,15 @@ void reduce_all(Mem& mem) {
 }
 
 /// Reductions along each axis of 3-D expressions: short axes (one pass),
-/// and long axes with few outputs, which AxisPlan cuts into runs merged by
-/// a second pass (the runs' lengths do not divide the axis).
+/// and long axes with few outputs, which AxisPlan cuts into parts merged by
+/// a second pass (the parts' lengths do not divide the axis; along the last
+/// axis the parts interleave).
 template <class Mem>
 void reduce_axes(Mem& mem) {
   deft::random::seed(10);
   int split = 0;
-  for (const Shape& shape : {Shape{4, 33, 20}, Shape{3, 2000, 5}, Shape{5001, 3, 1}, Shape{2, 1, 4099}}) {
+  for (const Shape& shape : {Shape{4, 33, 20}, Shape{3, 2000, 5}, Shape{5001, 3, 1}, Shape{2, 1, 4099},
+                            Shape{1, 200003, 1}}) {
     auto x = deft::random::uniform<float>(-1, 1, shape);
     mem.mirror(x);
     const auto vx = values(x);
@@ -138,32 +140,37 @@ void reduce_axes(Mem& mem) {
       const deft::detail::AxisSplit g(shape, axis);
       const gk::AxisPlan plan(g);
       split += plan.chunks > 1;
+      BOOST_TEST((plan.chunks - 1) * plan.step() < g.len);  // no empty part
       const i64 outputs = g.outer * g.inner;
-      std::vector<double> sum(outputs, 0), mean(outputs), mx(outputs, -INFINITY);
+      std::vector<double> sum(outputs, 0), mean(outputs), norm(outputs, 0), mx(outputs, -INFINITY);
       for (i64 o = 0; o < g.outer; ++o)
         for (i64 j = 0; j < g.len; ++j)
           for (i64 i = 0; i < g.inner; ++i) {
             const double v = double(vx[(o * g.len + j) * g.inner + i] * 3.0f);  // the float product, as evaluated
             sum[o * g.inner + i] += v;
+            norm[o * g.inner + i] += v * v;
             mx[o * g.inner + i] = std::max(mx[o * g.inner + i], v);
           }
-      for (i64 s = 0; s < outputs; ++s) mean[s] = sum[s] / double(g.len);
+      for (i64 s = 0; s < outputs; ++s) mean[s] = sum[s] / double(g.len), norm[s] = std::sqrt(norm[s]);
       const auto el = elements_in(mem, x * 3.0f);
       float* out_sum = mem.template make<float>(outputs);
       float* out_mean = mem.template make<float>(outputs);
+      float* out_norm = mem.template make<float>(outputs);
       float* out_max = mem.template make<float>(outputs);
       float* scratch = mem.template make<float>(std::max<i64>(plan.scratch(), 1));
       gk::reduce_axis_elements<deft::detail::SumReducer<float>>(mem.policy(), el, g, out_sum, scratch);
       gk::reduce_axis_elements<deft::detail::MeanReducer<float>>(mem.policy(), el, g, out_mean, scratch);
+      gk::reduce_axis_elements<deft::detail::NormReducer<float>>(mem.policy(), el, g, out_norm, scratch);
       gk::reduce_axis_elements<deft::detail::MaxReducer<float>>(mem.policy(), el, g, out_max, scratch);
       BOOST_TEST_CONTEXT("shape " << shape.to_string() << ", axis " << axis << ", " << plan.chunks << " runs") {
         expect_close(mem.get(out_sum, outputs), sum, 1e-5);
         expect_close(mem.get(out_mean, outputs), mean, 1e-5);
+        expect_close(mem.get(out_norm, outputs), norm, 1e-5);
         expect_close(mem.get(out_max, outputs), mx, 0);
       }
     }
   }
-  BOOST_TEST(split == 3);  // 2000, 5001 and 4099 long axes
+  BOOST_TEST(split == 4);  // the axes 2000, 5001, 4099 and 200003 long
 }
 
 /// argmax: ties go to the first index, the first NaN wins, over all

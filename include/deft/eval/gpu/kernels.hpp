@@ -187,38 +187,46 @@ void reduce_all(const Policy& policy, const Expr& e, T* out, T* scratch) {
 /// How a reduction along an axis is cut. One thread per output runs `len`
 /// steps alone; with few outputs and long ones (a bias gradient is a sum
 /// over the batch) most of the GPU would idle, so each output is cut into
-/// `chunks` runs of at least min_chunk elements whose partials a second
+/// `chunks` parts of at least min_chunk elements whose partials a second
 /// pass merges. (The figures are not yet measured on a GPU.)
 struct AxisPlan {
   static constexpr std::int64_t enough_threads = 65536, min_chunk = 128;
   std::int64_t outputs, len, chunks = 1;
   explicit AxisPlan(const AxisSplit& g) : outputs(g.outer * g.inner), len(g.len) {
-    if (outputs > 0 && outputs < enough_threads && len >= 4 * min_chunk)
+    if (outputs > 0 && outputs < enough_threads && len >= 4 * min_chunk) {
       chunks = std::min((enough_threads + outputs - 1) / outputs, len / min_chunk);
+      chunks = (len + step() - 1) / step();  // no empty part
+    }
   }
-  /// Elements of each run (the last may be shorter).
+  /// Elements of each part (the last may have fewer).
   std::int64_t step() const { return (len + chunks - 1) / chunks; }
   /// Scratch elements the partials need (0: one pass, no scratch).
   std::int64_t scratch() const { return chunks > 1 ? outputs * chunks : 0; }
 };
 
-/// Partial t = (c, s) of an AxisPlan: R over run c of output s. Neighbouring
-/// threads take neighbouring outputs, which read neighbouring elements
-/// when the reduced axis is not the last.
+/// Partial t of an AxisPlan: R over one part of one output, partial c of
+/// output s at t = c * outputs + s. Neighbouring threads read neighbouring
+/// elements: the axis's neighbouring outputs (inner > 1), or, along the
+/// last axis, interleaved parts (part c takes elements c, c + chunks, ...).
 template <class R, class Elem, class T>
 struct AxisPartial {
   Elem elem;
-  std::int64_t outputs, len, inner, step;
+  std::int64_t outputs, len, inner, chunks, step;
   DEFT_HD T operator()(std::int64_t t) const {
-    const std::int64_t s = t % outputs, first = t / outputs * step;
-    const std::int64_t base = (s / inner) * len * inner + s % inner, end = first + step < len ? first + step : len;
+    const std::int64_t s = t % outputs, c = t / outputs;
+    const std::int64_t base = (s / inner) * len * inner + s % inner;
     T acc = R::identity();
-    for (std::int64_t j = first; j < end; ++j) acc = R::step(acc, elem(base + j * inner));
+    if (inner == 1) {
+      for (std::int64_t j = c; j < len; j += chunks) acc = R::step(acc, elem(base + j));
+    } else {
+      const std::int64_t end = (c + 1) * step < len ? (c + 1) * step : len;
+      for (std::int64_t j = c * step; j < end; ++j) acc = R::step(acc, elem(base + j * inner));
+    }
     return acc;
   }
 };
 
-/// Output s of an AxisPlan: its runs' partials merged, then R::finish.
+/// Output s of an AxisPlan: its parts' partials merged, then R::finish.
 template <class R, class T>
 struct MergeAxisPartials {
   const T* in;
@@ -236,8 +244,8 @@ template <class R, class Policy, class Elem, class T>
 void reduce_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, T* out, T* scratch) {
   const AxisPlan plan(g);
   if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisReduce<R, Elem, T>{elem, g.len, g.inner}, out);
-  for_each_output(policy, plan.outputs * plan.chunks, AxisPartial<R, Elem, T>{elem, plan.outputs, g.len, g.inner, plan.step()},
-                  scratch);
+  for_each_output(policy, plan.outputs * plan.chunks,
+                  AxisPartial<R, Elem, T>{elem, plan.outputs, g.len, g.inner, plan.chunks, plan.step()}, scratch);
   for_each_output(policy, plan.outputs, MergeAxisPartials<R, T>{scratch, plan.outputs, plan.chunks, g.len}, out);
 }
 template <class R, class Policy, class Expr, class T>

@@ -51,9 +51,11 @@ inline std::unique_ptr<DeviceProgram> record_program(DeviceBackend& backend, int
   DeviceContext& ctx = context(device);
   DeviceGuard on(device);
   std::lock_guard one_capture(ctx.capture_mutex);
-  // Every lane's cuBLAS handle is made before the capture: cublasCreate
-  // allocates and may wait for the device, which would end it.
-  for (int k = 0; k <= DeviceContext::capture_lane; ++k) (void)blas_handle(ctx, k);
+  // The cuBLAS handles of the compute lanes and the capture's are made
+  // before the capture: cublasCreate allocates and may wait for the
+  // device, which would end it.
+  for (int k = 0; k < int(ctx.lanes.size()); ++k) (void)blas_handle(ctx, k);
+  (void)blas_handle(ctx, DeviceContext::capture_lane);
   ProgramMemory memory;
   cudaGraph_t graph = nullptr;
   {

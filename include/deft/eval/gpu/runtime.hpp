@@ -7,12 +7,14 @@
 #pragma once
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <utility>
 #include <stdexcept>
 #include <vector>
 
@@ -117,35 +119,40 @@ class DeviceMemory final : public engine::HostAllocator {
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t) noexcept override {
-    lane_tracker().remove_block(p, bytes);  // first: once freed, cudaMalloc may hand the address out again
     {
       std::lock_guard lk(m_);
       if (captures_ > 0) try {
-          parked_.push_back(p);
+          parked_.push_back({p, bytes});
           return;
         } catch (...) {  // no memory for the list: freed now
         }
+      ++freeing_;
     }
-    free_now(p);
+    release(p, bytes);
+    done_freeing(1);
   }
   void reissue(void* p, std::size_t bytes) override { lane_tracker().reissue(p, bytes); }
 
   /// While it lives a program records on this device (program.hpp), and
-  /// freed blocks wait: cudaFree may wait for the device, which ends a
-  /// capture in progress. They go back when the last recording ends.
+  /// freed blocks wait: cudaFree may wait for the device, which would end
+  /// the capture. They go back when the last recording ends. A recording
+  /// starts once the frees under way have ended.
   class Capturing {
    public:
     explicit Capturing(DeviceMemory& memory) : memory_(memory) {
-      std::lock_guard lk(memory_.m_);
+      std::unique_lock lk(memory_.m_);
       ++memory_.captures_;
+      memory_.freed_.wait(lk, [&] { return memory_.freeing_ == 0; });
     }
     ~Capturing() {
-      std::vector<void*> parked;
+      std::vector<Parked> parked;
       {
         std::lock_guard lk(memory_.m_);
         if (--memory_.captures_ == 0) parked.swap(memory_.parked_);
+        memory_.freeing_ += int(parked.size());  // a new recording waits for them
       }
-      for (void* p : parked) memory_.free_now(p);
+      for (const auto& [p, bytes] : parked) memory_.release(p, bytes);
+      memory_.done_freeing(int(parked.size()));
     }
     Capturing(const Capturing&) = delete;
     Capturing& operator=(const Capturing&) = delete;
@@ -155,13 +162,29 @@ class DeviceMemory final : public engine::HostAllocator {
   };
 
  private:
-  void free_now(void* p) noexcept;  // defined below, with the contexts
+  using Parked = std::pair<void*, std::size_t>;
+  void release(void* p, std::size_t bytes) noexcept;  // defined below, with the contexts
+  void done_freeing(int n) noexcept {
+    std::lock_guard lk(m_);
+    if ((freeing_ -= n) == 0) freed_.notify_all();
+  }
 
   int device_;
   std::mutex m_;
-  int captures_ = 0;            // programs recording on the device now
-  std::vector<void*> parked_;   // blocks freed meanwhile
+  std::condition_variable freed_;  // freeing_ went to 0
+  int captures_ = 0;               // programs recording on the device now
+  int freeing_ = 0;                // blocks being freed now
+  std::vector<Parked> parked_;     // blocks freed during a recording
 };
+
+/// Held while NCCL queues a sum's kernels on several GPUs (collective.hpp)
+/// and while memory is freed or mapped for a peer: a wait for a device in
+/// between could wait for a kernel whose partners on the other GPUs are not
+/// queued yet.
+inline std::mutex& collective_launches() {
+  static auto* m = new std::mutex;  // leaked, see DeviceContext
+  return *m;
+}
 
 /// Whether kernels and copies on `device` reach `peer`'s memory directly
 /// (NVLink or PCIe peer to peer), enabled on first ask for each pair.
@@ -176,21 +199,14 @@ inline bool peer_access(int device, int peer) {
   cudaError_t status = cudaDeviceCanAccessPeer(&can, device, peer);
   bool enabled = false;
   if (status == cudaSuccess && can) {
-    DeviceGuard on(device, std::nothrow);
+    DeviceGuard on(device);  // throws, and asks again next time, if the device cannot be made current
+    std::lock_guard no_group(collective_launches());  // maps every allocation of `peer` for `device`
     status = cudaDeviceEnablePeerAccess(peer, 0);
     enabled = status == cudaSuccess || status == cudaErrorPeerAccessAlreadyEnabled;
   }
   discard(status);
   known->emplace(std::pair{device, peer}, enabled);
   return enabled;
-}
-
-/// Held while NCCL queues a sum's kernels on several GPUs (collective.hpp)
-/// and while a block is freed: a wait for a device in between could wait
-/// for a kernel whose partners on the other GPUs are not queued yet.
-inline std::mutex& collective_launches() {
-  static auto* m = new std::mutex;  // leaked, see DeviceContext
-  return *m;
 }
 
 /// cudaHostAlloc / cudaFreeHost: page-locked host memory that every GPU can
@@ -206,7 +222,10 @@ class PinnedMemory final : public engine::HostAllocator {
     }
     return p;
   }
-  void deallocate(void* p, std::size_t, std::size_t) noexcept override { discard(cudaFreeHost(p)); }
+  void deallocate(void* p, std::size_t, std::size_t) noexcept override {
+    std::lock_guard no_group(collective_launches());  // cudaFreeHost waits for every device
+    discard(cudaFreeHost(p));
+  }
 };
 
 /// One GPU's resources, created on first use: its memory cache, the compute
@@ -362,15 +381,23 @@ inline void CudaLaneQueue::order_at(int /*from*/, std::uint64_t /*count*/, const
         "cudaStreamWaitEvent", dst.device);
 }
 
-inline void DeviceMemory::free_now(void* p) noexcept {
+inline void DeviceMemory::release(void* p, std::size_t bytes) noexcept {
+  // cudaFree of cudaMalloc's memory "may" wait for the device (CUDA 12's
+  // documentation), not must, and a copy on a peer GPU's lane reads its
+  // source there: every GPU's queued work is waited for first. (Outside
+  // collective_launches: a stream's wait does not stop another thread's
+  // launches.)
+  try {
+    for (const DeviceContext* ctx : live_contexts()) {
+      DeviceGuard on(ctx->device, std::nothrow);
+      for (int k = 0; k < DeviceContext::tracked_lanes; ++k) discard(cudaStreamSynchronize(ctx->stream(k)));
+    }
+  } catch (...) {  // no memory for the list of contexts: cudaFree's own wait is all there is
+  }
+  lane_tracker().remove_block(p, bytes);  // before the free: then cudaMalloc may hand the address out again
   DeviceGuard on(device_, std::nothrow);
   std::lock_guard no_group(collective_launches());
-  // cudaFree of cudaMalloc's memory "may" wait for the device (CUDA 12's
-  // documentation), not must: the kernels queued on the block's last users
-  // are waited for here.
-  const DeviceContext& ctx = context(device_);  // made: this pool is its
-  for (int k = 0; k < DeviceContext::tracked_lanes; ++k) discard(cudaStreamSynchronize(ctx.stream(k)));
-  discard(cudaFree(p));
+  discard(cudaFree(p));  // a failure leaves the block unusable: the device has failed
 }
 
 inline LaneTracker<CudaLaneQueue>& lane_tracker() {

@@ -160,13 +160,31 @@ void bandwidth_rows() {
 
 // --- matrix products -------------------------------------------------------------
 
+/// A cuBLAS handle bound to a stream of its own (the rows that call cuBLAS directly).
+struct CublasOnStream {
+  cublasHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;
+  CublasOnStream() {
+    if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+    if (cudaStreamCreate(&stream) != cudaSuccess) {
+      cublasDestroy(handle);
+      throw std::runtime_error("cudaStreamCreate failed");
+    }
+    cublasSetStream(handle, stream);
+  }
+  ~CublasOnStream() {
+    cublasDestroy(handle);
+    cudaStreamDestroy(stream);
+  }
+  CublasOnStream(const CublasOnStream&) = delete;
+  CublasOnStream& operator=(const CublasOnStream&) = delete;
+};
+
 void gemm_rows() {
   const char* g = "gpu_gemm";
-  cublasHandle_t h;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
-  cudaStream_t s;
-  cuda_check(cudaStreamCreate(&s), "cudaStreamCreate");
-  cublasSetStream(h, s);
+  const CublasOnStream blas;
+  const cublasHandle_t h = blas.handle;
+  const cudaStream_t s = blas.stream;
   for (const std::int64_t m : {256, 1024, 4096}) {
     const int calls = m >= 4096 ? 10 : 50;
     const std::string size = std::to_string(m) + "^3";
@@ -204,22 +222,18 @@ void gemm_rows() {
     std::printf("%-12s %s: cublas %.1f TFLOP/s, deft %.1f TFLOP/s, deft/cublas time %.3f\n", g, size.c_str(),
                 flops * calls / direct.median / 1e12, flops * calls / d.median / 1e12, d.median / direct.median);
   }
-  cublasDestroy(h);
-  cudaStreamDestroy(s);
 }
 
 // --- reductions along an axis -----------------------------------------------------
 
 /// Column sums of a row-major matrix (a bias gradient: a sum over the
 /// batch): deft's sum(x, 0) against cuBLAS's gemv with a vector of ones, in
-/// GB/s of the matrix read. Tall shapes are what AxisPlan cuts into runs.
+/// GB/s of the matrix read. Tall shapes are what AxisPlan cuts into parts.
 void reduce_rows() {
   const char* g = "gpu_reduce";
-  cublasHandle_t h;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
-  cudaStream_t s;
-  cuda_check(cudaStreamCreate(&s), "cudaStreamCreate");
-  cublasSetStream(h, s);
+  const CublasOnStream blas;
+  const cublasHandle_t h = blas.handle;
+  const cudaStream_t s = blas.stream;
   constexpr int calls = 20;
   for (const auto& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{{256, 256}, {1 << 16, 10}, {1 << 20, 16}, {1 << 14, 1024}}) {
     const std::string size = std::to_string(rows) + "x" + std::to_string(cols);
@@ -247,8 +261,6 @@ void reduce_rows() {
     add(g, "sum along axis 0", "deft", 1, size, "GB/s", bytes / d.median / 1e9, bytes / d.min / 1e9);
     std::printf("%-12s %s: deft/cublas gemv time %.2f\n", g, size.c_str(), d.median / direct.median);
   }
-  cublasDestroy(h);
-  cudaStreamDestroy(s);
 }
 
 // --- copies between the host and the GPU -----------------------------------------

@@ -173,8 +173,25 @@ void reduce_axes(Mem& mem) {
   BOOST_TEST(split == 4);  // the axes 2000, 5001, 4099 and 200003 long
 }
 
+/// Marks the room past a kernel's scratch, to see that nothing lands there.
+struct Sentinel {
+  DEFT_HD gk::ArgBest<float> operator()(i64) const { return {-1.0f, -7}; }
+};
+
+/// Index of the first largest of n values at v[base + j * stride] (the
+/// first NaN wins), as numpy's argmax.
+inline i64 first_largest(const std::vector<float>& v, i64 base, i64 n, i64 stride) {
+  i64 best = 0;
+  for (i64 j = 1; j < n; ++j) {
+    const float b = v[base + best * stride], x = v[base + j * stride];
+    if (!std::isnan(b) && (std::isnan(x) || x > b)) best = j;
+  }
+  return best;
+}
+
 /// argmax: ties go to the first index, the first NaN wins, over all
-/// elements (across partials) and along an axis.
+/// elements (across partials, within argmax_scratch) and along each axis,
+/// with long axes split by AxisPlan.
 template <class Mem>
 void argmax(Mem& mem) {
   const i64 n = 200003;
@@ -185,10 +202,11 @@ void argmax(Mem& mem) {
   const Tensor<float> t(v, {n});
   mem.mirror(t);
   auto* out = mem.template make<i64>(1);
-  auto* scratch = mem.template make<gk::ArgBest<float>>(gk::ReducePlan(n).scratch() + 1);
+  const i64 room = gk::argmax_scratch(n), guard = 4;
+  auto* scratch = mem.template make<gk::ArgBest<float>>(room + guard);
+  gk::for_each_output(mem.policy(), guard, Sentinel{}, scratch + room);
   gk::argmax_elements(mem.policy(), elements_in(mem, t * 1.0f), n, out, scratch);
-  const i64 first_max = std::max_element(v.begin(), v.end()) - v.begin();  // the first of the largest
-  BOOST_TEST(mem.get(out, 1)[0] == first_max);
+  BOOST_TEST(mem.get(out, 1)[0] == first_largest(v, 0, n, 1));
 
   v[123456] = std::numeric_limits<float>::quiet_NaN();
   v[190000] = std::numeric_limits<float>::quiet_NaN();
@@ -196,23 +214,31 @@ void argmax(Mem& mem) {
   mem.mirror(with_nan);
   gk::argmax_elements(mem.policy(), elements_in(mem, with_nan * 1.0f), n, out, scratch);
   BOOST_TEST(mem.get(out, 1)[0] == 123456);
+  for (const auto& past : mem.get(scratch + room, guard)) BOOST_TEST(past.index == -7);
 
-  deft::random::seed(12);
-  const Shape shape{5, 40, 3};
-  auto x = deft::random::uniform<float>(-1, 1, shape);
-  mem.mirror(x);
-  const auto vx = values(x);
-  const deft::detail::AxisSplit g(shape, 1);
-  auto* idx = mem.template make<i64>(g.outer * g.inner);
-  gk::argmax_axis_elements(mem.policy(), elements_in(mem, x * 1.0f), g, idx);
-  const auto got = mem.get(idx, g.outer * g.inner);
-  for (i64 o = 0; o < g.outer; ++o)
-    for (i64 i = 0; i < g.inner; ++i) {
-      i64 best = 0;
-      for (i64 j = 1; j < g.len; ++j)
-        if (vx[(o * g.len + j) * g.inner + i] > vx[(o * g.len + best) * g.inner + i]) best = j;
-      BOOST_TEST(got[o * g.inner + i] == best);
+  int split = 0;
+  for (const Shape& shape : {Shape{5, 40, 3}, Shape{3, 5001, 1}, Shape{2, 3000, 3}, Shape{4099, 2, 1}}) {
+    std::vector<float> vx(shape.size());
+    for (auto& x : vx) x = float(pick(gen));
+    vx[vx.size() / 3] = vx[vx.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+    const Tensor<float> x(vx, shape);
+    mem.mirror(x);
+    for (int axis = 0; axis < 3; ++axis) {
+      const deft::detail::AxisSplit g(shape, axis);
+      const gk::AxisPlan plan(g);
+      split += plan.chunks > 1;
+      auto* idx = mem.template make<i64>(g.outer * g.inner);
+      auto* parts = mem.template make<gk::ArgBest<float>>(std::max<i64>(plan.scratch(), 1));
+      gk::argmax_axis_elements(mem.policy(), elements_in(mem, x * 1.0f), g, idx, parts);
+      const auto got = mem.get(idx, g.outer * g.inner);
+      BOOST_TEST_CONTEXT("shape " << shape.to_string() << ", axis " << axis << ", " << plan.chunks << " runs") {
+        for (i64 o = 0; o < g.outer; ++o)
+          for (i64 i = 0; i < g.inner; ++i)
+            BOOST_TEST(got[o * g.inner + i] == first_largest(vx, o * g.len * g.inner + i, g.len, g.inner));
+      }
     }
+  }
+  BOOST_TEST(split == 3);  // the axes 5001, 3000 and 4099 long
 }
 
 /// Axis permutation of a 3-D tensor.

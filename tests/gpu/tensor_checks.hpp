@@ -81,7 +81,8 @@ inline void updates_and_views() {
   BOOST_TEST(y.reshape({r * c}).rows(3 * c + 1, 3 * c + 2).item() == float(want_y[3 * c + 1]));  // at an offset
 }
 
-/// Sums, means and maxima of all elements and along each axis, and argmax.
+/// Sums, means and maxima of all elements and along each axis, and argmax
+/// (of all elements, and along long axes).
 inline void reductions() {
   const i64 r = 129, c = 301;
   const auto v = random_values<double>(r * c, 5);
@@ -115,6 +116,14 @@ inline void reductions() {
   std::vector<double> per_row(3, 0);  // the same values as 3 rows of 4000: the last axis
   for (i64 i = 0; i < 3 * tall; ++i) per_row[i / tall] += w[i];
   expect_near(deft::sum(t.reshape({3, tall}), 1).to_vector(), per_row, 1e-12, "sum along a long axis 1");
+  std::vector<i64> column_best(3, 0), row_best(3, 0);  // the first largest, as the split argmax must keep
+  for (i64 i = 0; i < tall; ++i)
+    for (i64 j = 0; j < 3; ++j)
+      if (w[i * 3 + j] > w[column_best[j] * 3 + j]) column_best[j] = i;
+  for (i64 i = 0; i < 3 * tall; ++i)
+    if (w[i] > w[i / tall * tall + row_best[i / tall]]) row_best[i / tall] = i % tall;
+  BOOST_TEST(deft::argmax(t, 0).to_vector() == column_best, boost::test_tools::per_element());
+  BOOST_TEST(deft::argmax(t.reshape({3, tall}), 1).to_vector() == row_best, boost::test_tools::per_element());
 }
 
 /// Matrix products (cuBLAS on a GPU), the transposed-operand form autograd

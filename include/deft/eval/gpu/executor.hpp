@@ -12,7 +12,6 @@
 #include <array>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <type_traits>
 
 #include "../../core/device.hpp"
@@ -67,20 +66,21 @@ struct Executor<DeviceType::gpu> {
   void reduce_axis(const E& e, int axis, T* out) const {
     gpu::Launch on(device, gpu::uses_of(e, out));
     const gpu::AxisPlan plan(AxisSplit(e.shape(), axis));
-    std::optional<gpu::Scratch<T>> scratch;  // only for a split reduction
-    if (plan.scratch() > 0) scratch.emplace(device, plan.scratch());
-    gpu::reduce_axis<R>(on.policy(), e, axis, out, scratch ? scratch->get() : nullptr);
+    gpu::Scratch<T> scratch(device, plan.scratch());  // none unless the axis is split
+    gpu::reduce_axis<R>(on.policy(), e, axis, out, scratch.get());
   }
   template <class E>
   void argmax_all(const E& e, std::int64_t* out) const {
     gpu::Launch on(device, gpu::uses_of(e, out));
-    gpu::Scratch<gpu::ArgBest<value_t<E>>> scratch(device, gpu::ReducePlan(e.shape().size()).scratch());
+    gpu::Scratch<gpu::ArgBest<value_t<E>>> scratch(device, gpu::argmax_scratch(e.shape().size()));
     gpu::argmax_all(on.policy(), e, out, scratch.get());
   }
   template <class E>
   void argmax_axis(const E& e, int axis, std::int64_t* out) const {
     gpu::Launch on(device, gpu::uses_of(e, out));
-    gpu::argmax_axis(on.policy(), e, axis, out);
+    const gpu::AxisPlan plan(AxisSplit(e.shape(), axis));
+    gpu::Scratch<gpu::ArgBest<value_t<E>>> scratch(device, plan.scratch());  // none unless the axis is split
+    gpu::argmax_axis(on.policy(), e, axis, out, scratch.get());
   }
   template <class T>
   void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c, bool trans_a = false,

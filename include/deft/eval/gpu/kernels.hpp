@@ -115,19 +115,6 @@ void evaluate(const Policy& policy, const Expr& e, T* out) {
 
 // --- reductions ----------------------------------------------------------------
 
-/// Output s = (o, i) of a reduction along the middle axis of [outer, len, inner].
-template <class R, class Elem, class T>
-struct AxisReduce {
-  Elem elem;
-  std::int64_t len, inner;
-  DEFT_HD T operator()(std::int64_t s) const {
-    const std::int64_t base = (s / inner) * len * inner + s % inner;
-    T acc = R::identity();
-    for (std::int64_t j = 0; j < len; ++j) acc = R::step(acc, elem(base + j * inner));
-    return R::finish(acc, len);
-  }
-};
-
 /// Partial p of a full reduction: elements p, p + parts, p + 2 parts, ...
 /// (neighbouring threads read neighbouring elements).
 template <class R, class Elem, class T>
@@ -184,45 +171,56 @@ void reduce_all(const Policy& policy, const Expr& e, T* out, T* scratch) {
   with_element_at(e, [&](const auto& el) { reduce_elements<R>(policy, el, e.shape().size(), out, scratch); });
 }
 
-/// How a reduction along an axis is cut. One thread per output runs `len`
-/// steps alone; with few outputs and long ones (a bias gradient is a sum
-/// over the batch) most of the GPU would idle, so each output is cut into
-/// `chunks` parts of at least min_chunk elements whose partials a second
-/// pass merges. (The figures are not yet measured on a GPU.)
+/// The elements one thread of an AxisPlan visits: positions base + j * inner
+/// for j = first, first + stride, ... below end.
+struct AxisRun {
+  std::int64_t base, inner, first, end, stride;
+};
+
+/// How a reduction along the middle axis of [outer, len, inner] is cut.
+/// One thread per output runs `len` steps alone; with few outputs and long
+/// ones (a bias gradient is a sum over the batch) most of the GPU would
+/// idle, so each output is cut into `chunks` parts of at least min_chunk
+/// elements whose partials a second pass merges. (The figures are not yet
+/// measured on a GPU.)
 struct AxisPlan {
   static constexpr std::int64_t enough_threads = 65536, min_chunk = 128;
-  std::int64_t outputs, len, chunks = 1;
-  explicit AxisPlan(const AxisSplit& g) : outputs(g.outer * g.inner), len(g.len) {
+  std::int64_t outputs, len, inner, chunks = 1;
+  explicit AxisPlan(const AxisSplit& g) : outputs(g.outer * g.inner), len(g.len), inner(g.inner) {
     if (outputs > 0 && outputs < enough_threads && len >= 4 * min_chunk) {
       chunks = std::min((enough_threads + outputs - 1) / outputs, len / min_chunk);
       chunks = (len + step() - 1) / step();  // no empty part
     }
   }
   /// Elements of each part (the last may have fewer).
-  std::int64_t step() const { return (len + chunks - 1) / chunks; }
+  DEFT_HD std::int64_t step() const { return (len + chunks - 1) / chunks; }
   /// Scratch elements the partials need (0: one pass, no scratch).
   std::int64_t scratch() const { return chunks > 1 ? outputs * chunks : 0; }
+  /// Part c of output s, for thread t = c * outputs + s (with one part,
+  /// t = s is the whole output). Neighbouring threads read neighbouring
+  /// elements: the axis's neighbouring outputs (inner > 1), or, along the
+  /// last axis, interleaved parts (part c takes elements c, c + chunks, ...).
+  DEFT_HD AxisRun run(std::int64_t t) const {
+    const std::int64_t s = t % outputs, c = t / outputs;
+    const std::int64_t base = (s / inner) * len * inner + s % inner;
+    if (inner == 1) return {base, 1, c, len, chunks};
+    const std::int64_t end = (c + 1) * step() < len ? (c + 1) * step() : len;
+    return {base, inner, c * step(), end, 1};
+  }
 };
 
-/// Partial t of an AxisPlan: R over one part of one output, partial c of
-/// output s at t = c * outputs + s. Neighbouring threads read neighbouring
-/// elements: the axis's neighbouring outputs (inner > 1), or, along the
-/// last axis, interleaved parts (part c takes elements c, c + chunks, ...).
+/// Thread t of an AxisPlan: R over its run; `finish` (one part per output)
+/// also applies R::finish.
 template <class R, class Elem, class T>
 struct AxisPartial {
   Elem elem;
-  std::int64_t outputs, len, inner, chunks, step;
+  AxisPlan plan;
+  bool finish;
   DEFT_HD T operator()(std::int64_t t) const {
-    const std::int64_t s = t % outputs, c = t / outputs;
-    const std::int64_t base = (s / inner) * len * inner + s % inner;
+    const AxisRun r = plan.run(t);
     T acc = R::identity();
-    if (inner == 1) {
-      for (std::int64_t j = c; j < len; j += chunks) acc = R::step(acc, elem(base + j));
-    } else {
-      const std::int64_t end = (c + 1) * step < len ? (c + 1) * step : len;
-      for (std::int64_t j = c * step; j < end; ++j) acc = R::step(acc, elem(base + j * inner));
-    }
-    return acc;
+    for (std::int64_t j = r.first; j < r.end; j += r.stride) acc = R::step(acc, elem(r.base + j * r.inner));
+    return finish ? R::finish(acc, plan.len) : acc;
   }
 };
 
@@ -231,7 +229,7 @@ template <class R, class T>
 struct MergeAxisPartials {
   const T* in;
   std::int64_t outputs, chunks, len;
-  DEFT_HD T operator()(std::int64_t s) const {
+  DEFT_HD auto operator()(std::int64_t s) const {
     T acc = R::identity();
     for (std::int64_t c = 0; c < chunks; ++c) acc = R::merge(acc, in[c * outputs + s]);
     return R::finish(acc, len);
@@ -243,9 +241,8 @@ struct MergeAxisPartials {
 template <class R, class Policy, class Elem, class T>
 void reduce_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, T* out, T* scratch) {
   const AxisPlan plan(g);
-  if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisReduce<R, Elem, T>{elem, g.len, g.inner}, out);
-  for_each_output(policy, plan.outputs * plan.chunks,
-                  AxisPartial<R, Elem, T>{elem, plan.outputs, g.len, g.inner, plan.chunks, plan.step()}, scratch);
+  if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisPartial<R, Elem, T>{elem, plan, true}, out);
+  for_each_output(policy, plan.outputs * plan.chunks, AxisPartial<R, Elem, T>{elem, plan, false}, scratch);
   for_each_output(policy, plan.outputs, MergeAxisPartials<R, T>{scratch, plan.outputs, plan.chunks, g.len}, out);
 }
 template <class R, class Policy, class Expr, class T>
@@ -274,16 +271,32 @@ DEFT_HD ArgBest<T> better(const ArgBest<T>& a, const ArgBest<T>& b) {
   return a.index < b.index ? a : b;
 }
 
+/// Thread t of an AxisPlan: the best of its run (indices along the axis).
+template <class Elem, class T>
+struct AxisArgmaxPartial {
+  Elem elem;
+  AxisPlan plan;
+  DEFT_HD ArgBest<T> operator()(std::int64_t t) const {
+    const AxisRun r = plan.run(t);
+    ArgBest<T> best{T(0), -1};
+    for (std::int64_t j = r.first; j < r.end; j += r.stride) best = better(best, ArgBest<T>{elem(r.base + j * r.inner), j});
+    return best;
+  }
+};
+
+/// Output s when an AxisPlan has one part per output.
 template <class Elem, class T>
 struct AxisArgmax {
-  Elem elem;
-  std::int64_t len, inner;
-  DEFT_HD std::int64_t operator()(std::int64_t s) const {
-    const std::int64_t base = (s / inner) * len * inner + s % inner;
-    ArgBest<T> best{T(0), -1};
-    for (std::int64_t j = 0; j < len; ++j) best = better(best, ArgBest<T>{elem(base + j * inner), j});
-    return best.index;
-  }
+  AxisArgmaxPartial<Elem, T> part;
+  DEFT_HD std::int64_t operator()(std::int64_t s) const { return part(s).index; }
+};
+
+/// Merges an AxisPlan's argmax partials (MergeAxisPartials' R).
+template <class T>
+struct ArgmaxMerge {
+  static DEFT_HD ArgBest<T> identity() { return {T(0), -1}; }
+  static DEFT_HD ArgBest<T> merge(const ArgBest<T>& a, const ArgBest<T>& b) { return better(a, b); }
+  static DEFT_HD std::int64_t finish(const ArgBest<T>& a, std::int64_t) { return a.index; }
 };
 
 template <class Elem, class T>
@@ -313,8 +326,11 @@ struct IndexOf {
   DEFT_HD std::int64_t operator()(const ArgBest<T>& b) const { return b.index; }
 };
 
+/// Scratch values argmax_elements needs: the passes' partials and the last pair.
+inline std::int64_t argmax_scratch(std::int64_t n) { return ReducePlan(n).scratch() + 1; }
+
 /// out[0] = index of the first largest of elem(0 .. n-1); `scratch` holds
-/// ReducePlan(n).scratch() + 1 values.
+/// argmax_scratch(n) values.
 template <class Policy, class Elem, class T = typename Elem::value_type>
 void argmax_elements(const Policy& policy, const Elem& elem, std::int64_t n, std::int64_t* out, ArgBest<T>* scratch) {
   const ReducePlan plan(n);
@@ -331,13 +347,20 @@ void argmax_all(const Policy& policy, const Expr& e, std::int64_t* out, ArgBest<
   with_element_at(e, [&](const auto& el) { argmax_elements(policy, el, e.shape().size(), out, scratch); });
 }
 
-template <class Policy, class Elem>
-void argmax_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, std::int64_t* out) {
-  for_each_output(policy, g.outer * g.inner, AxisArgmax<Elem, typename Elem::value_type>{elem, g.len, g.inner}, out);
+/// out[o * inner + i] = index along the axis of the first largest e[o, :, i];
+/// `scratch` holds AxisPlan(g).scratch() values (none when that is 0).
+template <class Policy, class Elem, class T = typename Elem::value_type>
+void argmax_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, std::int64_t* out,
+                          ArgBest<T>* scratch) {
+  const AxisPlan plan(g);
+  const AxisArgmaxPartial<Elem, T> part{elem, plan};
+  if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisArgmax<Elem, T>{part}, out);
+  for_each_output(policy, plan.outputs * plan.chunks, part, scratch);
+  for_each_output(policy, plan.outputs, MergeAxisPartials<ArgmaxMerge<T>, ArgBest<T>>{scratch, plan.outputs, plan.chunks, g.len}, out);
 }
-template <class Policy, class Expr>
-void argmax_axis(const Policy& policy, const Expr& e, int axis, std::int64_t* out) {
-  with_element_at(e, [&](const auto& el) { argmax_axis_elements(policy, el, AxisSplit(e.shape(), axis), out); });
+template <class Policy, class Expr, class T = value_t<Expr>>
+void argmax_axis(const Policy& policy, const Expr& e, int axis, std::int64_t* out, ArgBest<T>* scratch) {
+  with_element_at(e, [&](const auto& el) { argmax_axis_elements(policy, el, AxisSplit(e.shape(), axis), out, scratch); });
 }
 
 // --- data movement and integer products ------------------------------------------

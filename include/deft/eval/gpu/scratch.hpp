@@ -13,7 +13,8 @@
 
 namespace deft::detail::gpu {
 
-/// n elements of device memory from the device's pool, written by the work
+/// n elements of device memory from the device's pool (none, and get() is
+/// null, when n is 0: a kernel that needs no scratch), written by the work
 /// queued on the calling thread's lane while this lives (a LaneAccess: work
 /// on another lane that used the block before, or uses it next, is ordered).
 /// While a program records, the block is the program's (its address is
@@ -21,9 +22,10 @@ namespace deft::detail::gpu {
 template <class T>
 class Scratch {
  public:
-  Scratch(int device, std::int64_t n)
-      : pool_(backend_of(deft::gpu(device)).memory(device)),
-        bytes_(aligned_size(std::size_t(n > 0 ? n : 1) * sizeof(T), thresholds::alignment)) {
+  Scratch(int device, std::int64_t n) {
+    if (n <= 0) return;
+    pool_ = backend_of(deft::gpu(device)).memory(device);
+    bytes_ = aligned_size(std::size_t(n) * sizeof(T), thresholds::alignment);
     ProgramCapture* program = ProgramCapture::active();
     data_ = static_cast<T*>(program ? program->scratch(pool_, bytes_, thresholds::alignment)
                                     : pool_->allocate(bytes_, thresholds::alignment));
@@ -38,7 +40,7 @@ class Scratch {
   }
   ~Scratch() {
     access_.reset();  // the uses are recorded before another lane can take the block
-    if (owned_) pool_->deallocate(data_, bytes_, thresholds::alignment);
+    if (data_ && owned_) pool_->deallocate(data_, bytes_, thresholds::alignment);
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
@@ -46,7 +48,7 @@ class Scratch {
 
  private:
   std::shared_ptr<engine::HostAllocator> pool_;
-  std::size_t bytes_;
+  std::size_t bytes_ = 0;
   T* data_ = nullptr;
   bool owned_ = true;  // false: a program's
   std::optional<LaneAccess> access_;

@@ -7,15 +7,21 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <thrust/system/cpp/execution_policy.h>
@@ -910,6 +916,93 @@ BOOST_AUTO_TEST_CASE(a_launch_on_other_memory_is_refused) {
   backend.synchronize(0);
   pool->deallocate(a, 4096, 64);
   pool->deallocate(b, 4096, 64);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// Frees that could end a CUDA-graph capture (cudaFree, cudaFreeHost) wait
+// for the recordings (FreeGate): the CUDA upstreams and the emulated
+// devices' memory share the gate.
+namespace {
+
+struct CountingGate final : gk::FreeGate {
+  std::mutex m;
+  std::vector<void*> released;
+  std::function<void()> before_release;
+  void release(void* p, std::size_t, std::size_t) noexcept override {
+    if (before_release) before_release();
+    std::lock_guard lk(m);
+    released.push_back(p);
+  }
+  std::vector<void*> seen() {
+    std::lock_guard lk(m);
+    return released;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(gpu_free_gate)
+
+BOOST_AUTO_TEST_CASE(frees_during_recordings_wait_for_the_last_to_end) {
+  CountingGate gate;
+  int blocks[3];
+  gate.free_or_park(&blocks[0], 64, 64);
+  BOOST_TEST(gate.seen() == std::vector<void*>{&blocks[0]});  // no recording: freed at once
+  {
+    std::optional<gk::FreeGate::Capturing> first(std::in_place, gate);
+    gk::FreeGate::Capturing second(gate);  // two devices record at once (page-locked memory's gate)
+    gate.free_or_park(&blocks[1], 64, 64);
+    gate.free_or_park(&blocks[2], 64, 64);
+    BOOST_TEST(gate.parked() == 2u);
+    first.reset();
+    BOOST_TEST(gate.parked() == 2u);  // the other recording still runs
+    BOOST_TEST(gate.seen().size() == 1u);
+  }
+  BOOST_TEST(gate.parked() == 0u);
+  BOOST_TEST(gate.seen() == (std::vector<void*>{&blocks[0], &blocks[1], &blocks[2]}));
+}
+
+BOOST_AUTO_TEST_CASE(a_recording_starts_once_the_frees_under_way_end) {
+  CountingGate gate;
+  std::promise<void> go;
+  std::shared_future<void> going = go.get_future().share();
+  std::atomic<bool> freeing{false}, recording{false};
+  gate.before_release = [&] {
+    freeing = true;
+    going.wait();
+  };
+  int block;
+  std::thread frees([&] { gate.free_or_park(&block, 64, 64); });
+  while (!freeing) std::this_thread::yield();
+  std::thread records([&] {
+    gk::FreeGate::Capturing capture(gate);
+    recording = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  BOOST_TEST(!recording);  // cudaFree is waiting for the device: a capture now would end
+  go.set_value();
+  frees.join();
+  records.join();
+  BOOST_TEST(recording);
+  BOOST_TEST(gate.seen() == std::vector<void*>{&block});
+}
+
+// An emulated device's block given back to the "driver" while a program
+// records stays until the recording ends (the lanes still know it).
+BOOST_AUTO_TEST_CASE(a_device_block_freed_while_recording_is_parked) {
+  auto& backend = gk::emulated_backend();
+  auto& pool = backend.pool(0);
+  const std::size_t bytes = std::size_t(8) << 20;  // an upstream allocation of its own
+  std::size_t parked_inside = 0;
+  const auto program = backend.record(0, [&] {
+    void* p = pool.allocate(bytes, 64);
+    pool.deallocate(p, bytes, 64);
+    pool.release();  // the free block goes back upstream
+    parked_inside = backend.upstream(0).parked();
+  });
+  BOOST_TEST(parked_inside >= 1u);
+  BOOST_TEST(backend.upstream(0).parked() == 0u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -28,6 +28,7 @@
 #include "../../engine/allocator.hpp"
 #include "../../engine/device_backend.hpp"
 #include "../../engine/thresholds.hpp"
+#include "free_gate.hpp"
 #include "kernels.hpp"
 #include "lanes.hpp"
 #include "staging.hpp"
@@ -268,6 +269,7 @@ class EmulatedBackend final : public DeviceBackend {
   std::unique_ptr<DeviceProgram> record(int index, const std::function<void()>& work) override {
     auto program = std::make_unique<Program>(*this, index, work);
     {
+      FreeGate::Capturing frees_wait(upstream(index));
       ProgramCapture capture(index, program->memory, ProgramCapture::Mode::record);
       work();  // kernels run at once here: a failure leaves some done (record's contract allows it)
     }
@@ -292,6 +294,8 @@ class EmulatedBackend final : public DeviceBackend {
 
   /// The pool of emulated device `index`, for tests of its caching.
   engine::CachingHostAllocator& pool(int index) { return *pools_.at(std::size_t(index)); }
+  /// The memory under that pool: its frees wait for recordings.
+  FreeGate& upstream(int index) { return *blocks_.at(std::size_t(index)); }
   /// The stand-in for page-locked memory (a pool of its own).
   engine::CachingHostAllocator& pinned_pool() { return *pinned_; }
   /// The lanes' record and waits, and the checker of those waits.
@@ -301,7 +305,8 @@ class EmulatedBackend final : public DeviceBackend {
 
  private:
   // The devices' memory: host blocks, known to the lanes' record and its checker.
-  class DeviceBlocks final : public engine::HostAllocator {
+  // Their frees wait for recordings, as cudaFree's do (FreeGate).
+  class DeviceBlocks final : public engine::HostAllocator, public FreeGate {
    public:
     explicit DeviceBlocks(EmulatedBackend& b) : b_(b) {}
     void* allocate(std::size_t bytes, std::size_t align) override {
@@ -311,9 +316,7 @@ class EmulatedBackend final : public DeviceBackend {
       return p;
     }
     void deallocate(void* p, std::size_t bytes, std::size_t align) noexcept override {
-      b_.tracker_.remove_block(p, bytes);
-      b_.checker_.remove_block(p, bytes);
-      heap_.deallocate(p, bytes, align);
+      free_or_park(p, bytes, align);
     }
     void reissue(void* p, std::size_t bytes) override {
       b_.tracker_.reissue(p, bytes);
@@ -321,6 +324,11 @@ class EmulatedBackend final : public DeviceBackend {
     }
 
    private:
+    void release(void* p, std::size_t bytes, std::size_t align) noexcept override {
+      b_.tracker_.remove_block(p, bytes);
+      b_.checker_.remove_block(p, bytes);
+      heap_.deallocate(p, bytes, align);
+    }
     EmulatedBackend& b_;
     engine::DefaultHostAllocator heap_;
   };
@@ -361,11 +369,12 @@ class EmulatedBackend final : public DeviceBackend {
       std::make_shared<engine::DefaultHostAllocator>(), std::size_t(64) << 20, 0);
   StagingArea<EmulatedUploadQueue> staging_{pinned_, staging_chunk_bytes};
   // Cached as CUDA's pools are, so that blocks change lanes as they do there.
-  std::array<std::shared_ptr<engine::CachingHostAllocator>, devices> pools_{make_pool(), make_pool()};
-  std::shared_ptr<engine::CachingHostAllocator> make_pool() {
-    return std::make_shared<engine::CachingHostAllocator>(std::make_shared<DeviceBlocks>(*this),
-                                                          thresholds::gpu_cache_max_bytes, thresholds::gpu_cache_min_bytes,
-                                                          engine::BlockReuse::split);
+  std::array<std::shared_ptr<DeviceBlocks>, devices> blocks_{std::make_shared<DeviceBlocks>(*this),
+                                                             std::make_shared<DeviceBlocks>(*this)};
+  std::array<std::shared_ptr<engine::CachingHostAllocator>, devices> pools_{make_pool(0), make_pool(1)};
+  std::shared_ptr<engine::CachingHostAllocator> make_pool(int index) {
+    return std::make_shared<engine::CachingHostAllocator>(blocks_[std::size_t(index)], thresholds::gpu_cache_max_bytes,
+                                                          thresholds::gpu_cache_min_bytes, engine::BlockReuse::split);
   }
 };
 

@@ -59,7 +59,7 @@ inline std::unique_ptr<DeviceProgram> record_program(DeviceBackend& backend, int
   ProgramMemory memory;
   cudaGraph_t graph = nullptr;
   {
-    DeviceMemory::Capturing frees_wait(*ctx.upstream);
+    FreeGate::Capturing device_frees_wait(*ctx.upstream), pinned_frees_wait(*pinned_upstream());
     ProgramCapture capture(device, memory, ProgramCapture::Mode::record);
     LaneScope lane(device, DeviceContext::capture_lane);
     check(cudaStreamBeginCapture(ctx.capture_stream, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture", device);

@@ -7,7 +7,6 @@
 #pragma once
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstddef>
 #include <map>
@@ -24,6 +23,7 @@
 #include "../../core/error.hpp"
 #include "../../engine/allocator.hpp"
 #include "../../engine/thresholds.hpp"
+#include "free_gate.hpp"
 #include "lanes.hpp"
 
 namespace deft::detail::gpu {
@@ -102,8 +102,9 @@ inline int device_count() {
   return n;
 }
 
-/// cudaMalloc / cudaFree on one device: the upstream of its cache.
-class DeviceMemory final : public engine::HostAllocator {
+/// cudaMalloc / cudaFree on one device: the upstream of its cache. Its
+/// frees wait for the device's recordings (FreeGate).
+class DeviceMemory final : public engine::HostAllocator, public FreeGate {
  public:
   explicit DeviceMemory(int device) : device_(device) {}
   void* allocate(std::size_t bytes, std::size_t) override {
@@ -118,63 +119,14 @@ class DeviceMemory final : public engine::HostAllocator {
     lane_tracker().add_block(p, bytes);
     return p;
   }
-  void deallocate(void* p, std::size_t bytes, std::size_t) noexcept override {
-    {
-      std::lock_guard lk(m_);
-      if (captures_ > 0) try {
-          parked_.push_back({p, bytes});
-          return;
-        } catch (...) {  // no memory for the list: freed now
-        }
-      ++freeing_;
-    }
-    release(p, bytes);
-    done_freeing(1);
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
+    free_or_park(p, bytes, alignment);
   }
   void reissue(void* p, std::size_t bytes) override { lane_tracker().reissue(p, bytes); }
 
-  /// While it lives a program records on this device (program.hpp), and
-  /// freed blocks wait: cudaFree may wait for the device, which would end
-  /// the capture. They go back when the last recording ends. A recording
-  /// starts once the frees under way have ended.
-  class Capturing {
-   public:
-    explicit Capturing(DeviceMemory& memory) : memory_(memory) {
-      std::unique_lock lk(memory_.m_);
-      ++memory_.captures_;
-      memory_.freed_.wait(lk, [&] { return memory_.freeing_ == 0; });
-    }
-    ~Capturing() {
-      std::vector<Parked> parked;
-      {
-        std::lock_guard lk(memory_.m_);
-        if (--memory_.captures_ == 0) parked.swap(memory_.parked_);
-        memory_.freeing_ += int(parked.size());  // a new recording waits for them
-      }
-      for (const auto& [p, bytes] : parked) memory_.release(p, bytes);
-      memory_.done_freeing(int(parked.size()));
-    }
-    Capturing(const Capturing&) = delete;
-    Capturing& operator=(const Capturing&) = delete;
-
-   private:
-    DeviceMemory& memory_;
-  };
-
  private:
-  using Parked = std::pair<void*, std::size_t>;
-  void release(void* p, std::size_t bytes) noexcept;  // defined below, with the contexts
-  void done_freeing(int n) noexcept {
-    std::lock_guard lk(m_);
-    if ((freeing_ -= n) == 0) freed_.notify_all();
-  }
-
+  void release(void* p, std::size_t bytes, std::size_t) noexcept override;  // defined below, with the contexts
   int device_;
-  std::mutex m_;
-  std::condition_variable freed_;  // freeing_ went to 0
-  int captures_ = 0;               // programs recording on the device now
-  int freeing_ = 0;                // blocks being freed now
-  std::vector<Parked> parked_;     // blocks freed during a recording
 };
 
 /// Held while NCCL queues a sum's kernels on several GPUs (collective.hpp)
@@ -210,8 +162,9 @@ inline bool peer_access(int device, int peer) {
 }
 
 /// cudaHostAlloc / cudaFreeHost: page-locked host memory that every GPU can
-/// copy to and from by DMA (cudaHostAllocPortable).
-class PinnedMemory final : public engine::HostAllocator {
+/// copy to and from by DMA (cudaHostAllocPortable). cudaFreeHost waits for
+/// every device, so its frees wait for the recordings on any device.
+class PinnedMemory final : public engine::HostAllocator, public FreeGate {
  public:
   void* allocate(std::size_t bytes, std::size_t) override {
     void* p = nullptr;
@@ -222,8 +175,13 @@ class PinnedMemory final : public engine::HostAllocator {
     }
     return p;
   }
-  void deallocate(void* p, std::size_t, std::size_t) noexcept override {
-    std::lock_guard no_group(collective_launches());  // cudaFreeHost waits for every device
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
+    free_or_park(p, bytes, alignment);
+  }
+
+ private:
+  void release(void* p, std::size_t, std::size_t) noexcept override {
+    std::lock_guard no_group(collective_launches());
     discard(cudaFreeHost(p));
   }
 };
@@ -314,14 +272,18 @@ struct DeviceContext {
   std::vector<cudaEvent_t> free_events_;
 };
 
-/// The process's page-locked host memory, cached at every size (pinning maps
-/// and locks every page, and CUDA lets no two streams overlap across a
+/// The process's page-locked host memory: the upstream, whose frees wait
+/// for recordings, and its pool, cached at every size (pinning maps and
+/// locks every page, and CUDA lets no two streams overlap across a
 /// page-locked allocation): staging blocks and host tensors copied from a
 /// GPU, down to a loss copied back each step.
+inline const std::shared_ptr<PinnedMemory>& pinned_upstream() {
+  static auto* upstream = new std::shared_ptr<PinnedMemory>(std::make_shared<PinnedMemory>());  // leaked, see DeviceContext
+  return *upstream;
+}
 inline const std::shared_ptr<engine::CachingHostAllocator>& pinned_pool() {
   static auto* pool = new std::shared_ptr<engine::CachingHostAllocator>(  // leaked, see DeviceContext
-      std::make_shared<engine::CachingHostAllocator>(std::make_shared<PinnedMemory>(),
-                                                     thresholds::pinned_cache_max_bytes, 0));
+      std::make_shared<engine::CachingHostAllocator>(pinned_upstream(), thresholds::pinned_cache_max_bytes, 0));
   return *pool;
 }
 
@@ -381,7 +343,7 @@ inline void CudaLaneQueue::order_at(int /*from*/, std::uint64_t /*count*/, const
         "cudaStreamWaitEvent", dst.device);
 }
 
-inline void DeviceMemory::release(void* p, std::size_t bytes) noexcept {
+inline void DeviceMemory::release(void* p, std::size_t bytes, std::size_t) noexcept {
   // cudaFree of cudaMalloc's memory "may" wait for the device (CUDA 12's
   // documentation), not must, and a copy on a peer GPU's lane reads its
   // source there: every GPU's queued work is waited for first. (Outside

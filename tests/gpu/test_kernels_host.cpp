@@ -757,6 +757,42 @@ BOOST_AUTO_TEST_CASE(each_device_takes_its_own_turn_of_lanes) {
   for (int i = 0; i < 8; ++i) BOOST_TEST(roots[std::size_t(i)].to_vector()[255] == float(i));
 }
 
+namespace {
+struct Index {
+  float operator()(std::int64_t i) const { return float(i); }
+};
+}  // namespace
+
+// A copy to the host waits on the host for its copy lane, so it takes the
+// one paired with its thread's lane (a thread with none: lane 0's), and the
+// lanes' record still orders it after the source's writer on another lane
+// (the checker, NoLaneRaces, sees a missing wait).
+BOOST_AUTO_TEST_CASE(copies_to_the_host_take_their_lanes_copy_lane) {
+  auto& backend = gk::emulated_backend();
+  auto pool = backend.memory(0);
+  constexpr std::int64_t n = 1024;
+  auto* block = static_cast<float*>(pool->allocate(n * sizeof(float), 64));
+  {
+    deft::detail::LaneScope on(0, 1);
+    deft::detail::Executor<deft::DeviceType::gpu>{0}.generate(n, Index{}, block);  // written on lane 1
+  }
+  auto& copies = backend.copies_to_host;
+  std::array<long, gk::EmulatedBackend::compute_lanes> before{};
+  for (std::size_t k = 0; k < before.size(); ++k) before[k] = copies[k].load();
+  std::vector<float> from_lane2(n), from_main(n);
+  std::thread([&] {
+    deft::detail::LaneScope on(0, 2);
+    backend.copy(from_lane2.data(), deft::cpu(), block, deft::gpu(0), n * sizeof(float));
+  }).join();
+  backend.copy(from_main.data(), deft::cpu(), block, deft::gpu(0), n * sizeof(float));
+  BOOST_TEST(copies[0].load() - before[0] == 1);  // the main thread's
+  BOOST_TEST(copies[1].load() - before[1] == 0);
+  BOOST_TEST(copies[2].load() - before[2] == 1);  // lane 2's
+  for (std::int64_t i = 0; i < n; i += 97) BOOST_TEST((from_lane2[i] == float(i) && from_main[i] == float(i)));
+  backend.synchronize(0);
+  pool->deallocate(block, n * sizeof(float), 64);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // Device programs (engine/device_program.hpp): a hybridized forward on a GPU

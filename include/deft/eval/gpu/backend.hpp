@@ -104,20 +104,21 @@ class CudaBackend final : public DeviceBackend {
       return;
     }
     DeviceContext& src = context(from_device.index);
-    if (to_host) {  // on the copy stream, after the source's writer; done on return
+    if (to_host) {  // on the thread's copy lane, after the source's writer; done on return
       DeviceGuard on(src.device);
+      const int k = DeviceContext::layout.copy_for(current_lane(src.device));
       {
         // The lanes' record orders the copy after the source's writer (after
         // the writer's ready mark, when that is still kept), not after work
         // queued since on the writer's lane.
-        LaneScope copy_lane(src.device, DeviceContext::copy_lane);
+        LaneScope copy_lane(src.device, k);
         LaneAccess access(*this, src.device, {{from}, {}});
-        check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, src.copy_stream), "a copy to the host",
+        check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, src.stream(k)), "a copy to the host",
               src.device);
       }
-      // Once done, the work the copy stream waited for needs no waits either.
-      lane_tracker().host_waits(src.global_lane(DeviceContext::copy_lane), [&] {
-        check(cudaStreamSynchronize(src.copy_stream), "a copy to the host", src.device);
+      // Once done, the work the copy lane waited for needs no waits either.
+      lane_tracker().host_waits(src.global_lane(k), [&] {
+        check(cudaStreamSynchronize(src.stream(k)), "a copy to the host", src.device);
       });
       return;
     }

@@ -173,10 +173,10 @@ struct EmulatedUploadQueue {
 class EmulatedBackend final : public DeviceBackend {
  public:
   static constexpr int devices = 2;
-  // Lanes per device, and the copy and collective lanes' numbers (as
-  // CUDA's copy and collective streams).
-  static constexpr int compute_lanes = 3, copy_lane = compute_lanes, collective_lane = copy_lane + 1,
-                       lanes_per_device = collective_lane + 1;
+  // Lanes per device, numbered as CUDA's streams are (LaneLayout).
+  static constexpr LaneLayout layout{3};
+  static constexpr int compute_lanes = layout.compute, collective_lane = layout.collective(),
+                       lanes_per_device = layout.tracked();
   // Small chunks, so that the tests' tensors take several (CUDA's are 4 MiB).
   static constexpr std::size_t staging_chunk_bytes = std::size_t(16) << 10;
 
@@ -196,13 +196,15 @@ class EmulatedBackend final : public DeviceBackend {
       EmulatedUploadQueue queue;
       staging_.upload(to, from, bytes, queue);
       ++staged_uploads;
-    } else if (to_host) {  // on the copy lane, waited for
+    } else if (to_host) {  // on the thread's copy lane, waited for
+      const int k = layout.copy_for(current_lane(from_device.index));
       {
-        LaneScope on_copy(from_device.index, copy_lane);
+        LaneScope on_copy(from_device.index, k);
         LaneAccess access(*this, from_device.index, {{from}, {}});
         if (bytes) std::memcpy(to, from, bytes);
+        ++copies_to_host[std::size_t(from_device.index * compute_lanes + k - compute_lanes)];
       }
-      host_waits_for(global_lane(from_device.index, copy_lane));
+      host_waits_for(global_lane(from_device.index, k));
     } else {  // on the calling thread's lane of the destination
       LaneAccess access(*this, to_device.index, {{from}, {to}});
       if (bytes) std::memcpy(to, from, bytes);
@@ -285,6 +287,9 @@ class EmulatedBackend final : public DeviceBackend {
   std::atomic<long> marked_waits{0}, staged_uploads{0};
   /// Kernels and copies queued on each compute lane (device * compute_lanes + lane).
   std::array<std::atomic<long>, devices * compute_lanes> lane_work{};
+  /// Copies to the host on each copy lane (device * compute_lanes + the
+  /// compute lane it pairs with).
+  std::array<std::atomic<long>, devices * compute_lanes> copies_to_host{};
 
   static void check_mark(int device, const void* mark) {
     if (*static_cast<const int*>(mark) != device)

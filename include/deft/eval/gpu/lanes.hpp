@@ -28,6 +28,23 @@
 
 namespace deft::detail::gpu {
 
+/// The lanes of one device, numbered: `compute` compute lanes (kernels and
+/// copies onto the device), then a copy lane per compute lane (copies to
+/// the host), then the collective lane (sums across GPUs). A copy to the
+/// host waits on the host for its copy lane, so it takes the one paired
+/// with its thread's compute lane: a copy of a ready value does not wait
+/// behind another worker's copy of a value a long kernel still computes.
+struct LaneLayout {
+  int compute;
+  /// The copy lane of a copy to the host from work on `lane` (any other
+  /// lane, a capture's: the first copy lane).
+  constexpr int copy_for(int lane) const { return compute + (lane >= 0 && lane < compute ? lane : 0); }
+  constexpr bool is_copy(int lane) const { return lane >= compute && lane < 2 * compute; }
+  constexpr int collective() const { return 2 * compute; }
+  /// Lanes with a record (the collective one the last).
+  constexpr int tracked() const { return 2 * compute + 1; }
+};
+
 /// One piece of work on a lane: its lane and its number there.
 struct LaneUse {
   int lane = -1;

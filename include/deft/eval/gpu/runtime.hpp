@@ -189,9 +189,10 @@ class PinnedMemory final : public engine::HostAllocator, public FreeGate {
 /// One GPU's resources, created on first use: its memory cache, the compute
 /// streams deft's kernels for it run on (its lanes: work on one runs in
 /// order, work on different ones may overlap, lanes.hpp orders what must
-/// not), `copy_stream` for copies to the host, ordered after the event
-/// that marks their source's writer (the kernels queued after that writer go
-/// on computing while the copy runs), `collective_stream` for sums across
+/// not), `copy_streams` for copies to the host, one per lane (LaneLayout),
+/// each copy ordered after the event that marks its source's writer (the
+/// kernels queued after that writer go on computing while the copy runs),
+/// `collective_stream` for sums across
 /// GPUs (collective.hpp: NCCL's kernels on several GPUs wait for each
 /// other, so nothing else may queue between them), and `capture_stream`,
 /// which only records programs (program.hpp), one at a time: no other
@@ -200,8 +201,8 @@ struct DeviceContext {
   int device;
   std::shared_ptr<DeviceMemory> upstream;                // memory's
   std::shared_ptr<engine::CachingHostAllocator> memory;  // shared: buffers keep it alive
-  std::vector<cudaStream_t> lanes;
-  cudaStream_t copy_stream = nullptr, collective_stream = nullptr, capture_stream = nullptr;
+  std::vector<cudaStream_t> lanes, copy_streams;
+  cudaStream_t collective_stream = nullptr, capture_stream = nullptr;
   std::mutex capture_mutex;  // held while a program records on capture_stream
 
   explicit DeviceContext(int d)
@@ -209,10 +210,11 @@ struct DeviceContext {
         upstream(std::make_shared<DeviceMemory>(d)),
         memory(std::make_shared<engine::CachingHostAllocator>(upstream, thresholds::gpu_cache_max_bytes,
                                                               thresholds::gpu_cache_min_bytes, engine::BlockReuse::split)),
-        lanes(std::size_t(thresholds::gpu_lanes), nullptr) {
+        lanes(std::size_t(thresholds::gpu_lanes), nullptr),
+        copy_streams(std::size_t(thresholds::gpu_lanes), nullptr) {
     DeviceGuard on(d);
-    for (cudaStream_t& s : lanes) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate", d);
-    check(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
+    for (auto* streams : {&lanes, &copy_streams})
+      for (cudaStream_t& s : *streams) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate", d);
     check(cudaStreamCreateWithFlags(&collective_stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
     check(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking), "cudaStreamCreate", d);
   }
@@ -221,15 +223,17 @@ struct DeviceContext {
   // Never destroyed (Contexts leaks them): marks may return their events
   // during static destruction.
 
-  /// The lane numbers k of the copy and collective streams, and of the
-  /// capture stream (the lanes' record never sees work there: a program
-  /// declares its uses at launch); `tracked_lanes` have a record.
-  static constexpr int copy_lane = thresholds::gpu_lanes, collective_lane = copy_lane + 1,
-                       tracked_lanes = collective_lane + 1, capture_lane = tracked_lanes;
-  /// The stream of lane k (a compute lane, or one of the three above).
+  /// The lane numbers k of the streams (LaneLayout), and of the capture
+  /// stream (the lanes' record never sees work there: a program declares
+  /// its uses at launch); `tracked_lanes` have a record.
+  static constexpr LaneLayout layout{thresholds::gpu_lanes};
+  static constexpr int collective_lane = layout.collective(), tracked_lanes = layout.tracked(),
+                       capture_lane = tracked_lanes;
+  /// The stream of lane k (a compute or copy lane, or one of the two above).
   cudaStream_t stream(int k) const {
-    if (std::size_t(k) < lanes.size()) return lanes[std::size_t(k)];
-    return k == copy_lane ? copy_stream : k == collective_lane ? collective_stream : capture_stream;
+    if (k < layout.compute) return lanes[std::size_t(k)];
+    if (layout.is_copy(k)) return copy_streams[std::size_t(k - layout.compute)];
+    return k == collective_lane ? collective_stream : capture_stream;
   }
   /// The tracker's number for lane k of this device (not capture_lane).
   int global_lane(int k) const { return device * tracked_lanes + k; }

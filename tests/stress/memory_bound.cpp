@@ -15,14 +15,8 @@ namespace {
 
 using deft::Tensor;
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(DEFT_ASAN)
 constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
 #else
 constexpr bool kAddressSanitizer = false;
 #endif

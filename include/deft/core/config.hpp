@@ -41,3 +41,14 @@
 #else
 #define DEFT_NOINLINE
 #endif
+
+// DEFT_ASAN: AddressSanitizer instruments this build (GCC and clang announce
+// it differently). deft then poisons its own recycled memory, and the
+// emulated GPUs hand out exact blocks, so that ASan sees what overruns.
+#if defined(__SANITIZE_ADDRESS__)
+#define DEFT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DEFT_ASAN 1
+#endif
+#endif

@@ -11,15 +11,9 @@
 #include <cstddef>
 #include <new>
 
+#include "../core/config.hpp"
 #include "thresholds.hpp"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define DEFT_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define DEFT_ASAN 1
-#endif
-#endif
 #if defined(DEFT_ASAN)
 #include <sanitizer/asan_interface.h>
 #endif

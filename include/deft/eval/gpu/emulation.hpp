@@ -24,6 +24,7 @@
 
 #include <thrust/system/cpp/execution_policy.h>
 
+#include "../../core/config.hpp"
 #include "../../core/error.hpp"
 #include "../../engine/allocator.hpp"
 #include "../../engine/device_backend.hpp"
@@ -182,7 +183,19 @@ class EmulatedBackend final : public DeviceBackend {
 
   const char* name() const override { return "emulated"; }
   int device_count() override { return devices; }
-  std::shared_ptr<engine::HostAllocator> memory(int index) override { return pools_.at(std::size_t(index)); }
+  std::shared_ptr<engine::HostAllocator> memory(int index) override {
+    if (exact_memory) return blocks_.at(std::size_t(index));
+    return pools_.at(std::size_t(index));
+  }
+  /// Whether new device buffers and scratch are exact host allocations
+  /// (each block its own, so AddressSanitizer reports a kernel that writes
+  /// past its block, as it would not inside a pool's segment) rather than
+  /// the caching pools'. The default in ASan builds (DEFT_ASAN).
+#if defined(DEFT_ASAN)
+  std::atomic<bool> exact_memory{true};
+#else
+  std::atomic<bool> exact_memory{false};
+#endif
   /// A mark that names its device, so a copy or wait ordered after another
   /// device's mark (a wrong buffer's) is caught.
   std::shared_ptr<void> mark(int index) override {

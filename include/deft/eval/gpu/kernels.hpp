@@ -196,12 +196,17 @@ struct AxisPlan {
   DEFT_HD std::int64_t step() const { return (len + chunks - 1) / chunks; }
   /// Scratch elements the partials need (0: one pass, no scratch).
   std::int64_t scratch() const { return chunks > 1 ? outputs * chunks : 0; }
-  /// Part c of output s, for thread t = c * outputs + s (with one part,
-  /// t = s is the whole output). Neighbouring threads read neighbouring
-  /// elements: the axis's neighbouring outputs (inner > 1), or, along the
-  /// last axis, interleaved parts (part c takes elements c, c + chunks, ...).
+  /// Thread (and partial) number of part c of output s. Neighbouring
+  /// threads read neighbouring elements: along an inner axis the parts c
+  /// of neighbouring outputs (t = c * outputs + s), along the last axis
+  /// interleaved parts of one output (t = s * chunks + c; part c takes its
+  /// elements c, c + chunks, ...). With one part, t = s.
+  DEFT_HD std::int64_t slot(std::int64_t s, std::int64_t c) const {
+    return inner == 1 ? s * chunks + c : c * outputs + s;
+  }
+  /// The elements of thread t.
   DEFT_HD AxisRun run(std::int64_t t) const {
-    const std::int64_t s = t % outputs, c = t / outputs;
+    const std::int64_t s = inner == 1 ? t / chunks : t % outputs, c = inner == 1 ? t % chunks : t / outputs;
     const std::int64_t base = (s / inner) * len * inner + s % inner;
     if (inner == 1) return {base, 1, c, len, chunks};
     const std::int64_t end = (c + 1) * step() < len ? (c + 1) * step() : len;
@@ -228,11 +233,11 @@ struct AxisPartial {
 template <class R, class T>
 struct MergeAxisPartials {
   const T* in;
-  std::int64_t outputs, chunks, len;
+  AxisPlan plan;
   DEFT_HD auto operator()(std::int64_t s) const {
     T acc = R::identity();
-    for (std::int64_t c = 0; c < chunks; ++c) acc = R::merge(acc, in[c * outputs + s]);
-    return R::finish(acc, len);
+    for (std::int64_t c = 0; c < plan.chunks; ++c) acc = R::merge(acc, in[plan.slot(s, c)]);
+    return R::finish(acc, plan.len);
   }
 };
 
@@ -243,7 +248,7 @@ void reduce_axis_elements(const Policy& policy, const Elem& elem, const AxisSpli
   const AxisPlan plan(g);
   if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisPartial<R, Elem, T>{elem, plan, true}, out);
   for_each_output(policy, plan.outputs * plan.chunks, AxisPartial<R, Elem, T>{elem, plan, false}, scratch);
-  for_each_output(policy, plan.outputs, MergeAxisPartials<R, T>{scratch, plan.outputs, plan.chunks, g.len}, out);
+  for_each_output(policy, plan.outputs, MergeAxisPartials<R, T>{scratch, plan}, out);
 }
 template <class R, class Policy, class Expr, class T>
 void reduce_axis(const Policy& policy, const Expr& e, int axis, T* out, T* scratch) {
@@ -356,7 +361,7 @@ void argmax_axis_elements(const Policy& policy, const Elem& elem, const AxisSpli
   const AxisArgmaxPartial<Elem, T> part{elem, plan};
   if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisArgmax<Elem, T>{part}, out);
   for_each_output(policy, plan.outputs * plan.chunks, part, scratch);
-  for_each_output(policy, plan.outputs, MergeAxisPartials<ArgmaxMerge<T>, ArgBest<T>>{scratch, plan.outputs, plan.chunks, g.len}, out);
+  for_each_output(policy, plan.outputs, MergeAxisPartials<ArgmaxMerge<T>, ArgBest<T>>{scratch, plan}, out);
 }
 template <class Policy, class Expr, class T = value_t<Expr>>
 void argmax_axis(const Policy& policy, const Expr& e, int axis, std::int64_t* out, ArgBest<T>* scratch) {

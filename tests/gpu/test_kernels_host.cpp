@@ -778,33 +778,66 @@ struct Index {
 }  // namespace
 
 // A copy to the host waits on the host for its copy lane, so it takes the
-// one paired with its thread's lane (a thread with none: lane 0's), and the
-// lanes' record still orders it after the source's writer on another lane
-// (the checker, NoLaneRaces, sees a missing wait).
-BOOST_AUTO_TEST_CASE(copies_to_the_host_take_their_lanes_copy_lane) {
+// one paired with the lane that wrote its source, from any thread; the
+// lanes' record orders it after that write, and a later write in place
+// after the copy's read (the checker sees a missing wait).
+BOOST_AUTO_TEST_CASE(copies_to_the_host_take_their_writers_copy_lane) {
   auto& backend = gk::emulated_backend();
+  auto& checker = backend.checker();
+  const long races = checker.races.load();
   auto pool = backend.memory(0);
   constexpr std::int64_t n = 1024;
-  auto* block = static_cast<float*>(pool->allocate(n * sizeof(float), 64));
+  constexpr std::size_t bytes = n * sizeof(float);
+  auto* on1 = static_cast<float*>(pool->allocate(bytes, 64));
+  auto* on2 = static_cast<float*>(pool->allocate(bytes, 64));
+  const deft::detail::Executor<deft::DeviceType::gpu> gpu0{0};
   {
     deft::detail::LaneScope on(0, 1);
-    deft::detail::Executor<deft::DeviceType::gpu>{0}.generate(n, Index{}, block);  // written on lane 1
+    gpu0.generate(n, Index{}, on1);
+  }
+  {
+    deft::detail::LaneScope on(0, 2);
+    gpu0.generate(n, Index{}, on2);
   }
   auto& copies = backend.copies_to_host;
   std::array<long, gk::EmulatedBackend::compute_lanes> before{};
   for (std::size_t k = 0; k < before.size(); ++k) before[k] = copies[k].load();
-  std::vector<float> from_lane2(n), from_main(n);
+  std::vector<float> a(n), b(n);
+  backend.copy(a.data(), deft::cpu(), on1, deft::gpu(0), bytes);  // the user's thread: no lane of its own
   std::thread([&] {
-    deft::detail::LaneScope on(0, 2);
-    backend.copy(from_lane2.data(), deft::cpu(), block, deft::gpu(0), n * sizeof(float));
+    deft::detail::LaneScope on(0, 0);  // a worker on lane 0
+    backend.copy(b.data(), deft::cpu(), on2, deft::gpu(0), bytes);
   }).join();
-  backend.copy(from_main.data(), deft::cpu(), block, deft::gpu(0), n * sizeof(float));
-  BOOST_TEST(copies[0].load() - before[0] == 1);  // the main thread's
-  BOOST_TEST(copies[1].load() - before[1] == 0);
-  BOOST_TEST(copies[2].load() - before[2] == 1);  // lane 2's
-  for (std::int64_t i = 0; i < n; i += 97) BOOST_TEST((from_lane2[i] == float(i) && from_main[i] == float(i)));
+  BOOST_TEST(copies[0].load() - before[0] == 0);
+  BOOST_TEST(copies[1].load() - before[1] == 1);
+  BOOST_TEST(copies[2].load() - before[2] == 1);
+  {
+    deft::detail::LaneScope on(0, 0);
+    gpu0.generate(n, Index{}, on1);  // in place, after the copy's read on copy lane 1
+  }
+  BOOST_TEST(checker.races.load() == races, checker.first_race());
+  for (std::int64_t i = 0; i < n; i += 97) BOOST_TEST((a[std::size_t(i)] == float(i) && b[std::size_t(i)] == float(i)));
   backend.synchronize(0);
-  pool->deallocate(block, n * sizeof(float), 64);
+  pool->deallocate(on1, bytes, 64);
+  pool->deallocate(on2, bytes, 64);
+}
+
+// Through the engine: two values computed on two lanes are read back on
+// two copy lanes (to_vector runs on the user's thread, which has no lane).
+BOOST_AUTO_TEST_CASE(values_from_two_lanes_are_read_on_two_copy_lanes) {
+  const Tensor<float> x = deft::full<float>({512}, 1.5f, deft::gpu(0)), y = deft::full<float>({512}, 2.5f, deft::gpu(0));
+  x.wait_to_read(), y.wait_to_read();
+  auto& copies = gk::emulated_backend().copies_to_host;
+  std::array<long, gk::EmulatedBackend::compute_lanes> before{};
+  for (std::size_t k = 0; k < before.size(); ++k) before[k] = copies[k].load();
+  BOOST_TEST(x.to_vector()[511] == 1.5f);
+  BOOST_TEST(y.to_vector()[511] == 2.5f);
+  int lanes_used = 0;
+  for (std::size_t k = 0; k < before.size(); ++k) {
+    BOOST_TEST(copies[k].load() - before[k] <= 1);
+    lanes_used += copies[k].load() > before[k];
+  }
+  BOOST_TEST(lanes_used == 2);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -1038,21 +1071,31 @@ BOOST_AUTO_TEST_CASE(a_recording_starts_once_the_frees_under_way_end) {
   BOOST_TEST(gate.seen() == std::vector<void*>{&block});
 }
 
-// An emulated device's block given back to the "driver" while a program
-// records stays until the recording ends (the lanes still know it).
-BOOST_AUTO_TEST_CASE(a_device_block_freed_while_recording_is_parked) {
+// An emulated device's block, and a page-locked one, given back to the
+// "driver" while a program records on gpu(1) stay until the recording ends
+// (the lanes still know the device's); gpu(0)'s go back at once.
+BOOST_AUTO_TEST_CASE(blocks_freed_while_recording_are_parked) {
   auto& backend = gk::emulated_backend();
-  auto& pool = backend.pool(0);
   const std::size_t bytes = std::size_t(8) << 20;  // an upstream allocation of its own
-  std::size_t parked_inside = 0;
-  const auto program = backend.record(0, [&] {
+  const auto give_back = [&](deft::engine::CachingHostAllocator& pool) {
     void* p = pool.allocate(bytes, 64);
     pool.deallocate(p, bytes, 64);
     pool.release();  // the free block goes back upstream
-    parked_inside = backend.upstream(0).parked();
+  };
+  std::size_t parked_device = 0, parked_pinned = 0, parked_other = 1;
+  const auto program = backend.record(1, [&] {
+    give_back(backend.pool(1));
+    give_back(backend.pinned_pool());
+    give_back(backend.pool(0));
+    parked_device = backend.upstream(1).parked();
+    parked_pinned = backend.pinned_upstream().parked();
+    parked_other = backend.upstream(0).parked();
   });
-  BOOST_TEST(parked_inside >= 1u);
-  BOOST_TEST(backend.upstream(0).parked() == 0u);
+  BOOST_TEST(parked_device >= 1u);
+  BOOST_TEST(parked_pinned >= 1u);
+  BOOST_TEST(parked_other == 0u);  // no recording on gpu(0)
+  BOOST_TEST(backend.upstream(1).parked() == 0u);
+  BOOST_TEST(backend.pinned_upstream().parked() == 0u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -104,9 +104,10 @@ class CudaBackend final : public DeviceBackend {
       return;
     }
     DeviceContext& src = context(from_device.index);
-    if (to_host) {  // on the thread's copy lane, after the source's writer; done on return
+    if (to_host) {  // on the copy lane of the source's writer, after it; done on return
       DeviceGuard on(src.device);
-      const int k = DeviceContext::layout.copy_for(current_lane(src.device));
+      const int writer = lane_tracker().writer_lane(from);  // a global lane, of src's device
+      const int k = DeviceContext::layout.copy_for(writer < 0 ? -1 : writer % DeviceContext::tracked_lanes);
       {
         // The lanes' record orders the copy after the source's writer (after
         // the writer's ready mark, when that is still kept), not after work

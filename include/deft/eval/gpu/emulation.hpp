@@ -191,11 +191,7 @@ class EmulatedBackend final : public DeviceBackend {
   /// (each block its own, so AddressSanitizer reports a kernel that writes
   /// past its block, as it would not inside a pool's segment) rather than
   /// the caching pools'. The default in ASan builds (DEFT_ASAN).
-#if defined(DEFT_ASAN)
-  std::atomic<bool> exact_memory{true};
-#else
-  std::atomic<bool> exact_memory{false};
-#endif
+  std::atomic<bool> exact_memory{DEFT_ASAN != 0};
   /// A mark that names its device, so a copy or wait ordered after another
   /// device's mark (a wrong buffer's) is caught.
   std::shared_ptr<void> mark(int index) override {
@@ -209,8 +205,9 @@ class EmulatedBackend final : public DeviceBackend {
       EmulatedUploadQueue queue;
       staging_.upload(to, from, bytes, queue);
       ++staged_uploads;
-    } else if (to_host) {  // on the thread's copy lane, waited for
-      const int k = layout.copy_for(current_lane(from_device.index));
+    } else if (to_host) {  // on the copy lane of the source's writer, waited for
+      const int writer = tracker_.writer_lane(from);
+      const int k = layout.copy_for(writer < 0 ? -1 : writer % lanes_per_device);
       {
         LaneScope on_copy(from_device.index, k);
         LaneAccess access(*this, from_device.index, {{from}, {}});
@@ -284,7 +281,7 @@ class EmulatedBackend final : public DeviceBackend {
   std::unique_ptr<DeviceProgram> record(int index, const std::function<void()>& work) override {
     auto program = std::make_unique<Program>(*this, index, work);
     {
-      FreeGate::Capturing frees_wait(upstream(index));
+      FreeGate::Capturing device_frees_wait(upstream(index)), pinned_frees_wait(*pinned_blocks_);
       ProgramCapture capture(index, program->memory, ProgramCapture::Mode::record);
       work();  // kernels run at once here: a failure leaves some done (record's contract allows it)
     }
@@ -314,40 +311,40 @@ class EmulatedBackend final : public DeviceBackend {
   engine::CachingHostAllocator& pool(int index) { return *pools_.at(std::size_t(index)); }
   /// The memory under that pool: its frees wait for recordings.
   FreeGate& upstream(int index) { return *blocks_.at(std::size_t(index)); }
-  /// The stand-in for page-locked memory (a pool of its own).
+  /// The stand-in for page-locked memory (a pool of its own), and the
+  /// memory under it (its frees wait for a recording on any device).
   engine::CachingHostAllocator& pinned_pool() { return *pinned_; }
+  FreeGate& pinned_upstream() { return *pinned_blocks_; }
   /// The lanes' record and waits, and the checker of those waits.
   LaneTracker<LaneClockChecker::Ref>& tracker() { return tracker_; }
   LaneClockChecker& checker() { return checker_; }
   static int global_lane(int device, int k) { return device * lanes_per_device + k; }
 
  private:
-  // The devices' memory: host blocks, known to the lanes' record and its checker.
-  // Their frees wait for recordings, as cudaFree's do (FreeGate).
+  // Host blocks standing in for a device's memory, known to the lanes'
+  // record and its checker, or (no backend) for page-locked memory. Their
+  // frees wait for recordings, as cudaFree's and cudaFreeHost's do (FreeGate).
   class DeviceBlocks final : public engine::HostAllocator, public FreeGate {
    public:
-    explicit DeviceBlocks(EmulatedBackend& b) : b_(b) {}
+    explicit DeviceBlocks(EmulatedBackend* b) : b_(b) {}
     void* allocate(std::size_t bytes, std::size_t align) override {
       void* p = heap_.allocate(bytes, align);
-      b_.tracker_.add_block(p, bytes);
-      b_.checker_.add_block(p, bytes);
+      if (b_ && p) b_->tracker_.add_block(p, bytes), b_->checker_.add_block(p, bytes);
       return p;
     }
     void deallocate(void* p, std::size_t bytes, std::size_t align) noexcept override {
       free_or_park(p, bytes, align);
     }
     void reissue(void* p, std::size_t bytes) override {
-      b_.tracker_.reissue(p, bytes);
-      b_.checker_.reissue(p, bytes);
+      if (b_) b_->tracker_.reissue(p, bytes), b_->checker_.reissue(p, bytes);
     }
 
    private:
     void release(void* p, std::size_t bytes, std::size_t align) noexcept override {
-      b_.tracker_.remove_block(p, bytes);
-      b_.checker_.remove_block(p, bytes);
+      if (b_) b_->tracker_.remove_block(p, bytes), b_->checker_.remove_block(p, bytes);
       heap_.deallocate(p, bytes, align);
     }
-    EmulatedBackend& b_;
+    EmulatedBackend* b_;
     engine::DefaultHostAllocator heap_;
   };
   struct Program final : DeviceProgram {
@@ -383,12 +380,13 @@ class EmulatedBackend final : public DeviceBackend {
 
   LaneClockChecker checker_{devices * lanes_per_device};
   LaneTracker<LaneClockChecker::Ref> tracker_{devices * lanes_per_device, LaneClockChecker::Ref{&checker_}};
-  std::shared_ptr<engine::CachingHostAllocator> pinned_ = std::make_shared<engine::CachingHostAllocator>(
-      std::make_shared<engine::DefaultHostAllocator>(), std::size_t(64) << 20, 0);
+  std::shared_ptr<DeviceBlocks> pinned_blocks_ = std::make_shared<DeviceBlocks>(nullptr);
+  std::shared_ptr<engine::CachingHostAllocator> pinned_ =
+      std::make_shared<engine::CachingHostAllocator>(pinned_blocks_, std::size_t(64) << 20, 0);
   StagingArea<EmulatedUploadQueue> staging_{pinned_, staging_chunk_bytes};
   // Cached as CUDA's pools are, so that blocks change lanes as they do there.
-  std::array<std::shared_ptr<DeviceBlocks>, devices> blocks_{std::make_shared<DeviceBlocks>(*this),
-                                                             std::make_shared<DeviceBlocks>(*this)};
+  std::array<std::shared_ptr<DeviceBlocks>, devices> blocks_{std::make_shared<DeviceBlocks>(this),
+                                                             std::make_shared<DeviceBlocks>(this)};
   std::array<std::shared_ptr<engine::CachingHostAllocator>, devices> pools_{make_pool(0), make_pool(1)};
   std::shared_ptr<engine::CachingHostAllocator> make_pool(int index) {
     return std::make_shared<engine::CachingHostAllocator>(blocks_[std::size_t(index)], thresholds::gpu_cache_max_bytes,

@@ -32,12 +32,13 @@ namespace deft::detail::gpu {
 /// copies onto the device), then a copy lane per compute lane (copies to
 /// the host), then the collective lane (sums across GPUs). A copy to the
 /// host waits on the host for its copy lane, so it takes the one paired
-/// with its thread's compute lane: a copy of a ready value does not wait
-/// behind another worker's copy of a value a long kernel still computes.
+/// with the compute lane that wrote its source: a copy of a ready value
+/// does not wait behind the copy of a value a long kernel on another lane
+/// still computes.
 struct LaneLayout {
   int compute;
-  /// The copy lane of a copy to the host from work on `lane` (any other
-  /// lane, a capture's: the first copy lane).
+  /// The copy lane for a source written on `lane` (any other lane, or
+  /// none known: the first copy lane).
   constexpr int copy_for(int lane) const { return compute + (lane >= 0 && lane < compute ? lane : 0); }
   constexpr bool is_copy(int lane) const { return lane >= compute && lane < 2 * compute; }
   constexpr int collective() const { return 2 * compute; }
@@ -107,6 +108,11 @@ class UseRecord {
   const void* block_start(const void* p) const {
     const auto it = holding(p);
     return it == blocks_.end() ? nullptr : reinterpret_cast<const void*>(it->first);
+  }
+  /// The lane of the latest write of the block holding `p` (-1: none known).
+  int writer_lane(const void* p) const {
+    const auto it = holding(p);
+    return it == blocks_.end() ? -1 : it->second.write.lane;
   }
   /// Records `uses` as done by the work `now`.
   void record(const LaneUse& now, const MemoryUses& uses) {
@@ -181,6 +187,11 @@ class LaneTracker {
   void reissue(const void* base, std::size_t bytes) {
     std::lock_guard lk(m_);
     record_.reissue(base, bytes);
+  }
+  /// The lane that last wrote the block holding `p` (-1: none known).
+  int writer_lane(const void* p) {
+    std::lock_guard lk(m_);
+    return record_.writer_lane(p);
   }
 
   /// Before queuing work with `uses` on `lane`: orders the lane after every

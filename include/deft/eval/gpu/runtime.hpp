@@ -231,7 +231,7 @@ struct DeviceContext {
                        capture_lane = tracked_lanes;
   /// The stream of lane k (a compute or copy lane, or one of the two above).
   cudaStream_t stream(int k) const {
-    if (k < layout.compute) return lanes[std::size_t(k)];
+    if (k >= 0 && k < layout.compute) return lanes[std::size_t(k)];
     if (layout.is_copy(k)) return copy_streams[std::size_t(k - layout.compute)];
     return k == collective_lane ? collective_stream : capture_stream;
   }

@@ -654,7 +654,7 @@ BOOST_AUTO_TEST_CASE(task_blocks_are_reused_by_size_class_on_the_freeing_thread)
   void* same_class = TaskBlocks::allocate(8 * g);  // (7g, 8g] is one class
   BOOST_TEST(other_class != a);
   BOOST_TEST(same_class == a);
-#if defined(DEFT_ASAN)
+#if DEFT_ASAN
   // A cached block is poisoned from its first byte to its last: a stale task
   // is reported although the block never went through ASan's quarantine.
   TaskBlocks::deallocate(same_class, 8 * g);

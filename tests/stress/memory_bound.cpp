@@ -15,11 +15,7 @@ namespace {
 
 using deft::Tensor;
 
-#if defined(DEFT_ASAN)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
+constexpr bool kAddressSanitizer = DEFT_ASAN != 0;
 
 struct Mlp {
   Tensor<float> w1, b1, w2, b2;

@@ -42,13 +42,19 @@
 #define DEFT_NOINLINE
 #endif
 
-// DEFT_ASAN: AddressSanitizer instruments this build (GCC and clang announce
-// it differently). deft then poisons its own recycled memory, and the
-// emulated GPUs hand out exact blocks, so that ASan sees what overruns.
+// DEFT_ASAN: 1 when AddressSanitizer instruments this build (GCC and clang
+// announce it differently), else 0. deft then poisons its own recycled
+// memory, and the emulated GPUs hand out exact blocks, so that ASan sees
+// what overruns.
+#if !defined(DEFT_ASAN)
 #if defined(__SANITIZE_ADDRESS__)
 #define DEFT_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
 #define DEFT_ASAN 1
 #endif
+#endif
+#endif
+#if !defined(DEFT_ASAN)
+#define DEFT_ASAN 0
 #endif

@@ -14,7 +14,7 @@
 #include "../core/config.hpp"
 #include "thresholds.hpp"
 
-#if defined(DEFT_ASAN)
+#if DEFT_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
 
@@ -75,12 +75,12 @@ class TaskBlocks {
   static constexpr std::size_t class_of(std::size_t bytes) { return bytes == 0 ? 0 : (bytes - 1) / granule; }
   static constexpr std::size_t block_bytes(std::size_t c) { return (c + 1) * granule; }
   static void poison([[maybe_unused]] void* p, [[maybe_unused]] std::size_t n) {
-#if defined(DEFT_ASAN)
+#if DEFT_ASAN
     ASAN_POISON_MEMORY_REGION(p, n);
 #endif
   }
   static void unpoison([[maybe_unused]] void* p, [[maybe_unused]] std::size_t n) {
-#if defined(DEFT_ASAN)
+#if DEFT_ASAN
     ASAN_UNPOISON_MEMORY_REGION(p, n);
 #endif
   }

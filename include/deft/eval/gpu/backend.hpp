@@ -106,8 +106,7 @@ class CudaBackend final : public DeviceBackend {
     DeviceContext& src = context(from_device.index);
     if (to_host) {  // on the copy lane of the source's writer, after it; done on return
       DeviceGuard on(src.device);
-      const int writer = lane_tracker().writer_lane(from);  // a global lane, of src's device
-      const int k = DeviceContext::layout.copy_for(writer < 0 ? -1 : writer % DeviceContext::tracked_lanes);
+      const int k = DeviceContext::layout.copy_after(lane_tracker().writer_lane(from));
       {
         // The lanes' record orders the copy after the source's writer (after
         // the writer's ready mark, when that is still kept), not after work

@@ -206,8 +206,7 @@ class EmulatedBackend final : public DeviceBackend {
       staging_.upload(to, from, bytes, queue);
       ++staged_uploads;
     } else if (to_host) {  // on the copy lane of the source's writer, waited for
-      const int writer = tracker_.writer_lane(from);
-      const int k = layout.copy_for(writer < 0 ? -1 : writer % lanes_per_device);
+      const int k = layout.copy_after(tracker_.writer_lane(from));
       {
         LaneScope on_copy(from_device.index, k);
         LaneAccess access(*this, from_device.index, {{from}, {}});
@@ -324,9 +323,9 @@ class EmulatedBackend final : public DeviceBackend {
   // Host blocks standing in for a device's memory, known to the lanes'
   // record and its checker, or (no backend) for page-locked memory. Their
   // frees wait for recordings, as cudaFree's and cudaFreeHost's do (FreeGate).
-  class DeviceBlocks final : public engine::HostAllocator, public FreeGate {
+  class HostBlocks final : public engine::HostAllocator, public FreeGate {
    public:
-    explicit DeviceBlocks(EmulatedBackend* b) : b_(b) {}
+    explicit HostBlocks(EmulatedBackend* b) : b_(b) {}
     void* allocate(std::size_t bytes, std::size_t align) override {
       void* p = heap_.allocate(bytes, align);
       if (b_ && p) b_->tracker_.add_block(p, bytes), b_->checker_.add_block(p, bytes);
@@ -380,13 +379,13 @@ class EmulatedBackend final : public DeviceBackend {
 
   LaneClockChecker checker_{devices * lanes_per_device};
   LaneTracker<LaneClockChecker::Ref> tracker_{devices * lanes_per_device, LaneClockChecker::Ref{&checker_}};
-  std::shared_ptr<DeviceBlocks> pinned_blocks_ = std::make_shared<DeviceBlocks>(nullptr);
+  std::shared_ptr<HostBlocks> pinned_blocks_ = std::make_shared<HostBlocks>(nullptr);
   std::shared_ptr<engine::CachingHostAllocator> pinned_ =
       std::make_shared<engine::CachingHostAllocator>(pinned_blocks_, std::size_t(64) << 20, 0);
   StagingArea<EmulatedUploadQueue> staging_{pinned_, staging_chunk_bytes};
   // Cached as CUDA's pools are, so that blocks change lanes as they do there.
-  std::array<std::shared_ptr<DeviceBlocks>, devices> blocks_{std::make_shared<DeviceBlocks>(this),
-                                                             std::make_shared<DeviceBlocks>(this)};
+  std::array<std::shared_ptr<HostBlocks>, devices> blocks_{std::make_shared<HostBlocks>(this),
+                                                           std::make_shared<HostBlocks>(this)};
   std::array<std::shared_ptr<engine::CachingHostAllocator>, devices> pools_{make_pool(0), make_pool(1)};
   std::shared_ptr<engine::CachingHostAllocator> make_pool(int index) {
     return std::make_shared<engine::CachingHostAllocator>(blocks_[std::size_t(index)], thresholds::gpu_cache_max_bytes,

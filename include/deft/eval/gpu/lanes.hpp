@@ -40,6 +40,11 @@ struct LaneLayout {
   /// The copy lane for a source written on `lane` (any other lane, or
   /// none known: the first copy lane).
   constexpr int copy_for(int lane) const { return compute + (lane >= 0 && lane < compute ? lane : 0); }
+  /// The same for a writer numbered as the lanes' record numbers lanes
+  /// (device * tracked() + lane; -1: none known).
+  constexpr int copy_after(int recorded_writer) const {
+    return copy_for(recorded_writer < 0 ? -1 : recorded_writer % tracked());
+  }
   constexpr bool is_copy(int lane) const { return lane >= compute && lane < 2 * compute; }
   constexpr int collective() const { return 2 * compute; }
   /// Lanes with a record (the collective one the last).

@@ -288,7 +288,8 @@ void copy_rows() {
   on_gpu.wait_to_read();
 
   // Bandwidth: the driver from pageable and from pinned memory, and deft's
-  // to() (staged through pinned blocks up; a pinned tensor down).
+  // to() (staged through pinned blocks up; a pinned tensor down), and
+  // to_vector() (staged down into a new vector, its allocation included).
   const auto up = [&](const void* from) {
     cuda_check(cudaMemcpy(d.p, from, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   };
@@ -300,14 +301,17 @@ void copy_rows() {
       [&] { down(pageable.data()); },
       [&] { down(pinned.p); },
       [&] { on_gpu.to(cpu()).wait_to_read(); },
+      [&] { (void)on_gpu.to_vector(); },
   });
-  const char* libs[] = {"cuda pageable", "cuda pinned", "deft", "cuda pageable", "cuda pinned", "deft"};
-  for (int i = 0; i < 6; ++i)
+  const char* libs[] = {"cuda pageable", "cuda pinned", "deft",           "cuda pageable",
+                        "cuda pinned",   "deft",        "deft to_vector"};
+  for (int i = 0; i < 7; ++i)
     add(g, i < 3 ? "host to device" : "device to host", libs[i], 1, size, "GB/s", double(bytes) / s[i].median / 1e9,
         double(bytes) / s[i].min / 1e9);
-  std::printf("%-12s host to device GB/s: pageable %.1f, pinned %.1f, deft to() %.1f; device to host: %.1f, %.1f, %.1f\n",
+  std::printf("%-12s host to device GB/s: pageable %.1f, pinned %.1f, deft to() %.1f; device to host: %.1f, %.1f, %.1f, "
+              "to_vector %.1f\n",
               g, bytes / s[0].median / 1e9, bytes / s[1].median / 1e9, bytes / s[2].median / 1e9,
-              bytes / s[3].median / 1e9, bytes / s[4].median / 1e9, bytes / s[5].median / 1e9);
+              bytes / s[3].median / 1e9, bytes / s[4].median / 1e9, bytes / s[5].median / 1e9, bytes / s[6].median / 1e9);
 
   // Behind busy work: 4 MiB sent to a stream that still has ~20 ms of
   // kernels queued. From pageable memory cudaMemcpyAsync returns only once

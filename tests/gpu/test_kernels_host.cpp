@@ -379,6 +379,96 @@ BOOST_AUTO_TEST_CASE(tensors_copied_to_a_device_are_staged_and_back_pinned) {
   gpu_tensors::expect_near(back.to_vector(), std::vector<double>(v.begin(), v.end()), 0, "round trip");
 }
 
+// Downloads (StagingArea::download): a DMA from the device into a pinned
+// block runs only when the download waits for it, so a chunk copied out
+// before its wait would deliver the block's stale bytes.
+namespace {
+struct DeferredSource {
+  using Mark = long;
+  deft::detail::gpu::StagingArea<DeferredQueue>* area = nullptr;
+  long fail_at = -1;  // a wait for this mark raises, as a failed DMA would
+  std::vector<DeferredQueue::Dma> queued;
+  long ran = 0, waits = 0;
+  std::size_t most_in_flight = 0;  // the area's reserved bytes at a fetch
+  std::vector<long> waits_at_fetch;
+
+  void fetch(void* staged, const void* from, std::size_t n) {
+    waits_at_fetch.push_back(waits);
+    most_in_flight = std::max(most_in_flight, area->bytes_in_flight());
+    std::memset(staged, 0xEE, n);  // what a reused block may hold
+    queued.push_back({staged, from, n});
+  }
+  Mark mark() { return long(queued.size()); }
+  void wait(Mark m) {
+    ++waits;
+    if (m == fail_at) {  // the DMAs before it ran; it never will
+      run_until(m - 1);
+      ran = m;
+      throw std::runtime_error("DMA " + std::to_string(m) + " failed");
+    }
+    run_until(m);
+  }
+  void run_until(long m) {
+    for (; ran < m; ++ran) std::memcpy(queued[std::size_t(ran)].to, queued[std::size_t(ran)].from, queued[std::size_t(ran)].n);
+  }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(downloads_arrive_whole_through_two_blocks) {
+  auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<deft::engine::DefaultHostAllocator>(),
+                                                                   std::size_t(1) << 20, 256);
+  Area area(pool, chunk, bound);
+  for (const std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(4095), chunk, chunk + 1, 5 * chunk + 17,
+                              std::size_t(100000)}) {
+    const auto src = random_bytes(n, unsigned(n) + 3);
+    std::vector<unsigned char> dst(n, 0);
+    DeferredSource source{&area};
+    area.download(dst.data(), src.data(), n, source);
+    BOOST_TEST((dst == src), "download of " << n << " bytes");
+    const std::size_t chunks = (n + chunk - 1) / chunk;
+    BOOST_TEST(source.waits == long(chunks));
+    BOOST_TEST(area.bytes_in_flight() == 0u);               // every block went back
+    BOOST_TEST(source.most_in_flight <= 2 * chunk, "n = " << n);  // this chunk's block and the one before
+    // Chunk i + 1's DMA is queued before chunk i is waited for and copied out.
+    for (std::size_t i = 1; i < source.waits_at_fetch.size(); ++i)
+      BOOST_TEST(source.waits_at_fetch[i] == long(i) - 1, "fetch " << i << " of " << n << " bytes");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_download_raises_after_the_chunks_before_it) {
+  auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<deft::engine::DefaultHostAllocator>(),
+                                                                   std::size_t(1) << 20, 256);
+  Area area(pool, chunk, bound);
+  const auto src = random_bytes(4 * chunk, 12);
+  std::vector<unsigned char> dst(src.size(), 0);
+  DeferredSource source{&area, 3};  // the third chunk's DMA fails
+  BOOST_CHECK_EXCEPTION(area.download(dst.data(), src.data(), src.size(), source), std::runtime_error,
+                        [](const std::runtime_error& e) { return std::string(e.what()) == "DMA 3 failed"; });
+  BOOST_TEST(area.bytes_in_flight() == 0u);  // the failed chunk's and the next one's blocks went back
+  BOOST_TEST(std::equal(src.begin(), src.begin() + 2 * chunk, dst.begin()));
+  BOOST_TEST(source.waits == 4);  // the fourth chunk, queued already, was waited for before its block went back
+  const auto stats = pool->stats();
+  BOOST_TEST(stats.hits + stats.misses == 4u);
+  BOOST_TEST(stats.cached_bytes == 2 * chunk);  // two blocks, both free again
+}
+
+// The emulated backend stages a copy into pageable memory (to_vector, item)
+// and copies straight into its stand-in for pinned memory.
+BOOST_AUTO_TEST_CASE(copies_into_pageable_memory_are_staged) {
+  auto& backend = deft::detail::gpu::emulated_backend();
+  const auto v = gpu_tensors::random_values(10000, 43);  // 40 KB: three 16 KiB chunks
+  deft::Tensor<float> g = deft::Tensor<float>(v, {100, 100}).to(deft::gpu(0));
+  const long staged = backend.staged_downloads;
+  deft::Tensor<float> pinned = g.to(deft::cpu());
+  pinned.wait_to_read();
+  BOOST_TEST(pinned.is_pinned());
+  BOOST_TEST(backend.staged_downloads == staged);  // a DMA straight into the pinned tensor
+  gpu_tensors::expect_near(g.to_vector(), std::vector<double>(v.begin(), v.end()), 0, "to_vector");
+  BOOST_TEST(backend.staged_downloads == staged + 1);
+  BOOST_TEST(deft::Tensor<float>(std::vector<float>{v[7]}, {1}).to(deft::gpu(1)).item() == v[7]);
+  BOOST_TEST(backend.staged_downloads == staged + 2);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // Lanes (eval/gpu/lanes.hpp): several streams per GPU, ordered by the memory

@@ -119,8 +119,9 @@ inline constexpr std::size_t gpu_cache_max_bytes = std::numeric_limits<std::size
 inline constexpr int gpu_lanes = 4;
 
 // --- pinned host memory (eval/gpu/staging.hpp) -----------------------------
-// A copy to a GPU is staged through page-locked blocks of at most this size:
-// the worker copies one chunk while the DMA of the previous one runs.
+// A copy to a GPU, or from one into pageable memory, is staged through
+// page-locked blocks of at most this size: the worker copies one chunk
+// while the DMA of the next (or the previous) one runs.
 inline constexpr std::size_t gpu_staging_chunk_bytes = std::size_t(4) << 20;
 // At most this many bytes of staging blocks wait for their DMA at once; an
 // upload past it waits for the oldest (a bound, like the engine's).

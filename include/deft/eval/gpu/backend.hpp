@@ -1,10 +1,11 @@
 // The CUDA backend of deft's engine: GPU buffers from each device's caching
-// pool, copies between the host and GPUs on the devices' lanes (to a GPU
-// staged through pinned blocks, staging.hpp), the lanes' ordering
-// (lanes.hpp), device programs as CUDA graphs (program.hpp), sums across
-// GPUs through NCCL (collective.hpp), and waits that raise the CUDA error
-// text. Plain C++ over the CUDA runtime
-// (g++ and nvcc both compile it); including it registers the backend.
+// pool, copies between the host and GPUs on the devices' lanes (through
+// pinned blocks, staging.hpp, except into page-locked host memory, which
+// the DMA reaches itself), the lanes' ordering (lanes.hpp), device programs
+// as CUDA graphs (program.hpp), sums across GPUs through NCCL
+// (collective.hpp), and waits that raise the CUDA error text. Plain C++
+// over the CUDA runtime (g++ and nvcc both compile it); including it
+// registers the backend.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -44,7 +45,33 @@ struct UploadQueue {
   }
 };
 
-/// The process's staging area for copies to GPUs (over pinned_pool()).
+/// A GPU's side of a staged copy into pageable host memory (StagingArea's
+/// download): DMAs on one of the device's copy streams; a wait raises the
+/// CUDA error text.
+struct DownloadQueue {
+  using Mark = std::shared_ptr<void>;
+  DeviceContext& ctx;
+  cudaStream_t stream;
+
+  void fetch(void* staged, const void* from, std::size_t n) {
+    check(cudaMemcpyAsync(staged, from, n, cudaMemcpyDeviceToHost, stream), "a copy to the host", ctx.device);
+  }
+  Mark mark() { return ctx.mark(stream); }
+  void wait(const Mark& m) {
+    check(cudaEventSynchronize(static_cast<cudaEvent_t>(m.get())), "a copy to the host", ctx.device);
+  }
+};
+
+/// Whether the host memory at p is page-locked (cudaHostAlloc'd, registered
+/// or managed), so that a DMA can reach it without staging.
+inline bool page_locked(const void* p) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, p);
+  discard(status);
+  return status == cudaSuccess && attributes.type != cudaMemoryTypeUnregistered;
+}
+
+/// The process's staging area for copies between the host and GPUs (over pinned_pool()).
 inline StagingArea<UploadQueue>& staging() {
   static auto* area = new StagingArea<UploadQueue>(pinned_pool());  // leaked, see DeviceContext
   return *area;
@@ -113,8 +140,13 @@ class CudaBackend final : public DeviceBackend {
         // queued since on the writer's lane.
         LaneScope copy_lane(src.device, k);
         LaneAccess access(*this, src.device, {{from}, {}});
-        check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, src.stream(k)), "a copy to the host",
-              src.device);
+        if (page_locked(to)) {
+          check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, src.stream(k)), "a copy to the host",
+                src.device);
+        } else {
+          DownloadQueue queue{src, src.stream(k)};
+          staging().download(to, from, bytes, queue);  // returns once every chunk arrived
+        }
       }
       // Once done, the work the copy lane waited for needs no waits either.
       lane_tracker().host_waits(src.global_lane(k), [&] {

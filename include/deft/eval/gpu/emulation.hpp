@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -171,6 +172,14 @@ struct EmulatedUploadQueue {
   static void wait(Mark) {}
 };
 
+/// The emulated devices' side of a staged copy into pageable host memory.
+struct EmulatedDownloadQueue {
+  using Mark = int;
+  void fetch(void* staged, const void* from, std::size_t n) { std::memcpy(staged, from, n); }
+  static Mark mark() { return 0; }
+  static void wait(Mark) {}
+};
+
 class EmulatedBackend final : public DeviceBackend {
  public:
   static constexpr int devices = 2;
@@ -210,7 +219,13 @@ class EmulatedBackend final : public DeviceBackend {
       {
         LaneScope on_copy(from_device.index, k);
         LaneAccess access(*this, from_device.index, {{from}, {}});
-        if (bytes) std::memcpy(to, from, bytes);
+        if (pinned_blocks_->holds(to)) {
+          if (bytes) std::memcpy(to, from, bytes);
+        } else {  // staged, as CUDA's copies into pageable memory are
+          EmulatedDownloadQueue queue;
+          staging_.download(to, from, bytes, queue);
+          ++staged_downloads;
+        }
         ++copies_to_host[std::size_t(from_device.index * compute_lanes + k - compute_lanes)];
       }
       host_waits_for(global_lane(from_device.index, k));
@@ -292,8 +307,9 @@ class EmulatedBackend final : public DeviceBackend {
   /// Programs recorded and launched since (not counting the recording's run).
   std::atomic<long> programs_recorded{0}, program_launches{0};
   /// Host waits for a buffer's mark (wait_to_read); copies to a device
-  /// (each staged through pinned blocks).
-  std::atomic<long> marked_waits{0}, staged_uploads{0};
+  /// (each staged through pinned blocks); copies to the host staged so
+  /// (those into memory that is not the stand-in for page-locked memory).
+  std::atomic<long> marked_waits{0}, staged_uploads{0}, staged_downloads{0};
   /// Kernels and copies queued on each compute lane (device * compute_lanes + lane).
   std::array<std::atomic<long>, devices * compute_lanes> lane_work{};
   /// Copies to the host on each copy lane (device * compute_lanes + the
@@ -328,8 +344,23 @@ class EmulatedBackend final : public DeviceBackend {
     explicit HostBlocks(EmulatedBackend* b) : b_(b) {}
     void* allocate(std::size_t bytes, std::size_t align) override {
       void* p = heap_.allocate(bytes, align);
-      if (b_ && p) b_->tracker_.add_block(p, bytes), b_->checker_.add_block(p, bytes);
+      if (!p) return p;
+      try {
+        std::lock_guard lk(m_);
+        live_.emplace(static_cast<const std::byte*>(p), bytes);
+      } catch (...) {
+        heap_.deallocate(p, bytes, align);
+        throw;
+      }
+      if (b_) b_->tracker_.add_block(p, bytes), b_->checker_.add_block(p, bytes);
       return p;
+    }
+    /// Whether p lies in a block allocated here and not yet released.
+    bool holds(const void* p) const {
+      const auto* at = static_cast<const std::byte*>(p);
+      std::lock_guard lk(m_);
+      const auto next = live_.upper_bound(at);
+      return next != live_.begin() && at < std::prev(next)->first + std::prev(next)->second;
     }
     void deallocate(void* p, std::size_t bytes, std::size_t align) noexcept override {
       free_or_park(p, bytes, align);
@@ -341,10 +372,16 @@ class EmulatedBackend final : public DeviceBackend {
    private:
     void release(void* p, std::size_t bytes, std::size_t align) noexcept override {
       if (b_) b_->tracker_.remove_block(p, bytes), b_->checker_.remove_block(p, bytes);
+      {
+        std::lock_guard lk(m_);
+        live_.erase(static_cast<const std::byte*>(p));
+      }
       heap_.deallocate(p, bytes, align);
     }
     EmulatedBackend* b_;
     engine::DefaultHostAllocator heap_;
+    mutable std::mutex m_;
+    std::map<const std::byte*, std::size_t> live_;  // start, bytes
   };
   struct Program final : DeviceProgram {
     Program(EmulatedBackend& b, int d, std::function<void()> w) : backend(b), device(d), work(std::move(w)) {}

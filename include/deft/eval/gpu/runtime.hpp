@@ -102,6 +102,18 @@ inline int device_count() {
   return n;
 }
 
+/// Held while NCCL queues a sum's kernels on several GPUs (collective.hpp)
+/// and while memory is allocated, freed or mapped for a peer: these change
+/// the device's page tables and may wait for its kernels, and one of them
+/// between the launches of a sum could wait for a kernel whose partners on
+/// the other GPUs are not queued yet (Gloo takes one mutex around all of
+/// them for this; XLA traced such a hang to a cudaMalloc next to a copy
+/// into pageable memory, which deft stages through pinned blocks instead).
+inline std::mutex& collective_launches() {
+  static auto* m = new std::mutex;  // leaked, see DeviceContext
+  return *m;
+}
+
 /// cudaMalloc / cudaFree on one device: the upstream of its cache. Its
 /// frees wait for the device's recordings (FreeGate).
 class DeviceMemory final : public engine::HostAllocator, public FreeGate {
@@ -110,7 +122,11 @@ class DeviceMemory final : public engine::HostAllocator, public FreeGate {
   void* allocate(std::size_t bytes, std::size_t) override {
     DeviceGuard on(device_);
     void* p = nullptr;
-    const cudaError_t status = cudaMalloc(&p, bytes);
+    cudaError_t status;
+    {
+      std::lock_guard no_group(collective_launches());
+      status = cudaMalloc(&p, bytes);
+    }
     if (status == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       raise<std::runtime_error>("out of memory on ", deft::gpu(device_), ": cudaMalloc of ", bytes, " bytes failed");
@@ -128,15 +144,6 @@ class DeviceMemory final : public engine::HostAllocator, public FreeGate {
   void release(void* p, std::size_t bytes, std::size_t) noexcept override;  // defined below, with the contexts
   int device_;
 };
-
-/// Held while NCCL queues a sum's kernels on several GPUs (collective.hpp)
-/// and while memory is freed or mapped for a peer: a wait for a device in
-/// between could wait for a kernel whose partners on the other GPUs are not
-/// queued yet.
-inline std::mutex& collective_launches() {
-  static auto* m = new std::mutex;  // leaked, see DeviceContext
-  return *m;
-}
 
 /// Whether kernels and copies on `device` reach `peer`'s memory directly
 /// (NVLink or PCIe peer to peer), enabled on first ask for each pair.
@@ -168,7 +175,12 @@ class PinnedMemory final : public engine::HostAllocator, public FreeGate {
  public:
   void* allocate(std::size_t bytes, std::size_t) override {
     void* p = nullptr;
-    if (const cudaError_t status = cudaHostAlloc(&p, bytes, cudaHostAllocPortable); status != cudaSuccess) {
+    cudaError_t status;
+    {
+      std::lock_guard no_group(collective_launches());
+      status = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    }
+    if (status != cudaSuccess) {
       (void)cudaGetLastError();
       raise<std::runtime_error>("cudaHostAlloc of ", bytes, " bytes of page-locked host memory failed: ",
                                 cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");

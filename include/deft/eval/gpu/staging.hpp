@@ -1,10 +1,18 @@
-// Copies from host memory to a GPU through page-locked ("pinned") staging
-// blocks. cudaMemcpyAsync from pageable memory first waits for the work
+// Copies between host memory and a GPU through page-locked ("pinned")
+// staging blocks.
+//
+// To a GPU: cudaMemcpyAsync from pageable memory first waits for the work
 // already queued on the destination's stream, so a worker uploading the next
 // batch would sit idle until the GPU drained. Staged, the worker copies the
 // bytes into a pinned block and queues the DMA from it; the call returns at
 // once and the DMA overlaps the kernels queued before it. A block goes back
 // to the pinned pool only once its DMA is done.
+//
+// From a GPU into pageable memory (to_vector, item): the DMA goes into a
+// pinned block, and the worker copies chunk i out while chunk i + 1's DMA
+// runs. No copy then touches pageable memory through the driver, which
+// stages it the same way but may wait on work of other streams meanwhile
+// (the hangs next to NCCL's kernels that XLA and Gloo report).
 //
 // Plain C++: `Queue` is the device's side (CUDA's, the emulation's, a
 // test's), so the logic here is checked on machines without a GPU.
@@ -17,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <utility>
 
 #include "../../engine/allocator.hpp"
@@ -29,6 +38,9 @@ namespace deft::detail::gpu {
 ///   Queue::Mark mark()                  marks the work queued so far;
 ///   static bool finished(const Mark&)   whether the marked work is done (does not block);
 ///   static void wait(const Mark&)       blocks until it is.
+/// A download's source queue (download()) instead has
+///   void fetch(void* staged, const void* from, std::size_t n)  queues a DMA from the device;
+///   Mark mark(), and void wait(const Mark&), which raises the DMA's failure.
 template <class Queue>
 class StagingArea {
  public:
@@ -75,6 +87,68 @@ class StagingArea {
       }
       keep_until(block, size, std::move(mark));
       done += n;
+    }
+  }
+
+  /// Copies `bytes` from `from` on q's device into `to` (any host memory);
+  /// done on return. At most two blocks at a time: chunk i is copied out
+  /// while chunk i + 1's DMA runs. A failed DMA raises (q.wait), after the
+  /// chunks before it arrived.
+  template <class Source>
+  void download(void* to, const void* from, std::size_t bytes, Source& q) {
+    auto* dst = static_cast<std::byte*>(to);
+    const auto* src = static_cast<const std::byte*>(from);
+    struct Fetched {
+      void* block;
+      std::size_t size, offset, n;
+      typename Source::Mark mark;
+    };
+    std::optional<Fetched> last;  // queued, not yet copied out
+    // Waits for its DMA and copies it out; its block goes back either way.
+    auto deliver = [&](Fetched f) {
+      try {
+        q.wait(f.mark);
+      } catch (...) {
+        give_back(f.block, f.size);
+        throw;
+      }
+      std::memcpy(dst + f.offset, f.block, f.n);
+      give_back(f.block, f.size);
+    };
+    try {
+      for (std::size_t done = 0; done < bytes;) {
+        const std::size_t n = std::min(chunk_, bytes - done);
+        const std::size_t size = block_size(n);
+        void* block = take(size);
+        try {
+          q.fetch(block, src + done, n);
+        } catch (...) {
+          give_back(block, size);  // nothing was queued into it
+          throw;
+        }
+        std::optional<typename Source::Mark> mark;
+        try {
+          mark.emplace(q.mark());
+        } catch (...) {
+          unreserve(size);  // a DMA may still write it: the block is never reused, as in upload
+          throw;
+        }
+        // Kept before the one before is delivered: should that raise, this
+        // block too waits for its DMA and goes back.
+        const auto before = std::exchange(last, Fetched{block, size, done, n, std::move(*mark)});
+        if (before) deliver(*before);
+        done += n;
+      }
+      if (last) deliver(*std::exchange(last, std::nullopt));
+    } catch (...) {
+      if (last) {  // queued before the failure: its DMA may still write the block
+        try {
+          q.wait(last->mark);
+        } catch (...) {
+        }
+        give_back(last->block, last->size);
+      }
+      throw;
     }
   }
 

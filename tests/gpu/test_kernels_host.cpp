@@ -411,6 +411,23 @@ struct DeferredSource {
   void run_until(long m) {
     for (; ran < m; ++ran) std::memcpy(queued[std::size_t(ran)].to, queued[std::size_t(ran)].from, queued[std::size_t(ran)].n);
   }
+  std::size_t unstaged = 0;  // bytes copied without a pinned block
+  void copy_unstaged(void* to, const void* from, std::size_t n) {
+    std::memcpy(to, from, n);
+    unstaged += n;
+  }
+};
+
+// Page-locked memory that runs out after `limit` allocations.
+struct ScarceMemory final : deft::engine::HostAllocator {
+  explicit ScarceMemory(int limit) : left(limit) {}
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    if (left-- <= 0) throw std::runtime_error("cudaHostAlloc failed (test)");
+    return heap.allocate(bytes, alignment);
+  }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override { heap.deallocate(p, bytes, alignment); }
+  int left;
+  deft::engine::DefaultHostAllocator heap;
 };
 }  // namespace
 
@@ -450,6 +467,48 @@ BOOST_AUTO_TEST_CASE(a_failed_download_raises_after_the_chunks_before_it) {
   const auto stats = pool->stats();
   BOOST_TEST(stats.hits + stats.misses == 4u);
   BOOST_TEST(stats.cached_bytes == 2 * chunk);  // two blocks, both free again
+}
+
+// A download of a ready value must not wait for uploads, whose DMAs queue
+// behind kernels: here the uploads fill the bound and never run.
+BOOST_AUTO_TEST_CASE(downloads_do_not_wait_for_uploads) {
+  DeferredQueue::reset();
+  auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<deft::engine::DefaultHostAllocator>(),
+                                                                   std::size_t(1) << 20, 256);
+  Area area(pool, chunk, bound);
+  DeferredQueue uploads;
+  const auto up = random_bytes(bound, 21);
+  std::vector<unsigned char> up_dst(bound, 0);
+  area.upload(up_dst.data(), up.data(), up.size(), uploads);  // the bound is full
+  BOOST_TEST(area.bytes_in_flight() == bound);
+  const auto src = random_bytes(3 * chunk + 5, 22);
+  std::vector<unsigned char> dst(src.size(), 0);
+  DeferredSource source{&area};
+  area.download(dst.data(), src.data(), src.size(), source);
+  BOOST_TEST((dst == src));
+  BOOST_TEST(DeferredQueue::waits == 0);     // no upload was waited for
+  BOOST_TEST(DeferredQueue::ran == 0);
+  BOOST_TEST(area.bytes_in_flight() == bound);  // the uploads' blocks, still waiting
+  area.drain();
+  BOOST_TEST((up_dst == up));
+}
+
+// Without page-locked memory (pinning failed), a download goes on through
+// the driver's own staging from the chunk that got no block.
+BOOST_AUTO_TEST_CASE(a_download_without_pinned_memory_goes_unstaged) {
+  for (const int blocks : {0, 1, 2}) {
+    auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<ScarceMemory>(blocks),
+                                                                     std::size_t(1) << 20, 256);
+    Area area(pool, chunk, bound);
+    const auto src = random_bytes(4 * chunk, 30 + unsigned(blocks));  // chunks of one size: two blocks serve them all
+    std::vector<unsigned char> dst(src.size(), 0);
+    DeferredSource source{&area};
+    area.download(dst.data(), src.data(), src.size(), source);
+    BOOST_TEST((dst == src), blocks << " blocks");
+    // Two blocks serve every chunk; with fewer, the rest from the first chunk without one.
+    BOOST_TEST(source.unstaged == (blocks == 2 ? 0 : src.size() - std::size_t(blocks) * chunk), blocks << " blocks");
+    BOOST_TEST(area.bytes_in_flight() == 0u);
+  }
 }
 
 // The emulated backend stages a copy into pageable memory (to_vector, item)

@@ -60,10 +60,15 @@ struct DownloadQueue {
   void wait(const Mark& m) {
     check(cudaEventSynchronize(static_cast<cudaEvent_t>(m.get())), "a copy to the host", ctx.device);
   }
+  void copy_unstaged(void* to, const void* from, std::size_t n) {
+    check(cudaMemcpyAsync(to, from, n, cudaMemcpyDeviceToHost, stream), "a copy to the host", ctx.device);
+    check(cudaStreamSynchronize(stream), "a copy to the host", ctx.device);
+  }
 };
 
-/// Whether the host memory at p is page-locked (cudaHostAlloc'd, registered
-/// or managed), so that a DMA can reach it without staging.
+/// Whether a DMA reaches the host memory at p without staging: page-locked
+/// (cudaHostAlloc'd or cudaHostRegister'ed) or managed. A copy asks once,
+/// of its first byte.
 inline bool page_locked(const void* p) {
   cudaPointerAttributes attributes{};
   const cudaError_t status = cudaPointerGetAttributes(&attributes, p);

@@ -178,6 +178,7 @@ struct EmulatedDownloadQueue {
   void fetch(void* staged, const void* from, std::size_t n) { std::memcpy(staged, from, n); }
   static Mark mark() { return 0; }
   static void wait(Mark) {}
+  void copy_unstaged(void* to, const void* from, std::size_t n) { std::memcpy(to, from, n); }
 };
 
 class EmulatedBackend final : public DeviceBackend {

@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstddef>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -148,24 +147,29 @@ class DeviceMemory final : public engine::HostAllocator, public FreeGate {
 /// Whether kernels and copies on `device` reach `peer`'s memory directly
 /// (NVLink or PCIe peer to peer), enabled on first ask for each pair.
 /// Without it cudaMemcpyPeerAsync still works, staged through the host.
-/// A pair that cannot, or whose enabling fails, is not asked again.
+/// A pair that cannot, or whose enabling fails, is not asked again. Asked
+/// on every copy between GPUs: once a pair is known, one atomic load.
 inline bool peer_access(int device, int peer) {
-  static std::mutex m;
-  static auto* known = new std::map<std::pair<int, int>, bool>;  // leaked, see DeviceContext
+  enum : signed char { unknown, enabled, unavailable };
+  static const int n = device_count();
+  static auto* known = new std::atomic<signed char>[std::size_t(n) * std::size_t(n)]{};  // leaked, see DeviceContext
+  static std::mutex m;  // held while a pair is enabled
+  std::atomic<signed char>& state = known[std::size_t(device) * std::size_t(n) + std::size_t(peer)];
+  if (const signed char s = state.load(std::memory_order_acquire); s != unknown) return s == enabled;
   std::lock_guard lk(m);
-  if (const auto it = known->find({device, peer}); it != known->end()) return it->second;
+  if (const signed char s = state.load(std::memory_order_acquire); s != unknown) return s == enabled;
   int can = 0;
   cudaError_t status = cudaDeviceCanAccessPeer(&can, device, peer);
-  bool enabled = false;
+  bool on = false;
   if (status == cudaSuccess && can) {
-    DeviceGuard on(device);  // throws, and asks again next time, if the device cannot be made current
+    DeviceGuard guard(device);  // throws, and asks again next time, if the device cannot be made current
     std::lock_guard no_group(collective_launches());  // maps every allocation of `peer` for `device`
     status = cudaDeviceEnablePeerAccess(peer, 0);
-    enabled = status == cudaSuccess || status == cudaErrorPeerAccessAlreadyEnabled;
+    on = status == cudaSuccess || status == cudaErrorPeerAccessAlreadyEnabled;
   }
   discard(status);
-  known->emplace(std::pair{device, peer}, enabled);
-  return enabled;
+  state.store(on ? enabled : unavailable, std::memory_order_release);
+  return on;
 }
 
 /// cudaHostAlloc / cudaFreeHost: page-locked host memory that every GPU can

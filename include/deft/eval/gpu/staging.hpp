@@ -40,7 +40,9 @@ namespace deft::detail::gpu {
 ///   static void wait(const Mark&)       blocks until it is.
 /// A download's source queue (download()) instead has
 ///   void fetch(void* staged, const void* from, std::size_t n)  queues a DMA from the device;
-///   Mark mark(), and void wait(const Mark&), which raises the DMA's failure.
+///   Mark mark(), and void wait(const Mark&), which raises the DMA's failure;
+///   void copy_unstaged(void* to, const void* from, std::size_t n)  copies
+///       straight into pageable memory, done on return (no pinned block left).
 template <class Queue>
 class StagingArea {
  public:
@@ -48,8 +50,10 @@ class StagingArea {
 
   /// Blocks come from `pinned`; a copy is split into chunks of at most
   /// `chunk_bytes` (a power of two), and at most `max_in_flight_bytes` of
-  /// blocks wait for their DMA at once (past it, an upload waits for the
-  /// oldest), in at most max_in_flight_blocks blocks.
+  /// upload blocks wait for their DMA at once (past it, an upload waits for
+  /// the oldest), in at most max_in_flight_blocks blocks. Downloads take
+  /// two blocks each, outside that bound: waiting for uploads, queued behind
+  /// kernels, would make a copy of a ready value wait for those kernels.
   StagingArea(std::shared_ptr<engine::HostAllocator> pinned, std::size_t chunk_bytes = thresholds::gpu_staging_chunk_bytes,
               std::size_t max_in_flight_bytes = thresholds::gpu_staging_max_bytes)
       : pinned_(std::move(pinned)), chunk_(chunk_bytes), max_bytes_(std::max(max_in_flight_bytes, chunk_bytes)) {}
@@ -68,12 +72,12 @@ class StagingArea {
     for (std::size_t done = 0; done < bytes;) {
       const std::size_t n = std::min(chunk_, bytes - done);
       const std::size_t size = block_size(n);
-      void* block = take(size);
+      void* block = take(size, Use::upload);
       std::memcpy(block, src + done, n);
       try {
         q.copy(dst + done, block, n);
       } catch (...) {
-        give_back(block, size);  // nothing was queued from it
+        give_back(block, size, Use::upload);  // nothing was queued from it
         throw;
       }
       Mark mark{};
@@ -82,7 +86,7 @@ class StagingArea {
       } catch (...) {
         // The DMA is queued but cannot be waited for: the block is never
         // reused (a leak, on a device that is failing anyway).
-        unreserve(size);
+        unreserve(size, Use::upload);
         throw;
       }
       keep_until(block, size, std::move(mark));
@@ -93,7 +97,8 @@ class StagingArea {
   /// Copies `bytes` from `from` on q's device into `to` (any host memory);
   /// done on return. At most two blocks at a time: chunk i is copied out
   /// while chunk i + 1's DMA runs. A failed DMA raises (q.wait), after the
-  /// chunks before it arrived.
+  /// chunks before it arrived. Where no pinned block can be had (pinning
+  /// failed), the rest goes through q.copy_unstaged.
   template <class Source>
   void download(void* to, const void* from, std::size_t bytes, Source& q) {
     auto* dst = static_cast<std::byte*>(to);
@@ -109,28 +114,35 @@ class StagingArea {
       try {
         q.wait(f.mark);
       } catch (...) {
-        give_back(f.block, f.size);
+        give_back(f.block, f.size, Use::download);
         throw;
       }
       std::memcpy(dst + f.offset, f.block, f.n);
-      give_back(f.block, f.size);
+      give_back(f.block, f.size, Use::download);
     };
     try {
       for (std::size_t done = 0; done < bytes;) {
         const std::size_t n = std::min(chunk_, bytes - done);
         const std::size_t size = block_size(n);
-        void* block = take(size);
+        void* block = nullptr;
+        try {
+          block = take(size, Use::download);
+        } catch (...) {  // no page-locked memory: the driver stages the rest
+          if (last) deliver(*std::exchange(last, std::nullopt));
+          q.copy_unstaged(dst + done, src + done, bytes - done);
+          return;
+        }
         try {
           q.fetch(block, src + done, n);
         } catch (...) {
-          give_back(block, size);  // nothing was queued into it
+          give_back(block, size, Use::download);  // nothing was queued into it
           throw;
         }
         std::optional<typename Source::Mark> mark;
         try {
           mark.emplace(q.mark());
         } catch (...) {
-          unreserve(size);  // a DMA may still write it: the block is never reused, as in upload
+          unreserve(size, Use::download);  // a DMA may still write it: the block is never reused, as in upload
           throw;
         }
         // Kept before the one before is delivered: should that raise, this
@@ -146,16 +158,16 @@ class StagingArea {
           q.wait(last->mark);
         } catch (...) {
         }
-        give_back(last->block, last->size);
+        give_back(last->block, last->size, Use::download);
       }
       throw;
     }
   }
 
-  /// Bytes of blocks reserved or waiting for their DMA now.
+  /// Bytes of blocks reserved or waiting for their DMA now (uploads' and downloads').
   std::size_t bytes_in_flight() const {
     std::lock_guard lk(m_);
-    return reserved_;
+    return reserved_ + downloading_;
   }
 
   /// Waits for every DMA from a staging block and returns the blocks to the pool.
@@ -169,11 +181,12 @@ class StagingArea {
         in_flight_.pop_front();
       }
       Queue::wait(oldest.mark);
-      give_back(oldest.block, oldest.size);
+      give_back(oldest.block, oldest.size, Use::upload);
     }
   }
 
  private:
+  enum class Use { upload, download };
   struct InFlight {
     void* block = nullptr;
     std::size_t size = 0;
@@ -183,34 +196,34 @@ class StagingArea {
   // Powers of two from min_block_bytes: few sizes, so the pool's cache hits.
   static std::size_t block_size(std::size_t n) { return std::bit_ceil(std::max(n, min_block_bytes)); }
 
-  // A block of `size` bytes, reserved within the bounds: waits for the
-  // oldest DMAs while the new block would pass them.
-  void* take(std::size_t size) {
+  // A block of `size` bytes. An upload's is reserved within the bounds:
+  // it waits for the oldest DMAs while the new block would pass them.
+  void* take(std::size_t size, Use use) {
     for (;;) {
       InFlight oldest;
       {
         std::lock_guard lk(m_);
         reclaim_finished();
         const bool fits = reserved_ + size <= max_bytes_ && in_flight_.size() < max_in_flight_blocks;
-        if (fits || in_flight_.empty()) {
-          reserved_ += size;
+        if (use == Use::download || fits || in_flight_.empty()) {
+          count(use) += size;
           break;
         }
         oldest = std::move(in_flight_.front());
         in_flight_.pop_front();
       }
       Queue::wait(oldest.mark);  // outside the lock: other uploads go on meanwhile
-      give_back(oldest.block, oldest.size);
+      give_back(oldest.block, oldest.size, Use::upload);
     }
     void* block = nullptr;
     try {
       block = pinned_->allocate(size, thresholds::alignment);
     } catch (...) {
-      unreserve(size);
+      unreserve(size, use);
       throw;
     }
     if (!block) {
-      unreserve(size);
+      unreserve(size, use);
       throw std::bad_alloc();
     }
     return block;
@@ -237,20 +250,22 @@ class StagingArea {
     }
   }
 
-  void give_back(void* block, std::size_t size) {
+  void give_back(void* block, std::size_t size, Use use) {
     pinned_->deallocate(block, size, thresholds::alignment);
-    unreserve(size);
+    unreserve(size, use);
   }
-  void unreserve(std::size_t size) {
+  void unreserve(std::size_t size, Use use) {
     std::lock_guard lk(m_);
-    reserved_ -= size;
+    count(use) -= size;
   }
+  std::size_t& count(Use use) { return use == Use::upload ? reserved_ : downloading_; }
 
   std::shared_ptr<engine::HostAllocator> pinned_;
   std::size_t chunk_;
   std::size_t max_bytes_;
   mutable std::mutex m_;
-  std::size_t reserved_ = 0;  // blocks taken and not yet given back
+  std::size_t reserved_ = 0;     // upload blocks taken and not yet given back
+  std::size_t downloading_ = 0;  // download blocks taken and not yet given back
   std::deque<InFlight> in_flight_;
 };
 

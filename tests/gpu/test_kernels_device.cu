@@ -187,6 +187,47 @@ BOOST_AUTO_TEST_CASE(nccl_sums_across_the_gpus) {
   BOOST_TEST(mem.get(to, 4099) == values, boost::test_tools::per_element());
 }
 
+// Copies into pageable memory go through pinned blocks, 4 MiB at a time
+// (StagingArea::download); page-locked memory takes the DMA directly.
+BOOST_AUTO_TEST_CASE(copies_into_pageable_memory_arrive_whole) {
+  std::vector<float> pageable(8);
+  float on_stack = 0;
+  void* pinned = gk::pinned_pool()->allocate(4096, 256);
+  BOOST_TEST(!gk::page_locked(pageable.data()));
+  BOOST_TEST(!gk::page_locked(&on_stack));
+  BOOST_TEST(gk::page_locked(pinned));
+  gk::pinned_pool()->deallocate(pinned, 4096, 256);
+  BOOST_TEST(cudaPeekAtLastError() == cudaSuccess, "page_locked left an error behind");
+  gk::check(cudaHostRegister(pageable.data(), pageable.size() * sizeof(float), cudaHostRegisterPortable), "cudaHostRegister", 0);
+  BOOST_TEST(gk::page_locked(pageable.data()));
+  gk::check(cudaHostUnregister(pageable.data()), "cudaHostUnregister", 0);
+
+  const std::int64_t n = 3 * (std::int64_t(1) << 20) + 5;  // three 4 MiB chunks and 20 bytes
+  const auto values = gpu_tensors::random_values(std::size_t(n), 920);
+  const deft::Tensor<float> g = deft::Tensor<float>(values, {n}).to(deft::gpu(0));
+  BOOST_TEST(g.to_vector() == values, boost::test_tools::per_element());
+  BOOST_TEST(g.to(deft::cpu()).to_vector() == values, boost::test_tools::per_element());
+  BOOST_TEST(deft::Tensor<float>(std::vector<float>{values[11]}, {1}).to(deft::gpu(0)).item() == values[11]);
+}
+
+// A kernel cannot throw: a label out of range makes that sample's loss NaN
+// on a GPU (the CPU raises, tests/nn), and leaves the others as they are.
+BOOST_AUTO_TEST_CASE(a_bad_label_makes_that_samples_loss_nan) {
+  const auto scores = gpu_tensors::random_values(12, 930);
+  const deft::Tensor<float> pred = deft::Tensor<float>(scores, {4, 3}).to(deft::gpu(0));
+  const std::vector<std::int64_t> labels{0, 2, 3, -1};
+  const auto loss = deft::nn::SoftmaxCrossEntropyLoss()(pred, deft::Tensor<std::int64_t>(labels, {4}).to(deft::gpu(0))).to_vector();
+  for (std::size_t i = 0; i < 2; ++i) {
+    double m = -1e300, total = 0;
+    for (std::size_t c = 0; c < 3; ++c) m = std::max(m, double(scores[i * 3 + c]));
+    for (std::size_t c = 0; c < 3; ++c) total += std::exp(double(scores[i * 3 + c]) - m);
+    const double want = std::log(total) + m - double(scores[i * 3 + std::size_t(labels[i])]);
+    BOOST_TEST(std::abs(loss[i] - want) <= 1e-5 * std::max(1.0, std::abs(want)), "sample " << i);
+  }
+  BOOST_TEST(std::isnan(loss[2]));
+  BOOST_TEST(std::isnan(loss[3]));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 int main(int argc, char* argv[]) {

@@ -385,8 +385,9 @@ BOOST_AUTO_TEST_CASE(tensors_copied_to_a_device_are_staged_and_back_pinned) {
 namespace {
 struct DeferredSource {
   using Mark = long;
-  deft::detail::gpu::StagingArea<DeferredQueue>* area = nullptr;
-  long fail_at = -1;  // a wait for this mark raises, as a failed DMA would
+  explicit DeferredSource(Area* a, long fail = -1) : area(a), fail_at(fail) {}
+  Area* area;
+  long fail_at;  // a wait for this mark raises, as a failed DMA would
   std::vector<DeferredQueue::Dma> queued;
   long ran = 0, waits = 0;
   std::size_t most_in_flight = 0;  // the area's reserved bytes at a fetch
@@ -439,7 +440,7 @@ BOOST_AUTO_TEST_CASE(downloads_arrive_whole_through_two_blocks) {
                               std::size_t(100000)}) {
     const auto src = random_bytes(n, unsigned(n) + 3);
     std::vector<unsigned char> dst(n, 0);
-    DeferredSource source{&area};
+    DeferredSource source(&area);
     area.download(dst.data(), src.data(), n, source);
     BOOST_TEST((dst == src), "download of " << n << " bytes");
     const std::size_t chunks = (n + chunk - 1) / chunk;
@@ -458,7 +459,7 @@ BOOST_AUTO_TEST_CASE(a_failed_download_raises_after_the_chunks_before_it) {
   Area area(pool, chunk, bound);
   const auto src = random_bytes(4 * chunk, 12);
   std::vector<unsigned char> dst(src.size(), 0);
-  DeferredSource source{&area, 3};  // the third chunk's DMA fails
+  DeferredSource source(&area, 3);  // the third chunk's DMA fails
   BOOST_CHECK_EXCEPTION(area.download(dst.data(), src.data(), src.size(), source), std::runtime_error,
                         [](const std::runtime_error& e) { return std::string(e.what()) == "DMA 3 failed"; });
   BOOST_TEST(area.bytes_in_flight() == 0u);  // the failed chunk's and the next one's blocks went back
@@ -483,7 +484,7 @@ BOOST_AUTO_TEST_CASE(downloads_do_not_wait_for_uploads) {
   BOOST_TEST(area.bytes_in_flight() == bound);
   const auto src = random_bytes(3 * chunk + 5, 22);
   std::vector<unsigned char> dst(src.size(), 0);
-  DeferredSource source{&area};
+  DeferredSource source(&area);
   area.download(dst.data(), src.data(), src.size(), source);
   BOOST_TEST((dst == src));
   BOOST_TEST(DeferredQueue::waits == 0);     // no upload was waited for
@@ -502,7 +503,7 @@ BOOST_AUTO_TEST_CASE(a_download_without_pinned_memory_goes_unstaged) {
     Area area(pool, chunk, bound);
     const auto src = random_bytes(4 * chunk, 30 + unsigned(blocks));  // chunks of one size: two blocks serve them all
     std::vector<unsigned char> dst(src.size(), 0);
-    DeferredSource source{&area};
+    DeferredSource source(&area);
     area.download(dst.data(), src.data(), src.size(), source);
     BOOST_TEST((dst == src), blocks << " blocks");
     // Two blocks serve every chunk; with fewer, the rest from the first chunk without one.

@@ -24,7 +24,7 @@ namespace deft::detail::cpu {
 /// one loop, not one per kind of store: the branch is the same for a whole
 /// row and predicted.
 template <class B, class T>
-DEFT_ALWAYS_INLINE inline void store_batch(const B& x, T* p, bool stream) {
+DEFT_ALWAYS_INLINE inline void store_batch(const B& x, T* p, [[maybe_unused]] bool stream) {
 #if defined(__AVX512F__)
   if constexpr (sizeof(B) == 64) {
     if (stream) {

@@ -259,6 +259,12 @@ struct DeferredQueue {
   static void reset() { queued.clear(), ran = 0, waits = 0; }
 };
 
+// The staging tests' pinned pool: caches blocks of 256 bytes and up.
+std::shared_ptr<deft::engine::CachingHostAllocator> staging_pool(
+    std::shared_ptr<deft::engine::HostAllocator> upstream = std::make_shared<deft::engine::DefaultHostAllocator>()) {
+  return std::make_shared<deft::engine::CachingHostAllocator>(std::move(upstream), std::size_t(1) << 20, 256);
+}
+
 std::vector<unsigned char> random_bytes(std::size_t n, unsigned seed) {
   std::mt19937 gen(seed);
   std::vector<unsigned char> v(n);
@@ -275,8 +281,7 @@ constexpr std::size_t chunk = 8 << 10, bound = 32 << 10;
 
 BOOST_AUTO_TEST_CASE(uploads_arrive_whole_within_the_bound) {
   DeferredQueue::reset();
-  auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<deft::engine::DefaultHostAllocator>(),
-                                                                   std::size_t(1) << 20, 256);
+  auto pool = staging_pool();
   Area area(pool, chunk, bound);
   const std::vector<std::size_t> sizes{0, 1, 7, 4095, 4096, 8191, 8192, 8193, 3 * 8192 + 5, 100000, 33};
   std::vector<std::vector<unsigned char>> src, dst;
@@ -298,8 +303,7 @@ BOOST_AUTO_TEST_CASE(uploads_arrive_whole_within_the_bound) {
 
 BOOST_AUTO_TEST_CASE(blocks_return_to_the_pool_once_their_dma_ran) {
   DeferredQueue::reset();
-  auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<deft::engine::DefaultHostAllocator>(),
-                                                                   std::size_t(1) << 20, 256);
+  auto pool = staging_pool();
   Area area(pool, chunk, bound);
   DeferredQueue queue;
   const auto a = random_bytes(5000, 7), b = random_bytes(5000, 8);
@@ -343,8 +347,7 @@ struct OutOfOrderQueue {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(a_finished_block_returns_while_an_older_dma_is_pending) {
-  auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<deft::engine::DefaultHostAllocator>(),
-                                                                   std::size_t(1) << 20, 256);
+  auto pool = staging_pool();
   deft::detail::gpu::StagingArea<OutOfOrderQueue> area(pool, chunk, bound);
   OutOfOrderQueue queue;
   const auto a = random_bytes(5000, 9), b = random_bytes(5000, 10);
@@ -433,8 +436,7 @@ struct ScarceMemory final : deft::engine::HostAllocator {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(downloads_arrive_whole_through_two_blocks) {
-  auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<deft::engine::DefaultHostAllocator>(),
-                                                                   std::size_t(1) << 20, 256);
+  auto pool = staging_pool();
   Area area(pool, chunk, bound);
   for (const std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(4095), chunk, chunk + 1, 5 * chunk + 17,
                               std::size_t(100000)}) {
@@ -454,8 +456,7 @@ BOOST_AUTO_TEST_CASE(downloads_arrive_whole_through_two_blocks) {
 }
 
 BOOST_AUTO_TEST_CASE(a_failed_download_raises_after_the_chunks_before_it) {
-  auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<deft::engine::DefaultHostAllocator>(),
-                                                                   std::size_t(1) << 20, 256);
+  auto pool = staging_pool();
   Area area(pool, chunk, bound);
   const auto src = random_bytes(4 * chunk, 12);
   std::vector<unsigned char> dst(src.size(), 0);
@@ -474,8 +475,7 @@ BOOST_AUTO_TEST_CASE(a_failed_download_raises_after_the_chunks_before_it) {
 // behind kernels: here the uploads fill the bound and never run.
 BOOST_AUTO_TEST_CASE(downloads_do_not_wait_for_uploads) {
   DeferredQueue::reset();
-  auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<deft::engine::DefaultHostAllocator>(),
-                                                                   std::size_t(1) << 20, 256);
+  auto pool = staging_pool();
   Area area(pool, chunk, bound);
   DeferredQueue uploads;
   const auto up = random_bytes(bound, 21);
@@ -498,8 +498,7 @@ BOOST_AUTO_TEST_CASE(downloads_do_not_wait_for_uploads) {
 // the driver's own staging from the chunk that got no block.
 BOOST_AUTO_TEST_CASE(a_download_without_pinned_memory_goes_unstaged) {
   for (const int blocks : {0, 1, 2}) {
-    auto pool = std::make_shared<deft::engine::CachingHostAllocator>(std::make_shared<ScarceMemory>(blocks),
-                                                                     std::size_t(1) << 20, 256);
+    auto pool = staging_pool(std::make_shared<ScarceMemory>(blocks));
     Area area(pool, chunk, bound);
     const auto src = random_bytes(4 * chunk, 30 + unsigned(blocks));  // chunks of one size: two blocks serve them all
     std::vector<unsigned char> dst(src.size(), 0);

@@ -21,45 +21,41 @@
 
 namespace deft::detail::gpu {
 
-/// A GPU's side of a staged copy to it (StagingArea's Queue): DMAs on one
-/// of the device's streams, marked by the context's events.
-struct UploadQueue {
+/// One of a GPU's streams as StagingArea's queues see it: DMAs queued on
+/// it, marked by the context's events.
+struct StreamQueue {
   using Mark = std::shared_ptr<void>;
   DeviceContext& ctx;
   cudaStream_t stream;
 
+  Mark mark() { return ctx.mark(stream); }
+  static cudaEvent_t event(const Mark& m) { return static_cast<cudaEvent_t>(m.get()); }
+};
+
+/// A GPU's side of a staged copy to it (StagingArea's Queue).
+struct UploadQueue : StreamQueue {
   void copy(void* to, const void* staged, std::size_t n) {
     check(cudaMemcpyAsync(to, staged, n, cudaMemcpyHostToDevice, stream), "a copy to the device", ctx.device);
   }
-  Mark mark() { return ctx.mark(stream); }
   static bool finished(const Mark& m) {
-    const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(m.get()));
+    const cudaError_t status = cudaEventQuery(event(m));
     // "Not ready" is kept as the thread's last error too. A failure belongs
     // to a kernel, whose sync point reports it; the DMA will not run any
     // more, so its block may be reused.
     discard(status);
     return status != cudaErrorNotReady;
   }
-  static void wait(const Mark& m) {
-    discard(cudaEventSynchronize(static_cast<cudaEvent_t>(m.get())));
-  }
+  static void wait(const Mark& m) { discard(cudaEventSynchronize(event(m))); }
 };
 
 /// A GPU's side of a staged copy into pageable host memory (StagingArea's
-/// download): DMAs on one of the device's copy streams; a wait raises the
-/// CUDA error text.
-struct DownloadQueue {
-  using Mark = std::shared_ptr<void>;
-  DeviceContext& ctx;
-  cudaStream_t stream;
-
+/// download), on one of the device's copy streams; a wait raises the CUDA
+/// error text.
+struct DownloadQueue : StreamQueue {
   void fetch(void* staged, const void* from, std::size_t n) {
     check(cudaMemcpyAsync(staged, from, n, cudaMemcpyDeviceToHost, stream), "a copy to the host", ctx.device);
   }
-  Mark mark() { return ctx.mark(stream); }
-  void wait(const Mark& m) {
-    check(cudaEventSynchronize(static_cast<cudaEvent_t>(m.get())), "a copy to the host", ctx.device);
-  }
+  void wait(const Mark& m) { check(cudaEventSynchronize(event(m)), "a copy to the host", ctx.device); }
   void copy_unstaged(void* to, const void* from, std::size_t n) {
     check(cudaMemcpyAsync(to, from, n, cudaMemcpyDeviceToHost, stream), "a copy to the host", ctx.device);
     check(cudaStreamSynchronize(stream), "a copy to the host", ctx.device);
@@ -131,7 +127,7 @@ class CudaBackend final : public DeviceBackend {
       DeviceContext& dst = context(to_device.index);
       DeviceGuard on(dst.device);
       LaneAccess access(*this, dst.device, {{}, {to}});
-      UploadQueue queue{dst, dst.stream(access.lane())};
+      UploadQueue queue{{dst, dst.stream(access.lane())}};
       staging().upload(to, from, bytes, queue);  // returns once the source was read
       return;
     }
@@ -149,7 +145,7 @@ class CudaBackend final : public DeviceBackend {
           check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, src.stream(k)), "a copy to the host",
                 src.device);
         } else {
-          DownloadQueue queue{src, src.stream(k)};
+          DownloadQueue queue{{src, src.stream(k)}};
           staging().download(to, from, bytes, queue);  // returns once every chunk arrived
         }
       }

@@ -212,6 +212,8 @@ BOOST_AUTO_TEST_CASE(copies_into_pageable_memory_arrive_whole) {
 
 // A kernel cannot throw: a label out of range makes that sample's loss NaN
 // on a GPU (the CPU raises, tests/nn), and leaves the others as they are.
+// (Not on the stand-in, fake_cuda: its kernels are host code, which raises.)
+#if !defined(DEFT_FAKE_CUDA)
 BOOST_AUTO_TEST_CASE(a_bad_label_makes_that_samples_loss_nan) {
   const auto scores = gpu_tensors::random_values(12, 930);
   const deft::Tensor<float> pred = deft::Tensor<float>(scores, {4, 3}).to(deft::gpu(0));
@@ -227,6 +229,7 @@ BOOST_AUTO_TEST_CASE(a_bad_label_makes_that_samples_loss_nan) {
   BOOST_TEST(std::isnan(loss[2]));
   BOOST_TEST(std::isnan(loss[3]));
 }
+#endif
 
 BOOST_AUTO_TEST_SUITE_END()
 

@@ -4,7 +4,9 @@
 //
 // The GPU's executor exists only where its kernels can be compiled: in
 // translation units nvcc compiles with DEFT_CUDA_BACKEND (deft::cuda sets
-// it), or with DEFT_GPU_EMULATION (tests). Elsewhere on_device raises for a
+// it), or with DEFT_GPU_EMULATION or DEFT_FAKE_CUDA (tests: the latter is
+// the real backend over tests/gpu/fake_cuda's stand-in for CUDA, compiled
+// by a host compiler). Elsewhere on_device raises for a
 // GPU, so work recorded there fails at its sync point; it never computes.
 #pragma once
 #include <array>
@@ -21,7 +23,7 @@
 #include "cpu/reduce.hpp"
 #include "random_draw.hpp"
 
-#if defined(DEFT_GPU_EMULATION) || (defined(DEFT_CUDA_BACKEND) && defined(__CUDACC__))
+#if defined(DEFT_GPU_EMULATION) || (defined(DEFT_CUDA_BACKEND) && (defined(__CUDACC__) || defined(DEFT_FAKE_CUDA)))
 #include "gpu/executor.hpp"
 #define DEFT_HAS_GPU_EXECUTOR 1
 #elif defined(DEFT_CUDA_BACKEND)

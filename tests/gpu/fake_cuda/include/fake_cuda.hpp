@@ -1,0 +1,29 @@
+// What the stand-in's other parts (its Thrust policy, cuBLAS and NCCL) need
+// of its runtime: work queued on a stream as a kernel would be.
+#pragma once
+#include <functional>
+
+#include <cuda_runtime_api.h>
+
+namespace fake_cuda {
+
+/// Queues `work` on `stream` (or into the stream's capture) as a kernel
+/// launch: the calling thread's current device must be the stream's, as
+/// CUDA requires of a launch. `what` names the launch in the stand-in's
+/// messages. Work that throws fails its stream: every later wait on the
+/// stream returns cudaErrorLaunchFailure, as after a kernel's fault.
+cudaError_t launch(cudaStream_t stream, std::function<void()> work, const char* what);
+
+/// The device `stream` belongs to, or -1 for a handle that is not a stream.
+int device_of(cudaStream_t stream);
+
+/// How many times `what` was queued so far: a launch's name (for_each,
+/// transform, cublas gemm, ncclAllReduce) or one of cudaMemcpyAsync,
+/// cudaMemcpyPeerAsync, cudaStreamWaitEvent, cudaStreamBeginCapture and
+/// cudaGraphLaunch: tests check that their work took the paths they mean.
+unsigned long long calls(const char* what);
+
+/// Prints "fake CUDA: <message>" to stderr: the stand-in's reason for an error it returns.
+void explain(const char* message);
+
+}  // namespace fake_cuda

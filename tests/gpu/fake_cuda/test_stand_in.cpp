@@ -1,0 +1,195 @@
+// The stand-in itself: deft's GPU work reaches it through the CUDA calls
+// the device tests mean to exercise, and it refuses what CUDA refuses, so
+// that a mistake in deft's backend fails here as it would on a GPU.
+#include <boost/test/unit_test.hpp>
+
+#include <chrono>
+#include <future>
+#include <thread>
+#include <memory>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include <deft/deft.hpp>
+#include <deft/eval/gpu/runtime.hpp>
+
+#include "fake_cuda.hpp"
+
+namespace {
+
+namespace gk = deft::detail::gpu;
+
+/// A stream of the current device, for the stand-in's own checks.
+cudaStream_t new_stream() {
+  cudaStream_t s = nullptr;
+  BOOST_REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  return s;
+}
+cudaEvent_t new_event() {
+  cudaEvent_t e = nullptr;
+  BOOST_REQUIRE(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
+  return e;
+}
+
+/// Work that holds its stream until open() is called.
+struct Gate {
+  std::promise<void> opened;
+  std::shared_future<void> is_open = opened.get_future().share();
+  void hold(cudaStream_t s) {
+    BOOST_REQUIRE(fake_cuda::launch(s, [f = is_open] { f.wait(); }, "a gate") == cudaSuccess);
+  }
+  void open() { opened.set_value(); }
+};
+
+unsigned long long kernels() { return fake_cuda::calls("transform") + fake_cuda::calls("for_each"); }
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(fake_cuda_stand_in)
+
+BOOST_AUTO_TEST_CASE(deft_reaches_the_stand_in_through_cuda) {
+  BOOST_TEST_REQUIRE(gk::device_count() == 2);
+  const auto kernels_before = kernels(), peer_before = fake_cuda::calls("cudaMemcpyPeerAsync"),
+             sums_before = fake_cuda::calls("ncclAllReduce"), uploads_before = fake_cuda::calls("cudaMemcpyAsync");
+  const std::vector<float> values{1.5f, -2.0f, 3.25f, 0.5f};
+  const deft::Tensor<float> a = deft::Tensor<float>(values, {4}).to(deft::gpu(0));
+  const deft::Tensor<float> twice = a * 2.0f + 1.0f;
+  const deft::Tensor<float> b = twice.to(deft::gpu(1)) * 3.0f;
+  const auto got = b.to_vector();
+  for (std::size_t i = 0; i < values.size(); ++i) BOOST_TEST(got[i] == (values[i] * 2.0f + 1.0f) * 3.0f);
+  std::vector<deft::Tensor<float>> parts{deft::Tensor<float>(values, {4}).to(deft::gpu(0)),
+                                         deft::Tensor<float>(values, {4}).to(deft::gpu(1))};
+  deft::allreduce(parts);
+  for (const auto& p : parts) {
+    const auto sum = p.to_vector();
+    for (std::size_t i = 0; i < values.size(); ++i) BOOST_TEST(sum[i] == 2.0f * values[i]);
+  }
+  BOOST_TEST(kernels() >= kernels_before + 2);
+  BOOST_TEST(fake_cuda::calls("cudaMemcpyPeerAsync") >= peer_before + 1);
+  BOOST_TEST(fake_cuda::calls("ncclAllReduce") == sums_before + 2);  // NCCL (the stand-in's), not copies
+  BOOST_TEST(fake_cuda::calls("cudaMemcpyAsync") >= uploads_before + 4);
+}
+
+// Stream order and waits, as deft's lanes rely on them.
+BOOST_AUTO_TEST_CASE(streams_run_in_order_and_after_the_events_they_wait_for) {
+  gk::DeviceGuard on(0);
+  const cudaStream_t a = new_stream(), b = new_stream();
+  const cudaEvent_t e = new_event();
+  Gate gate;
+  auto order = std::make_shared<std::vector<int>>();
+  gate.hold(a);
+  BOOST_REQUIRE(fake_cuda::launch(a, [order] { order->push_back(1); }, "a step") == cudaSuccess);
+  BOOST_REQUIRE(cudaEventRecord(e, a) == cudaSuccess);
+  BOOST_TEST(cudaEventQuery(e) == cudaErrorNotReady);
+  (void)cudaGetLastError();
+  BOOST_REQUIRE(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);
+  BOOST_REQUIRE(fake_cuda::launch(b, [order] { order->push_back(2); }, "a step") == cudaSuccess);
+  gate.open();
+  BOOST_TEST(cudaStreamSynchronize(b) == cudaSuccess);
+  BOOST_TEST(*order == std::vector<int>({1, 2}), boost::test_tools::per_element());
+  BOOST_TEST(cudaEventQuery(e) == cudaSuccess);
+}
+
+BOOST_AUTO_TEST_CASE(a_copy_of_memory_freed_before_it_ran_fails_its_stream) {
+  gk::DeviceGuard on(0);
+  const cudaStream_t s = new_stream();
+  void* device = nullptr;
+  void* pinned = nullptr;
+  BOOST_REQUIRE(cudaMalloc(&device, 64) == cudaSuccess);
+  BOOST_REQUIRE(cudaHostAlloc(&pinned, 64, cudaHostAllocPortable) == cudaSuccess);
+  Gate gate;
+  gate.hold(s);
+  BOOST_REQUIRE(cudaMemcpyAsync(pinned, device, 64, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  BOOST_REQUIRE(cudaFree(device) == cudaSuccess);  // does not wait for s: CUDA's need not
+  gate.open();
+  BOOST_TEST(cudaStreamSynchronize(s) == cudaErrorIllegalAddress);
+  (void)cudaGetLastError();
+  BOOST_TEST(cudaFreeHost(pinned) == cudaSuccess);
+}
+
+// cudaFree need not wait for the device: deft's pool waits for every lane
+// before it gives a block back (DeviceMemory::release). Here a copy into
+// the block is still queued, behind a gate, when the block is released.
+BOOST_AUTO_TEST_CASE(memory_given_back_to_cuda_waits_for_the_work_queued_on_it) {
+  gk::DeviceContext& ctx = gk::context(0);
+  gk::DeviceGuard on(0);
+  const std::size_t bytes = std::size_t(3) << 20;  // an allocation of its own class: release() frees it
+  const std::vector<float> values(bytes / sizeof(float), 1.5f);
+  void* block = ctx.memory->allocate(bytes, 256);
+  Gate gate;
+  gate.hold(ctx.stream(0));  // the lane of this thread's copies
+  gk::cuda_backend().copy(block, deft::gpu(0), values.data(), deft::cpu(), bytes);
+  ctx.memory->deallocate(block, bytes, 256);
+  std::thread opener([&gate] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    gate.open();
+  });
+  ctx.memory->release();
+  opener.join();
+  BOOST_TEST(cudaStreamSynchronize(ctx.stream(0)) == cudaSuccess);  // cudaErrorIllegalAddress had the copy run after the free
+}
+
+BOOST_AUTO_TEST_CASE(captures_refuse_what_cuda_refuses) {
+  gk::DeviceGuard on(0);
+  const cudaStream_t s = new_stream(), other = new_stream();
+  const cudaEvent_t outside = new_event(), inside = new_event();
+  cudaGraph_t graph = nullptr;
+  BOOST_REQUIRE(cudaEventRecord(outside, other) == cudaSuccess);
+
+  BOOST_REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  BOOST_TEST(cudaEventRecord(inside, s) == cudaSuccess);
+  BOOST_TEST(cudaEventQuery(inside) == cudaErrorCapturedEvent);
+  BOOST_TEST(cudaEventSynchronize(inside) == cudaErrorCapturedEvent);
+  BOOST_TEST(cudaStreamWaitEvent(s, outside, 0) == cudaErrorStreamCaptureIsolation);
+  BOOST_TEST(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+  BOOST_TEST(graph == nullptr);
+
+  std::vector<float> pageable(4, 1.0f);
+  void* device = nullptr;
+  BOOST_REQUIRE(cudaMalloc(&device, 16) == cudaSuccess);
+  BOOST_REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  BOOST_TEST(cudaMemcpyAsync(device, pageable.data(), 16, cudaMemcpyHostToDevice, s) ==
+             cudaErrorStreamCaptureUnsupported);
+  BOOST_TEST(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+
+  BOOST_REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  BOOST_TEST(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
+  BOOST_TEST(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+  (void)cudaGetLastError();
+  BOOST_TEST(cudaFree(device) == cudaSuccess);
+}
+
+BOOST_AUTO_TEST_CASE(a_graph_replays_its_capture_in_order) {
+  gk::DeviceGuard on(0);
+  const cudaStream_t s = new_stream(), lane = new_stream();
+  auto order = std::make_shared<std::vector<int>>();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  BOOST_REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  for (int i = 0; i < 3; ++i) BOOST_REQUIRE(fake_cuda::launch(s, [order, i] { order->push_back(i); }, "a step") == cudaSuccess);
+  BOOST_REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  BOOST_TEST(order->empty());  // captured, not run
+  BOOST_REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  BOOST_REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  BOOST_REQUIRE(cudaGraphLaunch(exec, lane) == cudaSuccess);
+  BOOST_REQUIRE(cudaGraphLaunch(exec, lane) == cudaSuccess);
+  BOOST_REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);  // CUDA lets queued launches finish
+  BOOST_TEST(cudaStreamSynchronize(lane) == cudaSuccess);
+  BOOST_TEST(*order == std::vector<int>({0, 1, 2, 0, 1, 2}), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(work_is_queued_only_where_its_device_is_current) {
+  cudaStream_t on_1 = nullptr;
+  {
+    gk::DeviceGuard on(1);
+    on_1 = new_stream();
+  }
+  gk::DeviceGuard on(0);
+  const cudaEvent_t of_0 = new_event();
+  BOOST_TEST(fake_cuda::launch(on_1, [] {}, "a step") == cudaErrorInvalidResourceHandle);
+  BOOST_TEST(cudaEventRecord(of_0, on_1) == cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -30,7 +30,8 @@ cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" -DCMAKE_BUILD_TYPE
   -DDEFT_SANITIZE="$sanitizers" "${extra[@]}" >/dev/null
 # TSan is for the concurrent code: the engine and its stress tests, the data
 # loader's prefetch thread, the parallel kernels, hybridized replays and the
-# profiler, and the emulated GPUs' lanes (gpu_kernels_host, 50 s). The
+# profiler, the emulated GPUs' lanes (gpu_kernels_host, 50 s), and the real
+# CUDA backend's streams on tests/gpu/fake_cuda's stand-in. The
 # single-threaded proofs (fuzzing, bad input, gradient checks, convolutions)
 # run under ASan+UBSan only.
 # numerics_synchronous, all_suites_one_worker and all_suites_five_workers
@@ -41,7 +42,7 @@ cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" -DCMAKE_BUILD_TYPE
 targets=""
 exclude='^(numerics_synchronous|all_suites_one_worker|all_suites_five_workers|bad_input_compile_.*)$'
 if [ "$sanitizers" = thread ]; then
-  targets="deft_tests exit_pending deft_stress deft_data_tests deft_nn_tests deft_observe_tests deft_gpu_kernels_host"
+  targets="deft_tests exit_pending deft_stress deft_data_tests deft_nn_tests deft_observe_tests deft_gpu_kernels_host deft_gpu_backend_fake"
   # deft_tests' suites run once, inside all_suites_five_workers, except the
   # engine's: at -O0 each repeat of the numeric ones costs TSan minutes.
   exclude='^((numerics_synchronous|all_suites_one_worker|creation|random_numbers|printing|elementwise|elementwise_int|broadcasting|reductions|linalg|views|host_memory)$|fuzz_|bad_input_|autograd_|conv_|gpu_kernels$)'

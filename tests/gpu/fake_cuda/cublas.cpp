@@ -34,6 +34,14 @@ cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  // Each matrix, from its first element to its last, in the handle's device's memory.
+  const auto extent = [](int rows, int cols, int ld) { return (std::size_t(cols - 1) * std::size_t(ld) + std::size_t(rows)) * sizeof(T); };
+  if ((k > 0 && (fake_cuda::device_memory_of(A, extent(a_t ? k : m, a_t ? m : k, lda)) != h->device ||
+                 fake_cuda::device_memory_of(B, extent(b_t ? n : k, b_t ? k : n, ldb)) != h->device)) ||
+      fake_cuda::device_memory_of(C, extent(m, n, ldc)) != h->device) {
+    fake_cuda::explain("cublas gemm: a matrix that is not in the handle's device's memory");
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
   const T a = *alpha, b = *beta;  // host pointer mode: read at the call
   const auto work = [=] {
     for (int j = 0; j < n; ++j)

@@ -15,6 +15,8 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <nccl.h>
@@ -50,8 +52,6 @@ void sum_parts(const std::vector<Part>& parts, std::size_t count) {
   for (const Part& p : parts) std::memcpy(p.to, total.data(), count * sizeof(T));
 }
 
-thread_local int group_depth = 0;
-
 }  // namespace
 
 struct ncclComm {
@@ -59,6 +59,70 @@ struct ncclComm {
   int rank;
   std::uint64_t calls = 0;  // this rank's allreduces so far
 };
+
+namespace {
+
+/// An allreduce part waiting for its group's end, where NCCL launches.
+struct Queued {
+  ncclComm_t comm;
+  const void* from;
+  void* to;
+  std::size_t count;
+  ncclDataType_t type;
+  cudaStream_t stream;
+};
+
+/// The calling thread's group: its depth, the parts queued in it, and
+/// whether a call in it failed (the group is then abandoned at its end).
+struct Group {
+  int depth = 0;
+  std::vector<Queued> parts;
+  ncclResult_t failed = ncclSuccess;
+};
+thread_local Group group;
+
+std::size_t size_of(ncclDataType_t t) {
+  return t == ncclFloat64 || t == ncclInt64 ? 8 : 4;
+}
+
+/// Each rank's part waits on its stream until every rank's part has started.
+ncclResult_t launch(const Queued& q) {
+  const std::shared_ptr<Clique> clique = q.comm->clique;
+  const int n = int(clique->devices.size()), rank = q.comm->rank;
+  const std::uint64_t call = q.comm->calls++;
+  const auto [from, to, count, datatype] = std::tuple(q.from, q.to, q.count, q.type);
+  const auto work = [=] {
+    std::unique_lock lk(clique->m);
+    Round& round = clique->rounds[call];
+    round.parts.resize(std::size_t(n));
+    round.parts[std::size_t(rank)] = {from, to};
+    if (++round.arrived == n) {
+      switch (datatype) {
+        case ncclFloat32: sum_parts<float>(round.parts, count); break;
+        case ncclFloat64: sum_parts<double>(round.parts, count); break;
+        case ncclInt32: sum_parts<std::int32_t>(round.parts, count); break;
+        default: sum_parts<std::int64_t>(round.parts, count); break;
+      }
+      round.summed = true;
+      clique->changed.notify_all();
+    } else if (!clique->changed.wait_for(lk, std::chrono::minutes(1), [&] { return round.summed; })) {
+      fake_cuda::explain(("NCCL allreduce: rank " + std::to_string(rank) + " waited a minute for its partners; on GPUs "
+                          "this is a hang")
+                             .c_str());
+      std::abort();
+    }
+    if (++round.left == n) clique->rounds.erase(call);
+  };
+  // The stream's device is made current for the launch, as NCCL does.
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(clique->devices[std::size_t(rank)]);
+  const cudaError_t status = fake_cuda::launch(q.stream, work, "ncclAllReduce");
+  cudaSetDevice(previous);
+  return status == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -77,60 +141,50 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
 }
 
 ncclResult_t ncclGroupStart(void) {
-  ++group_depth;
+  if (group.depth++ == 0) fake_cuda::collective_group(true);
   return ncclSuccess;
 }
+
+// The outermost end launches the group's parts, or abandons them all after
+// a failed call in the group.
 ncclResult_t ncclGroupEnd(void) {
-  if (group_depth == 0) return ncclInvalidUsage;
-  --group_depth;
-  return ncclSuccess;
+  if (group.depth == 0) return ncclInvalidUsage;
+  if (--group.depth > 0) return ncclSuccess;
+  std::vector<Queued> parts;
+  parts.swap(group.parts);
+  ncclResult_t status = std::exchange(group.failed, ncclSuccess);
+  if (status == ncclSuccess)
+    for (const Queued& q : parts)
+      if ((status = launch(q)) != ncclSuccess) break;
+  fake_cuda::collective_group(false);
+  return status;
 }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-  if (!comm || op != ncclSum) return ncclInvalidArgument;
-  if (datatype != ncclFloat32 && datatype != ncclFloat64 && datatype != ncclInt32 && datatype != ncclInt64)
-    return ncclInvalidArgument;
-  const std::shared_ptr<Clique> clique = comm->clique;
-  const int n = int(clique->devices.size()), rank = comm->rank;
-  if (n > 1 && group_depth == 0) {
-    fake_cuda::explain("ncclAllReduce over several GPUs from one thread outside ncclGroupStart/End");
-    return ncclInvalidUsage;
-  }
-  if (fake_cuda::device_of(stream) != clique->devices[std::size_t(rank)]) {
-    fake_cuda::explain("ncclAllReduce on a stream of another device than its communicator's");
-    return ncclInvalidArgument;
-  }
-  const std::uint64_t call = comm->calls++;
-  const auto work = [=] {
-    std::unique_lock lk(clique->m);
-    Round& round = clique->rounds[call];
-    round.parts.resize(std::size_t(n));
-    round.parts[std::size_t(rank)] = {sendbuff, recvbuff};
-    if (++round.arrived == n) {
-      switch (datatype) {
-        case ncclFloat32: sum_parts<float>(round.parts, count); break;
-        case ncclFloat64: sum_parts<double>(round.parts, count); break;
-        case ncclInt32: sum_parts<std::int32_t>(round.parts, count); break;
-        default: sum_parts<std::int64_t>(round.parts, count); break;
-      }
-      round.summed = true;
-      clique->changed.notify_all();
-    } else if (!clique->changed.wait_for(lk, std::chrono::minutes(1), [&] { return round.summed; })) {
-      fake_cuda::explain(("NCCL allreduce: rank " + std::to_string(rank) + " waited a minute for its partners; on GPUs "
-                          "this is a hang")
-                             .c_str());
-      std::abort();
-    }
-    if (++round.left == n) clique->rounds.erase(call);
+  const auto fail = [](ncclResult_t status, const char* why) {
+    fake_cuda::explain(why);
+    if (group.depth > 0 && group.failed == ncclSuccess) group.failed = status;
+    return status;
   };
-  // The current device is made the stream's for the launch (NCCL does the same).
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(clique->devices[std::size_t(rank)]);
-  const cudaError_t status = fake_cuda::launch(stream, work, "ncclAllReduce");
-  cudaSetDevice(previous);
-  return status == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+  if (!comm || op != ncclSum) return fail(ncclInvalidArgument, "ncclAllReduce: no communicator, or not a sum");
+  if (datatype != ncclFloat32 && datatype != ncclFloat64 && datatype != ncclInt32 && datatype != ncclInt64)
+    return fail(ncclInvalidArgument, "ncclAllReduce: a type the stand-in does not sum");
+  const int device = comm->clique->devices[std::size_t(comm->rank)];
+  if (fake_cuda::device_of(stream) != device)
+    return fail(ncclInvalidArgument, "ncclAllReduce on a stream of another device than its communicator's");
+  const std::size_t bytes = count * size_of(datatype);
+  if (count > 0 && (fake_cuda::device_memory_of(sendbuff, bytes) != device ||
+                    fake_cuda::device_memory_of(recvbuff, bytes) != device))
+    return fail(ncclInvalidArgument, "ncclAllReduce: a buffer that is not its communicator's device memory");
+  const Queued q{comm, sendbuff, recvbuff, count, datatype, stream};
+  if (group.depth > 0) {
+    group.parts.push_back(q);
+    return ncclSuccess;
+  }
+  if (comm->clique->devices.size() > 1)
+    return fail(ncclInvalidUsage, "ncclAllReduce over several GPUs from one thread outside ncclGroupStart/End");
+  return launch(q);
 }
 
 const char* ncclGetErrorString(ncclResult_t result) {

@@ -45,9 +45,16 @@ struct CUgraph_st {
   std::vector<Work> work;   // in stream order
 };
 
+/// A graph's launches run one after another, in the order they were queued
+/// (CUDA orders each launch after the exec's earlier ones, on any stream).
+struct LaunchOrder {
+  std::uint64_t queued = 0, finished = 0;
+};
+
 struct CUgraphExec_st {
   int device;
   std::shared_ptr<const std::vector<Work>> work;  // shared: a launch may outlive the exec
+  std::shared_ptr<LaunchOrder> order = std::make_shared<LaunchOrder>();
 };
 
 struct CUstream_st {
@@ -73,6 +80,7 @@ struct Block {
   std::size_t bytes;
   int device;               // -1 for host memory
   bool registered = false;  // cudaHostRegister'ed (not the stand-in's to free)
+  std::uint64_t serial = 0;  // which allocation: a block freed and another at its address differ
 };
 
 struct State {
@@ -85,7 +93,8 @@ struct State {
   std::set<CUstream_st*> streams;
   std::set<CUevent_st*> events, destroyed_events;  // destroyed: kept, a wait may still name them
   std::set<std::pair<int, int>> peers;              // (device, peer) with access enabled
-  std::uint64_t captures = 0;
+  std::uint64_t captures = 0, allocations = 0;
+  int open_groups = 0;  // NCCL groups being queued (fake_cuda::collective_group)
   std::map<std::string, unsigned long long> calls;  // see fake_cuda::calls
   unsigned jitter_us = 50;  // work waits up to this long before it runs (see run_stream)
 
@@ -104,6 +113,15 @@ struct State {
     --it;
     return a + std::max<std::size_t>(bytes, 1) <= it->first + it->second.bytes ? &it->second : nullptr;
   }
+  /// Whether [p, p + bytes) still lies in the allocation `serial`.
+  bool live(const void* p, std::size_t bytes, std::uint64_t serial) const {
+    const Block* b = find(p, bytes);
+    return b && b->serial == serial;
+  }
+  void add_block(const void* p, Block b) {
+    b.serial = ++allocations;
+    blocks[reinterpret_cast<std::uintptr_t>(p)] = b;
+  }
   const Block* device_block(const void* p, std::size_t bytes) const {
     const Block* b = find(p, bytes);
     return b && b->device >= 0 ? b : nullptr;
@@ -113,16 +131,32 @@ struct State {
     return b && b->device < 0;
   }
 
-  /// Queues work on s (the lock held), or records it into s's capture.
-  void enqueue(CUstream_st* s, Work w, const char* what) {
+  /// Queues work on s (the lock held), or records it into s's capture;
+  /// after an illegal call the capture takes nothing more (CUDA's
+  /// cudaErrorStreamCaptureInvalidated).
+  cudaError_t enqueue(CUstream_st* s, Work w, const char* what) {
     ++calls[what];
     if (s->capture) {
-      if (!s->capture_invalid) s->capture->work.push_back(std::move(w));
-      return;
+      if (s->capture_invalid) return cudaErrorStreamCaptureInvalidated;
+      s->capture->work.push_back(std::move(w));
+      return cudaSuccess;
     }
     s->queue.push_back(std::move(w));
     ++s->queued;
     changed.notify_all();
+    return cudaSuccess;
+  }
+  /// Invalidates the captures on `device`'s streams (-1: every device's) and
+  /// says whether there were any: a call that conflicts with them fails.
+  bool break_captures(int device) {
+    bool any = false;
+    for (CUstream_st* s : streams)
+      if (s->capture && (device < 0 || s->device == device)) s->capture_invalid = any = true;
+    return any;
+  }
+  void break_capture(std::uint64_t id) {
+    for (CUstream_st* s : streams)
+      if (s->capture && s->capture->capture == id) s->capture_invalid = true;
   }
   /// Waits (the lock held) until s has run everything queued so far.
   void drain(std::unique_lock<std::mutex>& lk, CUstream_st* s) {
@@ -138,11 +172,17 @@ State& state() {
 
 thread_local int current_device = 0;
 thread_local cudaError_t last_error = cudaSuccess;
+thread_local int my_groups = 0;  // NCCL groups this thread is queueing
 
 cudaError_t result(cudaError_t status) {
   if (status != cudaSuccess) last_error = status;
   return status;
 }
+cudaError_t refuse(cudaError_t status, const std::string& why);
+/// Calls that change page tables (allocations, frees, peer mappings) while
+/// another thread queues an NCCL group: on GPUs such a call may wait for a
+/// kernel whose partners are not launched yet, and hang.
+cudaError_t beside_a_group(const char* call);
 cudaError_t refuse(cudaError_t status, const std::string& why) {
   fake_cuda::explain(why.c_str());
   return result(status);
@@ -152,6 +192,13 @@ cudaError_t refuse(cudaError_t status, const std::string& why) {
 // runs: work on other streams that is not ordered before it then often
 // runs after it, and a missing wait shows as a wrong value, not only to
 // ThreadSanitizer.
+cudaError_t beside_a_group(const char* call) {  // the lock held
+  if (state().open_groups > my_groups)
+    return refuse(cudaErrorNotPermitted,
+                  std::string(call) + " while another thread queues an NCCL group (on GPUs this may hang)");
+  return cudaSuccess;
+}
+
 void run_stream(CUstream_st* s) {
   State& st = state();
   std::minstd_rand jitter(unsigned(reinterpret_cast<std::uintptr_t>(s) >> 4));
@@ -171,6 +218,9 @@ void run_stream(CUstream_st* s) {
       failure = f.status;
     } catch (const std::exception& e) {
       fake_cuda::explain((std::string("a kernel on gpu(") + std::to_string(s->device) + ") failed: " + e.what()).c_str());
+      failure = cudaErrorLaunchFailure;
+    } catch (...) {
+      fake_cuda::explain((std::string("a kernel on gpu(") + std::to_string(s->device) + ") failed").c_str());
       failure = cudaErrorLaunchFailure;
     }
     lk.lock();
@@ -192,12 +242,14 @@ CUevent_st* event_of(cudaEvent_t e) {
 /// A copy as work: checks, when it runs, that the device and page-locked
 /// memory it touches is still allocated (a free before the copy ran is the
 /// caller's bug: on a GPU the DMA would read or write reused memory).
-Work copy_work(void* to, const void* from, std::size_t bytes, bool check_to, bool check_from, int device) {
+/// A null block is pageable memory, which is not checked.
+Work copy_work(void* to, const void* from, std::size_t bytes, const Block* to_block, const Block* from_block, int device) {
+  const std::uint64_t to_serial = to_block ? to_block->serial : 0, from_serial = from_block ? from_block->serial : 0;
   return [=] {
     {
       State& st = state();
       std::lock_guard lk(st.m);
-      if ((check_to && !st.find(to, bytes)) || (check_from && !st.find(from, bytes)))
+      if ((to_serial && !st.live(to, bytes, to_serial)) || (from_serial && !st.live(from, bytes, from_serial)))
         throw Fault(cudaErrorIllegalAddress, "a copy on gpu(" + std::to_string(device) + ") of " + std::to_string(bytes) +
                                                  " bytes ran after its device or page-locked memory was freed");
     }
@@ -234,8 +286,22 @@ cudaError_t launch(cudaStream_t stream, std::function<void()> work, const char* 
     return refuse(cudaErrorInvalidResourceHandle, std::string(what) + " launched on a stream of gpu(" +
                                                       std::to_string(s->device) + ") while gpu(" +
                                                       std::to_string(current_device) + ") is current");
-  st.enqueue(s, std::move(work), what);
-  return cudaSuccess;
+  return result(st.enqueue(s, std::move(work), what));
+}
+
+void collective_group(bool open) {
+  State& st = state();
+  std::lock_guard lk(st.m);
+  const int step = open ? 1 : -1;
+  st.open_groups += step;
+  my_groups += step;
+}
+
+int device_memory_of(const void* p, std::size_t bytes) {
+  State& st = state();
+  std::lock_guard lk(st.m);
+  const Block* b = st.device_block(p, bytes);
+  return b ? b->device : -1;
 }
 
 unsigned long long calls(const char* what) {
@@ -283,6 +349,7 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
     case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorNotPermitted: return "cudaErrorNotPermitted";
     default: break;
   }
   return "cudaErrorUnknown";
@@ -305,6 +372,7 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
     case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorNotPermitted: return "operation not permitted";
     default: break;
   }
   return "unknown error";
@@ -316,25 +384,36 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   *ptr = nullptr;
   if (bytes == 0) return cudaSuccess;
   State& st = state();
-  std::lock_guard lk(st.m);
-  std::size_t& used = st.in_use[std::size_t(current_device)];
-  if (bytes > st.memory_limit - used) return result(cudaErrorMemoryAllocation);
+  {
+    std::lock_guard lk(st.m);
+    if (const cudaError_t status = beside_a_group("cudaMalloc")) return status;
+    std::size_t& used = st.in_use[std::size_t(current_device)];
+    if (bytes > st.memory_limit - used) return result(cudaErrorMemoryAllocation);
+    used += bytes;  // reserved while the memory is filled, outside the lock
+  }
   void* p = allocate(bytes, 256);
-  if (!p) return result(cudaErrorMemoryAllocation);
-  used += bytes;
-  st.blocks[reinterpret_cast<std::uintptr_t>(p)] = Block{bytes, current_device};
+  std::lock_guard lk(st.m);
+  if (!p) {
+    st.in_use[std::size_t(current_device)] -= bytes;
+    return result(cudaErrorMemoryAllocation);
+  }
+  st.add_block(p, Block{bytes, current_device});
   *ptr = p;
   return cudaSuccess;
 }
 
 // cudaFree is not made to wait for the device: CUDA says it may, not that it
-// must, and deft's backend waits itself (DeviceMemory::release).
+// must, and deft's backend waits itself (DeviceMemory::release). That it may
+// makes it conflict with a capture on the device (deft parks such frees).
 cudaError_t cudaFree(void* ptr) {
   if (!ptr) return cudaSuccess;
   State& st = state();
   std::lock_guard lk(st.m);
   const auto it = st.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == st.blocks.end() || it->second.device < 0) return refuse(cudaErrorInvalidValue, "cudaFree of memory cudaMalloc did not return");
+  if (const cudaError_t status = beside_a_group("cudaFree")) return status;
+  if (st.break_captures(it->second.device))
+    return refuse(cudaErrorStreamCaptureUnsupported, "cudaFree while gpu(" + std::to_string(it->second.device) + ") captures");
   st.in_use[std::size_t(it->second.device)] -= it->second.bytes;
   st.blocks.erase(it);
   std::free(ptr);
@@ -343,17 +422,21 @@ cudaError_t cudaFree(void* ptr) {
 
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int) {
   *ptr = nullptr;
+  State& st = state();
+  {
+    std::lock_guard lk(st.m);
+    if (const cudaError_t status = beside_a_group("cudaHostAlloc")) return status;
+  }
   void* p = allocate(std::max<std::size_t>(bytes, 1), 4096);
   if (!p) return result(cudaErrorMemoryAllocation);
-  State& st = state();
   std::lock_guard lk(st.m);
-  st.blocks[reinterpret_cast<std::uintptr_t>(p)] = Block{std::max<std::size_t>(bytes, 1), -1};
+  st.add_block(p, Block{std::max<std::size_t>(bytes, 1), -1});
   *ptr = p;
   return cudaSuccess;
 }
 
 // cudaFreeHost waits for every stream first, as CUDA's does in practice
-// (deft's PinnedMemory relies on it).
+// (deft's PinnedMemory relies on it), so it conflicts with any capture.
 cudaError_t cudaFreeHost(void* ptr) {
   if (!ptr) return cudaSuccess;
   State& st = state();
@@ -361,8 +444,9 @@ cudaError_t cudaFreeHost(void* ptr) {
   const auto it = st.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == st.blocks.end() || it->second.device >= 0 || it->second.registered)
     return refuse(cudaErrorInvalidValue, "cudaFreeHost of memory cudaHostAlloc did not return");
-  for (CUstream_st* s : st.streams)
-    if (!s->capture) st.drain(lk, s);
+  if (const cudaError_t status = beside_a_group("cudaFreeHost")) return status;
+  if (st.break_captures(-1)) return refuse(cudaErrorStreamCaptureUnsupported, "cudaFreeHost during a capture");
+  for (CUstream_st* s : st.streams) st.drain(lk, s);
   st.blocks.erase(reinterpret_cast<std::uintptr_t>(ptr));
   std::free(ptr);
   return cudaSuccess;
@@ -375,7 +459,7 @@ cudaError_t cudaHostRegister(void* ptr, size_t bytes, unsigned int) {
   if (!ptr || bytes == 0) return result(cudaErrorInvalidValue);
   auto next = st.blocks.lower_bound(a);
   if (st.find(ptr) || (next != st.blocks.end() && next->first < a + bytes)) return result(cudaErrorHostMemoryAlreadyRegistered);
-  st.blocks[a] = Block{bytes, -1, true};
+  st.add_block(ptr, Block{bytes, -1, true});
   return cudaSuccess;
 }
 cudaError_t cudaHostUnregister(void* ptr) {
@@ -467,19 +551,19 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
                                                       ") on a stream of gpu(" + std::to_string(s->device) + ")");
   e->stream = s;
   if (s->capture) {  // a capture's event orders the capture's own streams; no node of its own
+    if (s->capture_invalid) return result(cudaErrorStreamCaptureInvalidated);
     e->capture = s->capture->capture;
     return cudaSuccess;
   }
   e->capture = 0;
   const std::uint64_t n = ++e->recorded;
   e->pending.insert(n);
-  st.enqueue(s, [e, n] {
+  return result(st.enqueue(s, [e, n] {
     State& st = state();
     std::lock_guard lk(st.m);
     e->pending.erase(n);
     st.changed.notify_all();
-  }, "cudaEventRecord");
-  return cudaSuccess;
+  }, "cudaEventRecord"));
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
@@ -487,7 +571,10 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   std::lock_guard lk(st.m);
   CUevent_st* e = event_of(event);
   if (!e) return result(cudaErrorInvalidResourceHandle);
-  if (e->capture) return refuse(cudaErrorCapturedEvent, "cudaEventQuery of an event recorded in a capture");
+  if (e->capture) {
+    st.break_capture(e->capture);
+    return refuse(cudaErrorCapturedEvent, "cudaEventQuery of an event recorded in a capture");
+  }
   if (e->pending.count(e->recorded)) return result(cudaErrorNotReady);
   return result(e->stream ? e->stream->failed : cudaSuccess);
 }
@@ -497,7 +584,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   std::unique_lock lk(st.m);
   CUevent_st* e = event_of(event);
   if (!e) return result(cudaErrorInvalidResourceHandle);
-  if (e->capture) return refuse(cudaErrorCapturedEvent, "cudaEventSynchronize of an event recorded in a capture");
+  if (e->capture) {
+    st.break_capture(e->capture);
+    return refuse(cudaErrorCapturedEvent, "cudaEventSynchronize of an event recorded in a capture");
+  }
   const std::uint64_t n = e->recorded;
   st.changed.wait(lk, [&] { return !e->pending.count(n); });
   return result(e->stream ? e->stream->failed : cudaSuccess);
@@ -511,6 +601,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   if (!e || !s) return result(cudaErrorInvalidResourceHandle);
   if (flags != 0) return refuse(cudaErrorInvalidValue, "cudaStreamWaitEvent flags are not modelled");
   if (s->capture) {
+    if (s->capture_invalid) return result(cudaErrorStreamCaptureInvalidated);
     if (e->capture == s->capture->capture) return cudaSuccess;  // in the same capture: ordered within it
     if (e->recorded == 0 && !e->capture) return cudaSuccess;    // never recorded: an empty set of work
     s->capture_invalid = true;
@@ -521,12 +612,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
                   "a stream made to wait for an event recorded in a capture (that joins it to the capture: not modelled)");
   if (e->recorded == 0) return cudaSuccess;
   const std::uint64_t n = e->recorded;
-  st.enqueue(s, [e, n] {
+  return result(st.enqueue(s, [e, n] {
     State& st = state();
     std::unique_lock lk(st.m);
     st.changed.wait(lk, [&] { return !e->pending.count(n); });
-  }, "cudaStreamWaitEvent");
-  return cudaSuccess;
+  }, "cudaStreamWaitEvent"));
 }
 
 // Copies ---------------------------------------------------------------------
@@ -557,11 +647,11 @@ cudaError_t queue_copy(std::unique_lock<std::mutex>& lk, void* to, const void* f
   if (pageable_from) {
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(from),
                                                                 static_cast<const unsigned char*>(from) + bytes);
-    Work copy = copy_work(to, staged->data(), bytes, true, false, s->device);
-    st.enqueue(s, [staged, copy] { copy(); }, what);
-    return cudaSuccess;
+    Work copy = copy_work(to, staged->data(), bytes, to_block, nullptr, s->device);
+    return result(st.enqueue(s, [staged, copy] { copy(); }, what));
   }
-  st.enqueue(s, copy_work(to, from, bytes, !pageable_to, true, s->device), what);
+  if (const cudaError_t status = st.enqueue(s, copy_work(to, from, bytes, to_block, from_block, s->device), what))
+    return result(status);
   if (pageable_to) {
     st.drain(lk, s);
     return result(s->failed);
@@ -618,18 +708,19 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
   CUstream_st* s = stream_of(stream);
   if (!s) return result(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
-  if (!st.device_block(ptr, bytes)) return refuse(cudaErrorInvalidValue, "cudaMemsetAsync of memory that is not a device's");
+  const Block* block = st.device_block(ptr, bytes);
+  if (!block) return refuse(cudaErrorInvalidValue, "cudaMemsetAsync of memory that is not a device's");
   const int device = s->device;
-  st.enqueue(s, [=] {
+  const std::uint64_t serial = block->serial;
+  return result(st.enqueue(s, [=] {
     {
       State& st = state();
       std::lock_guard lk(st.m);
-      if (!st.device_block(ptr, bytes))
+      if (!st.live(ptr, bytes, serial))
         throw Fault(cudaErrorIllegalAddress, "a memset on gpu(" + std::to_string(device) + ") ran after its memory was freed");
     }
     std::memset(ptr, value, bytes);
-  }, "cudaMemsetAsync");
-  return cudaSuccess;
+  }, "cudaMemsetAsync"));
 }
 
 // Peers ------------------------------------------------------------------------
@@ -644,6 +735,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   if (flags != 0) return result(cudaErrorInvalidValue);
   State& st = state();
   std::lock_guard lk(st.m);
+  if (const cudaError_t status = beside_a_group("cudaDeviceEnablePeerAccess")) return status;
   if (!st.peers.insert({current_device, peer}).second) return result(cudaErrorPeerAccessAlreadyEnabled);
   return cudaSuccess;
 }
@@ -694,10 +786,25 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (exec->device != s->device)
     return refuse(cudaErrorInvalidValue, "a graph of gpu(" + std::to_string(exec->device) + ") launched on a stream of gpu(" +
                                              std::to_string(s->device) + ")");
-  st.enqueue(s, [work = exec->work] {
+  const std::uint64_t n = ++exec->order->queued;
+  return result(st.enqueue(s, [work = exec->work, order = exec->order, n] {
+    State& st = state();
+    {
+      std::unique_lock lk(st.m);
+      st.changed.wait(lk, [&] { return order->finished == n - 1; });
+    }
+    struct Finish {  // also when the graph's work fails
+      LaunchOrder& order;
+      std::uint64_t n;
+      ~Finish() {
+        State& st = state();
+        std::lock_guard lk(st.m);
+        order.finished = n;
+        st.changed.notify_all();
+      }
+    } finish{*order, n};
     for (const Work& w : *work) w();
-  }, "cudaGraphLaunch");
-  return cudaSuccess;
+  }, "cudaGraphLaunch"));
 }
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {

@@ -141,9 +141,12 @@ BOOST_AUTO_TEST_CASE(captures_refuse_what_cuda_refuses) {
   BOOST_TEST(cudaEventRecord(inside, s) == cudaSuccess);
   BOOST_TEST(cudaEventQuery(inside) == cudaErrorCapturedEvent);
   BOOST_TEST(cudaEventSynchronize(inside) == cudaErrorCapturedEvent);
-  BOOST_TEST(cudaStreamWaitEvent(s, outside, 0) == cudaErrorStreamCaptureIsolation);
   BOOST_TEST(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
   BOOST_TEST(graph == nullptr);
+
+  BOOST_REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  BOOST_TEST(cudaStreamWaitEvent(s, outside, 0) == cudaErrorStreamCaptureIsolation);
+  BOOST_TEST(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
 
   std::vector<float> pageable(4, 1.0f);
   void* device = nullptr;
@@ -155,14 +158,21 @@ BOOST_AUTO_TEST_CASE(captures_refuse_what_cuda_refuses) {
 
   BOOST_REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
   BOOST_TEST(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
+  BOOST_TEST(fake_cuda::launch(s, [] {}, "a step") == cudaErrorStreamCaptureInvalidated);
+  BOOST_TEST(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+
+  // cudaFree may wait for the device, which a capture there forbids (deft parks such frees).
+  BOOST_REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  BOOST_TEST(cudaFree(device) == cudaErrorStreamCaptureUnsupported);
   BOOST_TEST(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
   (void)cudaGetLastError();
   BOOST_TEST(cudaFree(device) == cudaSuccess);
 }
 
+// A launch runs after the same graph's earlier launches, on any stream (CUDA's rule).
 BOOST_AUTO_TEST_CASE(a_graph_replays_its_capture_in_order) {
   gk::DeviceGuard on(0);
-  const cudaStream_t s = new_stream(), lane = new_stream();
+  const cudaStream_t s = new_stream(), lane = new_stream(), other = new_stream();
   auto order = std::make_shared<std::vector<int>>();
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -172,11 +182,17 @@ BOOST_AUTO_TEST_CASE(a_graph_replays_its_capture_in_order) {
   BOOST_TEST(order->empty());  // captured, not run
   BOOST_REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
   BOOST_REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  Gate gate;
+  gate.hold(lane);
   BOOST_REQUIRE(cudaGraphLaunch(exec, lane) == cudaSuccess);
-  BOOST_REQUIRE(cudaGraphLaunch(exec, lane) == cudaSuccess);
-  BOOST_REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);  // CUDA lets queued launches finish
-  BOOST_TEST(cudaStreamSynchronize(lane) == cudaSuccess);
+  BOOST_REQUIRE(cudaGraphLaunch(exec, other) == cudaSuccess);  // waits for the launch behind the gate
+  BOOST_REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);   // CUDA lets queued launches finish
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  BOOST_TEST(order->empty());
+  gate.open();
+  BOOST_TEST(cudaStreamSynchronize(other) == cudaSuccess);
   BOOST_TEST(*order == std::vector<int>({0, 1, 2, 0, 1, 2}), boost::test_tools::per_element());
+  BOOST_TEST(cudaStreamSynchronize(lane) == cudaSuccess);
 }
 
 BOOST_AUTO_TEST_CASE(work_is_queued_only_where_its_device_is_current) {

@@ -1,6 +1,7 @@
 // What the stand-in's other parts (its Thrust policy, cuBLAS and NCCL) need
 // of its runtime: work queued on a stream as a kernel would be.
 #pragma once
+#include <cstddef>
 #include <functional>
 
 #include <cuda_runtime_api.h>
@@ -16,6 +17,14 @@ cudaError_t launch(cudaStream_t stream, std::function<void()> work, const char* 
 
 /// The device `stream` belongs to, or -1 for a handle that is not a stream.
 int device_of(cudaStream_t stream);
+
+/// The device whose memory holds [p, p + bytes), or -1.
+int device_memory_of(const void* p, std::size_t bytes);
+
+/// NCCL's group calls (the stand-in's nccl.cpp): while one thread queues a
+/// group, another's cudaMalloc, cudaFree, cudaHostAlloc, cudaFreeHost or
+/// peer mapping fails with cudaErrorNotPermitted, as it may hang on GPUs.
+void collective_group(bool open);
 
 /// How many times `what` was queued so far: a launch's name (for_each,
 /// transform, cublas gemm, ncclAllReduce) or one of cudaMemcpyAsync,

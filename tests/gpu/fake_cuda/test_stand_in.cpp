@@ -130,6 +130,23 @@ BOOST_AUTO_TEST_CASE(memory_given_back_to_cuda_waits_for_the_work_queued_on_it) 
   BOOST_TEST(cudaStreamSynchronize(ctx.stream(0)) == cudaSuccess);  // cudaErrorIllegalAddress had the copy run after the free
 }
 
+// A free during a recording would end the capture (cudaFree may wait for
+// the device): deft parks it until the recording is over (FreeGate).
+BOOST_AUTO_TEST_CASE(frees_during_a_recording_wait_for_its_end) {
+  gk::DeviceContext& ctx = gk::context(0);
+  void* device = ctx.upstream->allocate(4096, 256);
+  void* pinned = gk::pinned_upstream()->allocate(4096, 256);
+  std::size_t parked = 0;
+  const auto program = gk::cuda_backend().record(0, [&] {
+    ctx.upstream->deallocate(device, 4096, 256);
+    gk::pinned_upstream()->deallocate(pinned, 4096, 256);
+    parked = ctx.upstream->parked() + gk::pinned_upstream()->parked();
+  });
+  BOOST_TEST(parked == 2u);
+  BOOST_TEST(ctx.upstream->parked() + gk::pinned_upstream()->parked() == 0u);  // freed once it ended
+  BOOST_TEST(fake_cuda::device_memory_of(device, 4096) == -1);
+}
+
 BOOST_AUTO_TEST_CASE(captures_refuse_what_cuda_refuses) {
   gk::DeviceGuard on(0);
   const cudaStream_t s = new_stream(), other = new_stream();

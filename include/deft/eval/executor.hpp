@@ -11,6 +11,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <stdexcept>
 #include <utility>
 
 #include "../core/device.hpp"
@@ -24,6 +25,8 @@
 #include "random_draw.hpp"
 
 #if defined(DEFT_GPU_EMULATION) || (defined(DEFT_CUDA_BACKEND) && (defined(__CUDACC__) || defined(DEFT_FAKE_CUDA)))
+#include <thrust/system_error.h>
+
 #include "gpu/executor.hpp"
 #define DEFT_HAS_GPU_EXECUTOR 1
 #elif defined(DEFT_CUDA_BACKEND)
@@ -115,7 +118,12 @@ decltype(auto) on_device(Device d, F&& f) {
   switch (d.type) {
     case DeviceType::cpu: return std::forward<F>(f)(Executor<DeviceType::cpu>{});
 #ifdef DEFT_HAS_GPU_EXECUTOR
-    case DeviceType::gpu: return std::forward<F>(f)(Executor<DeviceType::gpu>{d.index});
+    case DeviceType::gpu:
+      try {
+        return std::forward<F>(f)(Executor<DeviceType::gpu>{d.index});
+      } catch (const thrust::system_error& e) {  // a launch failed (Thrust's text names neither deft nor the GPU)
+        raise<std::runtime_error>("a kernel on ", d, ": ", e.what());
+      }
 #endif
     default: break;
   }

@@ -61,7 +61,6 @@ struct CUstream_st {
   int device;
   std::deque<Work> queue;
   std::uint64_t queued = 0, done = 0;
-  cudaError_t failed = cudaSuccess;  // the first failure of its work: every later wait returns it
   CUgraph_st* capture = nullptr;     // while capturing, where its work goes
   bool capture_invalid = false;      // an illegal call during the capture
 };
@@ -95,6 +94,11 @@ struct State {
   std::set<std::pair<int, int>> peers;              // (device, peer) with access enabled
   std::uint64_t captures = 0, allocations = 0;
   int open_groups = 0;  // NCCL groups being queued (fake_cuda::collective_group)
+  // A device's first fault (work that failed on one of its streams): like a
+  // GPU's sticky error, every later call for the device returns it. The
+  // stand-in's streams still run what they are given (nothing waits
+  // forever), but no call for the device succeeds any more.
+  std::vector<cudaError_t> faults;
   std::map<std::string, unsigned long long> calls;  // see fake_cuda::calls
   unsigned jitter_us = 50;  // work waits up to this long before it runs (see run_stream)
 
@@ -103,7 +107,9 @@ struct State {
     if (const char* b = std::getenv("DEFT_FAKE_CUDA_MEMORY")) memory_limit = std::strtoull(b, nullptr, 10);
     if (const char* j = std::getenv("DEFT_FAKE_CUDA_JITTER_US")) jitter_us = unsigned(std::max(0, std::atoi(j)));
     in_use.assign(std::size_t(std::max(devices, 1)), 0);
+    faults.assign(std::size_t(std::max(devices, 1)), cudaSuccess);
   }
+  cudaError_t fault(int device) const { return device >= 0 ? faults[std::size_t(device)] : cudaSuccess; }
 
   /// The block holding [p, p + bytes), or null.
   const Block* find(const void* p, std::size_t bytes = 1) const {
@@ -224,7 +230,7 @@ void run_stream(CUstream_st* s) {
       failure = cudaErrorLaunchFailure;
     }
     lk.lock();
-    if (failure != cudaSuccess && s->failed == cudaSuccess) s->failed = failure;
+    if (failure != cudaSuccess && !st.faults[std::size_t(s->device)]) st.faults[std::size_t(s->device)] = failure;
     ++s->done;
     st.changed.notify_all();
   }
@@ -282,6 +288,7 @@ cudaError_t launch(cudaStream_t stream, std::function<void()> work, const char* 
   std::lock_guard lk(st.m);
   CUstream_st* s = stream_of(stream);
   if (!s) return refuse(cudaErrorInvalidResourceHandle, std::string(what) + ": not a stream (the legacy default stream is not modelled)");
+  if (const cudaError_t f = st.fault(s->device)) return result(f);
   if (s->device != current_device)
     return refuse(cudaErrorInvalidResourceHandle, std::string(what) + " launched on a stream of gpu(" +
                                                       std::to_string(s->device) + ") while gpu(" +
@@ -386,6 +393,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   State& st = state();
   {
     std::lock_guard lk(st.m);
+    if (const cudaError_t f = st.fault(current_device)) return result(f);
     if (const cudaError_t status = beside_a_group("cudaMalloc")) return status;
     std::size_t& used = st.in_use[std::size_t(current_device)];
     if (bytes > st.memory_limit - used) return result(cudaErrorMemoryAllocation);
@@ -411,6 +419,7 @@ cudaError_t cudaFree(void* ptr) {
   std::lock_guard lk(st.m);
   const auto it = st.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == st.blocks.end() || it->second.device < 0) return refuse(cudaErrorInvalidValue, "cudaFree of memory cudaMalloc did not return");
+  if (const cudaError_t f = st.fault(it->second.device)) return result(f);  // the memory stays lost, as on a failed GPU
   if (const cudaError_t status = beside_a_group("cudaFree")) return status;
   if (st.break_captures(it->second.device))
     return refuse(cudaErrorStreamCaptureUnsupported, "cudaFree while gpu(" + std::to_string(it->second.device) + ") captures");
@@ -515,7 +524,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return refuse(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize of a capturing stream");
   }
   st.drain(lk, s);
-  return result(s->failed);
+  return result(st.fault(s->device));
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
@@ -546,6 +555,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   CUevent_st* e = event_of(event);
   CUstream_st* s = stream_of(stream);
   if (!e || !s) return result(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t f = st.fault(s->device)) return result(f);
   if (e->device != s->device)
     return refuse(cudaErrorInvalidResourceHandle, "cudaEventRecord of an event of gpu(" + std::to_string(e->device) +
                                                       ") on a stream of gpu(" + std::to_string(s->device) + ")");
@@ -575,8 +585,9 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     st.break_capture(e->capture);
     return refuse(cudaErrorCapturedEvent, "cudaEventQuery of an event recorded in a capture");
   }
+  if (const cudaError_t f = st.fault(e->device)) return result(f);
   if (e->pending.count(e->recorded)) return result(cudaErrorNotReady);
-  return result(e->stream ? e->stream->failed : cudaSuccess);
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -590,7 +601,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   }
   const std::uint64_t n = e->recorded;
   st.changed.wait(lk, [&] { return !e->pending.count(n); });
-  return result(e->stream ? e->stream->failed : cudaSuccess);
+  return result(st.fault(e->device));
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
@@ -599,6 +610,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   CUstream_st* s = stream_of(stream);
   CUevent_st* e = event_of(event);
   if (!e || !s) return result(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t f = st.fault(s->device)) return result(f);
   if (flags != 0) return refuse(cudaErrorInvalidValue, "cudaStreamWaitEvent flags are not modelled");
   if (s->capture) {
     if (s->capture_invalid) return result(cudaErrorStreamCaptureInvalidated);
@@ -629,6 +641,7 @@ namespace {
 cudaError_t queue_copy(std::unique_lock<std::mutex>& lk, void* to, const void* from, std::size_t bytes,
                        cudaMemcpyKind kind, CUstream_st* s, const char* what) {
   State& st = state();
+  if (const cudaError_t f = st.fault(s->device)) return result(f);
   const Block* to_block = st.find(to, bytes);
   const Block* from_block = st.find(from, bytes);
   const bool to_device = to_block && to_block->device >= 0, from_device = from_block && from_block->device >= 0;
@@ -654,7 +667,7 @@ cudaError_t queue_copy(std::unique_lock<std::mutex>& lk, void* to, const void* f
     return result(status);
   if (pageable_to) {
     st.drain(lk, s);
-    return result(s->failed);
+    return result(st.fault(s->device));
   }
   return cudaSuccess;
 }
@@ -708,6 +721,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
   CUstream_st* s = stream_of(stream);
   if (!s) return result(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
+  if (const cudaError_t f = st.fault(s->device)) return result(f);
   const Block* block = st.device_block(ptr, bytes);
   if (!block) return refuse(cudaErrorInvalidValue, "cudaMemsetAsync of memory that is not a device's");
   const int device = s->device;
@@ -747,6 +761,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
   std::lock_guard lk(st.m);
   CUstream_st* s = stream_of(stream);
   if (!s) return result(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t f = st.fault(s->device)) return result(f);
   if (mode != cudaStreamCaptureModeRelaxed) return refuse(cudaErrorInvalidValue, "only relaxed captures are modelled");
   if (s->capture) return refuse(cudaErrorInvalidValue, "cudaStreamBeginCapture of a stream already capturing");
   s->capture = new CUgraph_st{s->device, ++st.captures, {}};
@@ -782,6 +797,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   std::lock_guard lk(st.m);
   CUstream_st* s = stream_of(stream);
   if (!exec || !s) return result(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t f = st.fault(s->device)) return result(f);
   if (s->capture) return refuse(cudaErrorStreamCaptureUnsupported, "a graph launched into a capture is not modelled");
   if (exec->device != s->device)
     return refuse(cudaErrorInvalidValue, "a graph of gpu(" + std::to_string(exec->device) + ") launched on a stream of gpu(" +

@@ -91,23 +91,6 @@ BOOST_AUTO_TEST_CASE(streams_run_in_order_and_after_the_events_they_wait_for) {
   BOOST_TEST(cudaEventQuery(e) == cudaSuccess);
 }
 
-BOOST_AUTO_TEST_CASE(a_copy_of_memory_freed_before_it_ran_fails_its_stream) {
-  gk::DeviceGuard on(0);
-  const cudaStream_t s = new_stream();
-  void* device = nullptr;
-  void* pinned = nullptr;
-  BOOST_REQUIRE(cudaMalloc(&device, 64) == cudaSuccess);
-  BOOST_REQUIRE(cudaHostAlloc(&pinned, 64, cudaHostAllocPortable) == cudaSuccess);
-  Gate gate;
-  gate.hold(s);
-  BOOST_REQUIRE(cudaMemcpyAsync(pinned, device, 64, cudaMemcpyDeviceToHost, s) == cudaSuccess);
-  BOOST_REQUIRE(cudaFree(device) == cudaSuccess);  // does not wait for s: CUDA's need not
-  gate.open();
-  BOOST_TEST(cudaStreamSynchronize(s) == cudaErrorIllegalAddress);
-  (void)cudaGetLastError();
-  BOOST_TEST(cudaFreeHost(pinned) == cudaSuccess);
-}
-
 // cudaFree need not wait for the device: deft's pool waits for every lane
 // before it gives a block back (DeviceMemory::release). Here a copy into
 // the block is still queued, behind a gate, when the block is released.
@@ -223,6 +206,62 @@ BOOST_AUTO_TEST_CASE(work_is_queued_only_where_its_device_is_current) {
   BOOST_TEST(fake_cuda::launch(on_1, [] {}, "a step") == cudaErrorInvalidResourceHandle);
   BOOST_TEST(cudaEventRecord(of_0, on_1) == cudaErrorInvalidResourceHandle);
   (void)cudaGetLastError();
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// Faults leave a device failed for good, as on a GPU: these run in a
+// process of their own (CTest's gpu_backend_fake_faults), each on a GPU the
+// ones before it left working.
+BOOST_AUTO_TEST_SUITE(fake_cuda_faults)
+
+// A kernel's fault on gpu(1): deft's next sync points for gpu(1) raise the
+// CUDA error, nothing hangs, and the host and gpu(0) compute on.
+BOOST_AUTO_TEST_CASE(a_faulted_gpu_raises_at_sync_points_and_the_rest_goes_on) {
+  const std::vector<float> values{1.5f, -2.0f, 3.25f, 0.5f, 7.0f, -1.0f, 0.25f, 4.0f};
+  const auto doubled = [&](const std::vector<float>& got) {
+    BOOST_REQUIRE(got.size() == values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) BOOST_TEST(got[i] == 2.0f * values[i]);
+  };
+  const deft::Tensor<float> x = deft::Tensor<float>(values, {8}).to(deft::gpu(1));
+  doubled(deft::Tensor<float>(x * 2.0f).to_vector());
+  {
+    gk::DeviceGuard on(1);
+    const cudaStream_t lane = gk::context(1).stream(0);
+    BOOST_REQUIRE(fake_cuda::launch(lane, [] { throw std::runtime_error("an injected fault"); }, "a faulting kernel") ==
+                  cudaSuccess);
+    BOOST_TEST(cudaStreamSynchronize(lane) == cudaErrorLaunchFailure);
+    (void)cudaGetLastError();
+  }
+  const auto names_the_fault = [](const std::exception& e) {
+    BOOST_TEST_MESSAGE("raised: " << e.what());
+    return std::string(e.what()).find("LaunchFailure") != std::string::npos;
+  };
+  BOOST_CHECK_EXCEPTION(deft::Tensor<float>(x * 3.0f).to_vector(), std::exception, [&](const std::exception& e) {
+    return names_the_fault(e) && std::string(e.what()).find("a kernel on gpu(1)") != std::string::npos;
+  });
+  BOOST_CHECK_EXCEPTION(deft::Tensor<float>(values, {8}).to(deft::gpu(1)).to_vector(), std::exception, names_the_fault);
+  BOOST_CHECK_EXCEPTION(deft::wait_all(), std::exception, names_the_fault);
+  doubled(deft::Tensor<float>(deft::Tensor<float>(values, {8}) * 2.0f).to_vector());
+  doubled(deft::Tensor<float>(deft::Tensor<float>(values, {8}).to(deft::gpu(0)) * 2.0f).to_vector());
+}
+
+BOOST_AUTO_TEST_CASE(a_copy_of_memory_freed_before_it_ran_faults_its_device) {
+  gk::DeviceGuard on(0);
+  const cudaStream_t s = new_stream();
+  void* device = nullptr;
+  void* pinned = nullptr;
+  BOOST_REQUIRE(cudaMalloc(&device, 64) == cudaSuccess);
+  BOOST_REQUIRE(cudaHostAlloc(&pinned, 64, cudaHostAllocPortable) == cudaSuccess);
+  Gate gate;
+  gate.hold(s);
+  BOOST_REQUIRE(cudaMemcpyAsync(pinned, device, 64, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  BOOST_REQUIRE(cudaFree(device) == cudaSuccess);  // does not wait for s: CUDA's need not
+  gate.open();
+  BOOST_TEST(cudaStreamSynchronize(s) == cudaErrorIllegalAddress);
+  BOOST_TEST(cudaMalloc(&device, 64) == cudaErrorIllegalAddress);  // sticky, as on a GPU
+  (void)cudaGetLastError();
+  BOOST_TEST(cudaFreeHost(pinned) == cudaSuccess);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

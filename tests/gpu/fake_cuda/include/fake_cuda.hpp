@@ -11,8 +11,8 @@ namespace fake_cuda {
 /// Queues `work` on `stream` (or into the stream's capture) as a kernel
 /// launch: the calling thread's current device must be the stream's, as
 /// CUDA requires of a launch. `what` names the launch in the stand-in's
-/// messages. Work that throws fails its stream: every later wait on the
-/// stream returns cudaErrorLaunchFailure, as after a kernel's fault.
+/// messages. Work that throws faults its device as a kernel's fault does
+/// on a GPU: every later call for the device returns cudaErrorLaunchFailure.
 cudaError_t launch(cudaStream_t stream, std::function<void()> work, const char* what);
 
 /// The device `stream` belongs to, or -1 for a handle that is not a stream.

@@ -9,6 +9,7 @@
 #include <string>
 
 #include <thrust/for_each.h>
+#include <thrust/system_error.h>
 #include <thrust/system/cpp/execution_policy.h>
 #include <thrust/transform.h>
 
@@ -20,10 +21,18 @@ struct StreamPolicy : thrust::cpp::execution_policy<StreamPolicy> {
   cudaStream_t stream = nullptr;
 };
 
-/// A failed launch raises, as Thrust's CUDA system does.
+/// CUDA's error texts, as Thrust's CUDA system words them.
+struct CudaCategory : thrust::error_category {
+  const char* name() const noexcept override { return "cuda"; }
+  std::string message(int status) const override { return cudaGetErrorString(cudaError_t(status)); }
+};
+
+/// A failed launch raises thrust::system_error, as Thrust's CUDA system does.
 inline void raise_launch_error(cudaError_t status, const char* what) {
+  static const CudaCategory category;
   if (status != cudaSuccess)
-    throw std::runtime_error(std::string("fake CUDA: launch of thrust::") + what + ": " + cudaGetErrorName(status));
+    throw thrust::system_error(int(status), category,
+                               std::string("fake CUDA: launch of thrust::") + what + ": " + cudaGetErrorName(status));
 }
 
 template <class It, class F>

@@ -130,6 +130,38 @@ BOOST_AUTO_TEST_CASE(frees_during_a_recording_wait_for_its_end) {
   BOOST_TEST(fake_cuda::device_memory_of(device, 4096) == -1);
 }
 
+// While NCCL queues a group, a cudaMalloc or cudaFree on another thread
+// may wait for a kernel whose partners are not launched yet (a hang on
+// GPUs; the stand-in refuses such calls). deft holds collective_launches()
+// around both: here a stand-in group is open under that lock while another
+// thread allocates and frees device and page-locked memory.
+BOOST_AUTO_TEST_CASE(allocations_wait_for_an_nccl_group_being_queued) {
+  gk::DeviceContext& ctx = gk::context(0);
+  std::promise<void> group_open;
+  std::thread nccl([&] {
+    std::lock_guard launches(gk::collective_launches());
+    fake_cuda::collective_group(true);
+    group_open.set_value();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    fake_cuda::collective_group(false);
+  });
+  group_open.get_future().wait();
+  BOOST_CHECK_NO_THROW({
+    void* device = ctx.upstream->allocate(4096, 256);
+    void* pinned = gk::pinned_upstream()->allocate(4096, 256);
+    ctx.upstream->deallocate(device, 4096, 256);
+    gk::pinned_upstream()->deallocate(pinned, 4096, 256);
+  });
+  nccl.join();
+  void* unguarded = nullptr;  // the stand-in's rule itself: refused while another thread's group is open
+  std::thread([] { fake_cuda::collective_group(true); }).join();
+  BOOST_TEST(cudaMalloc(&unguarded, 64) == cudaErrorNotPermitted);
+  std::thread([] { fake_cuda::collective_group(false); }).join();
+  (void)cudaGetLastError();
+  BOOST_TEST(cudaMalloc(&unguarded, 64) == cudaSuccess);
+  BOOST_TEST(cudaFree(unguarded) == cudaSuccess);
+}
+
 BOOST_AUTO_TEST_CASE(captures_refuse_what_cuda_refuses) {
   gk::DeviceGuard on(0);
   const cudaStream_t s = new_stream(), other = new_stream();

@@ -132,10 +132,6 @@ struct State {
     const Block* b = find(p, bytes);
     return b && b->device >= 0 ? b : nullptr;
   }
-  bool page_locked(const void* p, std::size_t bytes) const {
-    const Block* b = find(p, bytes);
-    return b && b->device < 0;
-  }
 
   /// Queues work on s (the lock held), or records it into s's capture;
   /// after an illegal call the capture takes nothing more (CUDA's

@@ -100,6 +100,7 @@ struct State {
   // forever), but no call for the device succeeds any more.
   std::vector<cudaError_t> faults;
   std::map<std::string, unsigned long long> calls;  // see fake_cuda::calls
+  std::map<std::uint64_t, int> queued_uses;  // by allocation: copies and memsets queued on it, not run yet
   unsigned jitter_us = 50;  // work waits up to this long before it runs (see run_stream)
 
   State() {
@@ -244,13 +245,26 @@ CUevent_st* event_of(cudaEvent_t e) {
 /// A copy as work: checks, when it runs, that the device and page-locked
 /// memory it touches is still allocated (a free before the copy ran is the
 /// caller's bug: on a GPU the DMA would read or write reused memory).
+/// Counts work queued on allocations (the lock held): freeing one before
+/// such work ran faults the device at once (cudaFree), and so does the work
+/// itself when it runs (copy_work). Captured work is not counted: a graph
+/// may run it any number of times.
+void count_use(std::uint64_t serial, int step) {
+  if (!serial) return;
+  auto& uses = state().queued_uses;
+  if ((uses[serial] += step) == 0) uses.erase(serial);
+}
+
 /// A null block is pageable memory, which is not checked.
-Work copy_work(void* to, const void* from, std::size_t bytes, const Block* to_block, const Block* from_block, int device) {
+Work copy_work(void* to, const void* from, std::size_t bytes, const Block* to_block, const Block* from_block, int device,
+               bool counted) {
   const std::uint64_t to_serial = to_block ? to_block->serial : 0, from_serial = from_block ? from_block->serial : 0;
+  if (counted) count_use(to_serial, 1), count_use(from_serial, 1);
   return [=] {
     {
       State& st = state();
       std::lock_guard lk(st.m);
+      if (counted) count_use(to_serial, -1), count_use(from_serial, -1);
       if ((to_serial && !st.live(to, bytes, to_serial)) || (from_serial && !st.live(from, bytes, from_serial)))
         throw Fault(cudaErrorIllegalAddress, "a copy on gpu(" + std::to_string(device) + ") of " + std::to_string(bytes) +
                                                  " bytes ran after its device or page-locked memory was freed");
@@ -419,6 +433,12 @@ cudaError_t cudaFree(void* ptr) {
   if (const cudaError_t status = beside_a_group("cudaFree")) return status;
   if (st.break_captures(it->second.device))
     return refuse(cudaErrorStreamCaptureUnsupported, "cudaFree while gpu(" + std::to_string(it->second.device) + ") captures");
+  if (st.queued_uses.count(it->second.serial)) {  // on a GPU the queued work would touch reused memory
+    fake_cuda::explain(("cudaFree of a block of gpu(" + std::to_string(it->second.device) +
+                        ") that a queued copy or memset has not used yet")
+                           .c_str());
+    if (!st.faults[std::size_t(it->second.device)]) st.faults[std::size_t(it->second.device)] = cudaErrorIllegalAddress;
+  }
   st.in_use[std::size_t(it->second.device)] -= it->second.bytes;
   st.blocks.erase(it);
   std::free(ptr);
@@ -430,6 +450,7 @@ cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int) {
   State& st = state();
   {
     std::lock_guard lk(st.m);
+    if (const cudaError_t f = st.fault(current_device)) return result(f);
     if (const cudaError_t status = beside_a_group("cudaHostAlloc")) return status;
   }
   void* p = allocate(std::max<std::size_t>(bytes, 1), 4096);
@@ -449,6 +470,7 @@ cudaError_t cudaFreeHost(void* ptr) {
   const auto it = st.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == st.blocks.end() || it->second.device >= 0 || it->second.registered)
     return refuse(cudaErrorInvalidValue, "cudaFreeHost of memory cudaHostAlloc did not return");
+  if (const cudaError_t f = st.fault(current_device)) return result(f);
   if (const cudaError_t status = beside_a_group("cudaFreeHost")) return status;
   if (st.break_captures(-1)) return refuse(cudaErrorStreamCaptureUnsupported, "cudaFreeHost during a capture");
   for (CUstream_st* s : st.streams) st.drain(lk, s);
@@ -462,6 +484,7 @@ cudaError_t cudaHostRegister(void* ptr, size_t bytes, unsigned int) {
   std::lock_guard lk(st.m);
   const auto a = reinterpret_cast<std::uintptr_t>(ptr);
   if (!ptr || bytes == 0) return result(cudaErrorInvalidValue);
+  if (const cudaError_t f = st.fault(current_device)) return result(f);
   auto next = st.blocks.lower_bound(a);
   if (st.find(ptr) || (next != st.blocks.end() && next->first < a + bytes)) return result(cudaErrorHostMemoryAlreadyRegistered);
   st.add_block(ptr, Block{bytes, -1, true});
@@ -656,10 +679,11 @@ cudaError_t queue_copy(std::unique_lock<std::mutex>& lk, void* to, const void* f
   if (pageable_from) {
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(from),
                                                                 static_cast<const unsigned char*>(from) + bytes);
-    Work copy = copy_work(to, staged->data(), bytes, to_block, nullptr, s->device);
+    Work copy = copy_work(to, staged->data(), bytes, to_block, nullptr, s->device, !s->capture);
     return result(st.enqueue(s, [staged, copy] { copy(); }, what));
   }
-  if (const cudaError_t status = st.enqueue(s, copy_work(to, from, bytes, to_block, from_block, s->device), what))
+  if (const cudaError_t status =
+          st.enqueue(s, copy_work(to, from, bytes, to_block, from_block, s->device, !s->capture), what))
     return result(status);
   if (pageable_to) {
     st.drain(lk, s);
@@ -722,10 +746,13 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
   if (!block) return refuse(cudaErrorInvalidValue, "cudaMemsetAsync of memory that is not a device's");
   const int device = s->device;
   const std::uint64_t serial = block->serial;
+  const bool counted = !s->capture;
+  if (counted) count_use(serial, 1);
   return result(st.enqueue(s, [=] {
     {
       State& st = state();
       std::lock_guard lk(st.m);
+      if (counted) count_use(serial, -1);
       if (!st.live(ptr, bytes, serial))
         throw Fault(cudaErrorIllegalAddress, "a memset on gpu(" + std::to_string(device) + ") ran after its memory was freed");
     }

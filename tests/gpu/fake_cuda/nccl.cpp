@@ -15,7 +15,6 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -90,7 +89,10 @@ ncclResult_t launch(const Queued& q) {
   const std::shared_ptr<Clique> clique = q.comm->clique;
   const int n = int(clique->devices.size()), rank = q.comm->rank;
   const std::uint64_t call = q.comm->calls++;
-  const auto [from, to, count, datatype] = std::tuple(q.from, q.to, q.count, q.type);
+  const void* from = q.from;  // (not a structured binding: clang before 16 cannot capture one)
+  void* to = q.to;
+  const std::size_t count = q.count;
+  const ncclDataType_t datatype = q.type;
   const auto work = [=] {
     std::unique_lock lk(clique->m);
     Round& round = clique->rounds[call];

@@ -654,6 +654,18 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 
 namespace {
 
+/// Whether a copy's kind matches where its ends are (cudaMemcpyDefault: anywhere).
+bool kind_matches(cudaMemcpyKind kind, bool to_device, bool from_device) {
+  switch (kind) {
+    case cudaMemcpyDefault: return true;
+    case cudaMemcpyHostToDevice: return to_device && !from_device;
+    case cudaMemcpyDeviceToHost: return from_device && !to_device;
+    case cudaMemcpyDeviceToDevice: return to_device && from_device;
+    case cudaMemcpyHostToHost: return !to_device && !from_device;
+  }
+  return false;
+}
+
 /// Checks a copy's pointers against its kind and queues it on s (the lock
 /// held): from pageable memory the source is read before the call returns;
 /// into pageable memory the call returns once the copy ran, as CUDA's do.
@@ -664,11 +676,7 @@ cudaError_t queue_copy(std::unique_lock<std::mutex>& lk, void* to, const void* f
   const Block* to_block = st.find(to, bytes);
   const Block* from_block = st.find(from, bytes);
   const bool to_device = to_block && to_block->device >= 0, from_device = from_block && from_block->device >= 0;
-  const bool kind_ok = kind == cudaMemcpyDefault || (kind == cudaMemcpyHostToDevice && to_device && !from_device) ||
-                       (kind == cudaMemcpyDeviceToHost && from_device && !to_device) ||
-                       (kind == cudaMemcpyDeviceToDevice && to_device && from_device) ||
-                       (kind == cudaMemcpyHostToHost && !to_device && !from_device);
-  if (!kind_ok)
+  if (!kind_matches(kind, to_device, from_device))
     return refuse(cudaErrorInvalidValue, "cudaMemcpyAsync of kind " + std::to_string(int(kind)) +
                                              " between memory that is not of that kind (or a range past its allocation)");
   const bool pageable_from = !from_block, pageable_to = !to_block;
@@ -725,11 +733,7 @@ cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, enum cudaMemcpy
     State& st = state();
     std::lock_guard lk(st.m);
     const bool to_device = st.device_block(to, bytes), from_device = st.device_block(from, bytes);
-    const bool ok = kind == cudaMemcpyDefault || (kind == cudaMemcpyHostToDevice && to_device && !from_device) ||
-                    (kind == cudaMemcpyDeviceToHost && from_device && !to_device) ||
-                    (kind == cudaMemcpyDeviceToDevice && to_device && from_device) ||
-                    (kind == cudaMemcpyHostToHost && !to_device && !from_device);
-    if (!ok) return refuse(cudaErrorInvalidValue, "cudaMemcpy between memory that is not of its kind");
+    if (!kind_matches(kind, to_device, from_device)) return refuse(cudaErrorInvalidValue, "cudaMemcpy between memory that is not of its kind");
   }
   std::memcpy(to, from, bytes);
   return cudaSuccess;

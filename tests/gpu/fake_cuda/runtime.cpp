@@ -111,6 +111,9 @@ struct State {
     faults.assign(std::size_t(std::max(devices, 1)), cudaSuccess);
   }
   cudaError_t fault(int device) const { return device >= 0 ? faults[std::size_t(device)] : cudaSuccess; }
+  void fail(int device, cudaError_t status) {  // the first fault stays
+    if (!faults[std::size_t(device)]) faults[std::size_t(device)] = status;
+  }
 
   /// The block holding [p, p + bytes), or null.
   const Block* find(const void* p, std::size_t bytes = 1) const {
@@ -227,7 +230,7 @@ void run_stream(CUstream_st* s) {
       failure = cudaErrorLaunchFailure;
     }
     lk.lock();
-    if (failure != cudaSuccess && !st.faults[std::size_t(s->device)]) st.faults[std::size_t(s->device)] = failure;
+    if (failure != cudaSuccess) st.fail(s->device, failure);
     ++s->done;
     st.changed.notify_all();
   }
@@ -437,7 +440,7 @@ cudaError_t cudaFree(void* ptr) {
     fake_cuda::explain(("cudaFree of a block of gpu(" + std::to_string(it->second.device) +
                         ") that a queued copy or memset has not used yet")
                            .c_str());
-    if (!st.faults[std::size_t(it->second.device)]) st.faults[std::size_t(it->second.device)] = cudaErrorIllegalAddress;
+    st.fail(it->second.device, cudaErrorIllegalAddress);
   }
   st.in_use[std::size_t(it->second.device)] -= it->second.bytes;
   st.blocks.erase(it);

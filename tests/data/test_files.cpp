@@ -6,6 +6,11 @@
 #include <optional>
 #include <cstdlib>
 #include <map>
+#include <new>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <deft/data/fashion_mnist.hpp>
 #include <deft/data/idx.hpp>
@@ -14,6 +19,15 @@
 
 #ifdef DEFT_TEST_WITH_ZLIB
 #include <zlib.h>
+#endif
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define DD_HAS_SANITIZER 1
+#endif
+#endif
+#ifndef DD_HAS_SANITIZER
+#define DD_HAS_SANITIZER 0
 #endif
 
 using namespace dd;
@@ -148,6 +162,44 @@ BOOST_AUTO_TEST_CASE(truncated_and_damaged_data_throw) {
   DD_CHECK_THROWS(data::gunzip(trailing, "f.gz"), std::runtime_error, "3 bytes after the last gzip member");
 }
 
+// A cut file's last 4 bytes are compressed data, read as its length: the
+// first guess of the output's size must not zero-fill gigabytes before the
+// error is found. In a child process whose address space is capped (not
+// under the sanitizers, which reserve terabytes of it).
+BOOST_AUTO_TEST_CASE(a_cut_file_is_refused_without_a_huge_allocation) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || DD_HAS_SANITIZER
+  BOOST_TEST_MESSAGE("skipped under a sanitizer");
+#else
+  Bytes g = gzip_stored(random_bytes(std::size_t(2) << 20, 9));
+  for (std::size_t k = 1; k <= 4; ++k) g[g.size() - k] = 0xFF;  // "4 GiB - 1 bytes"
+  const pid_t child = fork();
+  BOOST_TEST_REQUIRE(child >= 0);
+  if (child == 0) {
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    rlimit cap{};
+    if (pages <= 0 || getrlimit(RLIMIT_AS, &cap) != 0) _exit(9);
+    cap.rlim_cur = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(512) << 20);
+    if (setrlimit(RLIMIT_AS, &cap) != 0) _exit(9);
+    try {
+      (void)data::gunzip(g, "f.gz");
+      _exit(2);
+    } catch (const std::runtime_error& e) {
+      _exit(std::string(e.what()).find("length mismatch") != std::string::npos ? 0 : 3);
+    } catch (const std::bad_alloc&) {
+      _exit(4);
+    } catch (...) {
+      _exit(5);
+    }
+  }
+  int status = 0;
+  BOOST_TEST_REQUIRE(waitpid(child, &status, 0) == child);
+  BOOST_TEST_REQUIRE(WIFEXITED(status));
+  // 4: std::bad_alloc, the guess took more than 512 MiB.
+  BOOST_TEST(WEXITSTATUS(status) == 0);
+#endif
+}
+
 #ifdef DEFT_TEST_WITH_ZLIB
 BOOST_AUTO_TEST_CASE(agrees_with_zlib) {
   std::mt19937_64 r(2024);
@@ -215,6 +267,12 @@ BOOST_AUTO_TEST_CASE(errors_name_the_file_and_the_problem) {
   };
   DD_CHECK_THROWS(data::read_idx(dir / "absent"), std::runtime_error, (dir / "absent").string(), "no such file");
   DD_CHECK_THROWS(data::read_idx(dir.path), std::runtime_error, "is a directory");
+  // There, but out of reach (a loop of links; the same path as a lack of
+  // permission, which root would not see): not "no such file".
+  std::filesystem::create_symlink(dir / "loop_b", dir / "loop_a");
+  std::filesystem::create_symlink(dir / "loop_a", dir / "loop_b");
+  DD_CHECK_THROWS(data::read_idx(dir / "loop_a"), std::runtime_error, (dir / "loop_a").string() + ": cannot read: ",
+                  std::make_error_code(std::errc::too_many_symbolic_link_levels).message());
   check_file("empty", {}, {"too short for an IDX file (0 bytes"});
   Bytes magic = ok;
   magic[0] = 0x12, magic[1] = 0x34;
@@ -291,6 +349,16 @@ BOOST_AUTO_TEST_CASE(bad_directories_and_files) {
   write_file(dir / "t10k-images-idx3-ubyte", idx_bytes({20, 12}, random_bytes(240, 4)));
   DD_CHECK_THROWS(data::load_fashion_mnist(dir.path, data::Split::test), std::runtime_error,
                   "expected images of shape (N, rows, cols), found shape (20, 12)");
+  // An image file out of reach (a loop of links) is named as such, not as absent.
+  fs::remove(dir / "t10k-images-idx3-ubyte");
+  fs::create_symlink(dir / "t10k-images-idx3-ubyte", dir / "t10k-images-idx3-ubyte");
+  const std::string loop = std::make_error_code(std::errc::too_many_symbolic_link_levels).message();
+  DD_CHECK_THROWS(data::load_fashion_mnist(dir.path, data::Split::test), std::runtime_error,
+                  "cannot read " + (dir / "t10k-images-idx3-ubyte").string() + ": " + loop);
+  // A data directory out of reach.
+  fs::create_symlink(dir / "looping", dir / "looping");
+  DD_CHECK_THROWS(data::find_fashion_mnist_dir(dir / "looping"), std::runtime_error, (dir / "looping").string(),
+                  "cannot be read: " + loop);
 }
 
 BOOST_AUTO_TEST_CASE(finding_the_directory) {

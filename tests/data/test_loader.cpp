@@ -5,11 +5,14 @@
 #include <chrono>
 #include <fstream>
 #include <iterator>
+#include <limits>
+#include <new>
 #include <memory>
 #include <numeric>
 #include <thread>
 
 #include <deft/data/loader.hpp>
+#include <deft/engine/allocator.hpp>
 
 #include "data_support.hpp"
 
@@ -272,6 +275,49 @@ BOOST_AUTO_TEST_CASE(an_epoch_outlives_its_loader) {
     for (i64 v : it->y.to_vector()) seen.push_back(v - 1000);
   std::sort(seen.begin(), seen.end());
   BOOST_TEST(seen == iota(20), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(a_batch_size_near_the_int64_limit_is_one_batch) {
+  const Set s = indexed_set(10);
+  const i64 huge = std::numeric_limits<i64>::max();
+  DataLoader keep(s.x, s.y, huge, {.shuffle = false});
+  BOOST_TEST(keep.num_batches() == 1);
+  const auto batches = epoch_indices(keep);
+  BOOST_TEST_REQUIRE(batches.size() == 1u);
+  BOOST_TEST(batches[0] == iota(10), boost::test_tools::per_element());
+  DataLoader discard(s.x, s.y, huge, {.last_batch = LastBatch::discard});
+  BOOST_TEST(discard.num_batches() == 0);
+  BOOST_TEST(epoch_indices(discard).empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_begin_loses_neither_the_epoch_nor_the_carried_samples) {
+  // Allocations of new tensors fail while `failing` is set: batch 0's
+  // gather, the first allocation of begin() without prefetching.
+  struct Failing final : deft::engine::HostAllocator {
+    std::atomic<bool> failing{false};
+    void* allocate(std::size_t bytes, std::size_t alignment) override {
+      if (failing) throw std::bad_alloc();
+      return std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
+    }
+    void deallocate(void* p, std::size_t, std::size_t) noexcept override { std::free(p); }
+  };
+  const Set s = indexed_set(10);
+  DataLoader roll(s.x, s.y, 4, {.shuffle = false, .last_batch = LastBatch::rollover, .prefetch = false});
+  BOOST_TEST(flatten(epoch_indices(roll)) == iota(8), boost::test_tools::per_element());  // carries 8, 9
+  BOOST_TEST(roll.epoch() == 1u);
+  BOOST_TEST(roll.num_batches() == 3);
+  auto failing = std::make_shared<Failing>();
+  const auto previous = deft::engine::set_host_allocator(failing);
+  failing->failing = true;
+  BOOST_CHECK_THROW(roll.begin(), std::bad_alloc);
+  failing->failing = false;
+  deft::engine::set_host_allocator(previous);
+  // The retry is the epoch that failed, with the samples carried into it.
+  BOOST_TEST(roll.epoch() == 1u);
+  BOOST_TEST(roll.num_batches() == 3);
+  std::vector<i64> expect{8, 9};
+  for (i64 i = 0; i < 10; ++i) expect.push_back(i);
+  BOOST_TEST(flatten(epoch_indices(roll)) == expect, boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -59,6 +59,25 @@ inline std::optional<std::filesystem::path> find_idx_file(const std::filesystem:
   return std::nullopt;
 }
 
+/// Why `p` cannot be looked at, when it exists but a permission or a loop of
+/// links is in the way ("" when it is there or simply absent).
+inline std::string unreachable(const std::filesystem::path& p) {
+  std::error_code ec;
+  (void)std::filesystem::status(p, ec);
+  return ec && ec != std::errc::no_such_file_or_directory ? ec.message() : std::string();
+}
+
+/// What is wrong with `dir` as a data directory that lacks `missing` (`if_absent` when it is not there).
+inline std::string directory_problem(const std::filesystem::path& dir, const std::string& missing, const char* if_absent) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir, ec)) {
+    const std::string why = unreachable(dir / "x");  // a directory without search permission
+    return why.empty() ? "lacks " + missing : "cannot be read: " + why;
+  }
+  const std::string why = unreachable(dir);
+  return why.empty() ? std::string(if_absent) : "cannot be read: " + why;
+}
+
 /// The files `dir` lacks for a complete Fashion-MNIST (both splits), as "a, b".
 inline std::string fashion_mnist_missing(const std::filesystem::path& dir) {
   std::string missing;
@@ -86,9 +105,14 @@ inline FashionMnist load_fashion_mnist(const std::filesystem::path& dir, Split s
   const auto [img_name, lbl_name] = detail::fashion_mnist_names(split);
   auto require = [&](const char* base) {
     auto p = detail::find_idx_file(dir, base);
-    if (!p)
+    if (!p) {
+      for (const char* suffix : {"", ".gz"})
+        if (const auto why = detail::unreachable(dir / (std::string(base) + suffix)); !why.empty())
+          deft::detail::raise<std::runtime_error>("load_fashion_mnist: cannot read ", (dir / (std::string(base) + suffix)).string(),
+                                                  ": ", why);
       deft::detail::raise<std::runtime_error>("load_fashion_mnist: ", dir.string(), " has no ", base, " (nor ", base,
                                               ".gz). ", detail::fashion_mnist_help);
+    }
     return *p;
   };
   const auto img_path = require(img_name), lbl_path = require(lbl_name);
@@ -130,10 +154,8 @@ inline std::filesystem::path find_fashion_mnist_dir(const std::optional<std::fil
     const std::string missing = detail::fashion_mnist_missing(*user_dir);
     if (missing.empty()) return *user_dir;
     if (detail::fashion_mnist_missing(*user_dir / "fashion-mnist").empty()) return *user_dir / "fashion-mnist";
-    std::error_code ec;
-    const bool is_dir = std::filesystem::is_directory(*user_dir, ec);
-    deft::detail::raise<std::runtime_error>("Fashion-MNIST: the data directory ", user_dir->string(),
-                                            is_dir ? " lacks " + missing : std::string(" is not a directory"), ". ",
+    deft::detail::raise<std::runtime_error>("Fashion-MNIST: the data directory ", user_dir->string(), " ",
+                                            detail::directory_problem(*user_dir, missing, "is not a directory"), ". ",
                                             detail::fashion_mnist_help);
   }
   std::string looked;  // one line per place, for the error
@@ -150,9 +172,7 @@ inline std::filesystem::path find_fashion_mnist_dir(const std::optional<std::fil
   for (const auto& [how, dir] : places) {
     const std::string missing = detail::fashion_mnist_missing(dir);
     if (missing.empty()) return dir;
-    std::error_code ec;
-    looked += "\n  " + dir.string() + " (" + how + "): " +
-              (std::filesystem::is_directory(dir, ec) ? "lacks " + missing : std::string("no such directory"));
+    looked += "\n  " + dir.string() + " (" + how + "): " + detail::directory_problem(dir, missing, "no such directory");
   }
   deft::detail::raise<std::runtime_error>("Fashion-MNIST not found. Looked at:", looked, "\n", detail::fashion_mnist_help);
 }

@@ -319,9 +319,13 @@ inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, con
 
   std::vector<std::uint8_t> out;
   // The last 4 bytes are the (last) member's length mod 2^32: a good first
-  // guess for one member. Capped at DEFLATE's best ratio (1032:1) so that a
-  // corrupt trailer cannot ask for an absurd allocation.
-  if (bytes.size() >= 18) out.resize(std::min<std::size_t>(le32(end - 4), bytes.size() * 1032));
+  // guess for one member. Trusted only up to 16:1 (data sets compress far
+  // less; more grows the buffer as it goes), so that a truncated file, whose
+  // last bytes are any compressed data, does not zero-fill gigabytes before
+  // its error is found.
+  constexpr std::size_t trusted_ratio = 16, trusted_min = std::size_t(1) << 20;
+  if (bytes.size() >= 18)
+    out.resize(std::min<std::size_t>(le32(end - 4), std::max(bytes.size() * trusted_ratio, trusted_min)));
   std::size_t n = 0;
   const std::uint8_t* p = begin;
   do {

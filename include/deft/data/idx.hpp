@@ -62,6 +62,10 @@ inline const char* idx_type_name(std::uint8_t code) {
 inline std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& file) {
   std::error_code ec;
   const auto st = std::filesystem::status(file, ec);
+  // status() fails for more than absence: a directory on the way without
+  // search permission, a loop of links.
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    deft::detail::raise<std::runtime_error>(file.string(), ": cannot read: ", ec.message());
   if (!std::filesystem::exists(st))
     deft::detail::raise<std::runtime_error>(file.string(), ": no such file");
   if (std::filesystem::is_directory(st))

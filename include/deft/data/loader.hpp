@@ -157,22 +157,20 @@ class DataLoader {
     e->data = data_;
     e->batch = batch_;
     e->prefetch = options_.prefetch;
-    e->order = std::move(carry_);
-    carry_.clear();
-    const std::vector<std::int64_t> perm = order_of(epoch_++);
+    // Nothing of the loader changes until batch 0 is gathered: a failure
+    // there (an allocation) leaves the epoch and the carried samples for a retry.
+    e->order = carry_;
+    const std::vector<std::int64_t> perm = order_of(epoch_);
     e->order.insert(e->order.end(), perm.begin(), perm.end());
     const std::int64_t total = std::int64_t(e->order.size());
-    switch (options_.last_batch) {
-      case LastBatch::keep: e->batches = (total + batch_ - 1) / batch_; break;
-      case LastBatch::discard: e->batches = total / batch_; break;
-      case LastBatch::rollover:
-        e->batches = total / batch_;
-        carry_.assign(e->order.begin() + e->batches * batch_, e->order.end());
-        break;
-    }
+    e->batches = batches_of(total);
+    std::vector<std::int64_t> carry;
+    if (options_.last_batch == LastBatch::rollover) carry.assign(e->order.begin() + e->batches * batch_, e->order.end());
     e->order.resize(std::size_t(std::min(total, e->batches * batch_)));
     e->index = -1;
     e->advance();  // batch 0 now (nothing to overlap with yet), batch 1 in the background
+    carry_ = std::move(carry);
+    ++epoch_;
     return Iterator(std::move(e));
   }
   /// The end of an epoch.
@@ -187,8 +185,7 @@ class DataLoader {
   /// The number of batches the next epoch yields (with rollover it depends on
   /// the samples carried over).
   std::int64_t num_batches() const {
-    const std::int64_t total = size() + std::int64_t(carry_.size());
-    return options_.last_batch == LastBatch::keep ? (total + batch_ - 1) / batch_ : total / batch_;
+    return batches_of(size() + std::int64_t(carry_.size()));
   }
   /// The number of the next epoch (0 for the first begin()).
   std::uint64_t epoch() const { return epoch_; }
@@ -217,6 +214,12 @@ class DataLoader {
   }
 
  private:
+  // The batches an epoch of `total` samples yields (a short last one only
+  // with LastBatch::keep); no overflow for a batch size near INT64_MAX.
+  std::int64_t batches_of(std::int64_t total) const {
+    const bool short_one = options_.last_batch == LastBatch::keep && total % batch_ != 0;
+    return total / batch_ + (short_one ? 1 : 0);
+  }
   static Batch gather(const Data& d, std::span<const std::int64_t> idx) {
     const std::size_t row = std::size_t(d.row);
     std::vector<float> x(idx.size() * row);

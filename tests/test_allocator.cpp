@@ -2,6 +2,7 @@
 // ones pass through, the cap holds, and tensors computed through the cache
 // keep their values.
 #include <atomic>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -92,6 +93,18 @@ BOOST_AUTO_TEST_CASE(size_classes) {
   const engine::CachingHostAllocator all(std::make_shared<engine::DefaultHostAllocator>(), 1 << 20, align);
   BOOST_TEST(all.size_class(small + 1, align) > small + 1);
   BOOST_TEST(all.size_class(small + 1, align) % align == 0u);
+  // Sizes whose rounding up would wrap around stay as asked, and the
+  // request fails upstream instead of yielding a small block.
+  const std::size_t huge = std::numeric_limits<std::size_t>::max() - 4095;
+  BOOST_TEST(C.size_class(huge, 4096) >= huge);
+  auto up = std::make_shared<CountingAllocator>();
+  engine::CachingHostAllocator cache(up);
+  void* p = nullptr;
+  try {
+    p = cache.allocate(huge, 4096);
+  } catch (const std::bad_alloc&) {
+  }
+  BOOST_TEST(p == nullptr);
 }
 
 BOOST_AUTO_TEST_CASE(reuses_large_blocks_and_passes_small_ones_through) {

@@ -99,6 +99,7 @@ class CachingHostAllocator final : public HostAllocator {
     if (bytes < min_bytes_) return bytes;
     const int octave = int(std::bit_width(bytes)) - 1;
     const std::size_t step = std::max(alignment, std::size_t(1) << std::max(0, octave - class_bits));
+    if (bytes > std::numeric_limits<std::size_t>::max() - (step - 1)) return bytes;  // would wrap: upstream refuses it
     return (bytes + step - 1) / step * step;
   }
 

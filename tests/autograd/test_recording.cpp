@@ -72,7 +72,34 @@ BOOST_AUTO_TEST_CASE(the_graph_is_freed_unless_retained) {
   y.backward();  // retained once
   const auto xv = values(x), g = values(x.grad());
   for (int i = 0; i < 4; ++i) BOOST_TEST(std::abs(g[i] - 2 * std::exp(xv[i])) <= 1e-12 * std::exp(xv[i]));
-  BOOST_CHECK_EXCEPTION(y.backward(), std::logic_error, [](const std::logic_error& e) { return mentions(e, "no graph"); });
+  BOOST_CHECK_EXCEPTION(y.backward(), std::logic_error, [](const std::logic_error& e) {
+    return mentions(e, "freed by an earlier backward()") && mentions(e, "retain_graph");
+  });
+}
+
+// A value computed from one whose graph an earlier backward() freed has no
+// way back to the inputs: its backward() is refused before any gradient
+// changes, not run as if the inputs did not matter.
+BOOST_AUTO_TEST_CASE(a_backward_through_a_freed_part_of_the_graph_is_refused) {
+  Tensor<double> x = uniform({5});
+  x.attach_grad();
+  autograd::record rec;
+  Tensor<double> h = x * 2.0;
+  Tensor<double> l1 = sum(h), l2 = sum(h * h);
+  l1.backward();
+  const auto g1 = values(x.grad());
+  for (double g : g1) BOOST_TEST(g == 2.0);
+  BOOST_CHECK_EXCEPTION(l2.backward(), std::logic_error, [](const std::logic_error& e) {
+    return mentions(e, "freed by an earlier backward()") && mentions(e, "retain_graph");
+  });
+  BOOST_TEST(values(x.grad()) == g1, boost::test_tools::per_element());
+  // With the graph retained, the second pass reaches x: d/dx sum(4x^2) = 8x.
+  Tensor<double> h2 = x * 2.0;
+  Tensor<double> m1 = sum(h2), m2 = sum(h2 * h2);
+  m1.backward(true);
+  m2.backward();
+  const auto xv = values(x), g2 = values(x.grad());
+  for (int i = 0; i < 5; ++i) BOOST_TEST(std::abs(g2[i] - 8 * xv[i]) <= 1e-12);
 }
 
 BOOST_AUTO_TEST_CASE(saved_values_survive_later_in_place_writes) {

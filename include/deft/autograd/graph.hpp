@@ -346,6 +346,12 @@ template <class T>
 void backward(const Tensor<T>& y, const Tensor<T>* head, bool retain_graph) {
   static_assert(std::is_floating_point_v<T>, "deft: backward needs a float or double value");
   const auto root = y.grad_meta();
+  const auto freed = [] {
+    deft::detail::raise<std::logic_error>(
+        "backward(): the graph behind this value was freed by an earlier backward(); pass retain_graph = true to "
+        "that call to run backward() through the graph again");
+  };
+  if (root && root->graph_freed) freed();
   if (!root || (!root->grad_fn && !root->attached))
     deft::detail::raise<std::logic_error>(
         "backward(): this value (shape ", y.shape().to_string(),
@@ -357,6 +363,9 @@ void backward(const Tensor<T>& y, const Tensor<T>* head, bool retain_graph) {
     deft::detail::raise("backward(): the head gradient is on ", head->device(), " but the value is on ", y.device());
   pause no_recording;  // gradients are plain deferred work, not recorded again
   const auto order = reverse_topological(root.get());
+  // Checked before any gradient moves: the values that lost their graph
+  // would silently pass nothing on to their inputs.
+  if (std::ranges::any_of(order, &MetaBase::graph_freed)) freed();
   for (auto* m : order) m->clear_pending();
   meta_of<T>(*root).pending = head ? *head : ones<T>(y.shape(), y.device());
   for (auto* m : order) {
@@ -370,7 +379,10 @@ void backward(const Tensor<T>& y, const Tensor<T>* head, bool retain_graph) {
     // all detached first and destroyed together, after the last use of `order`.
     std::vector<std::shared_ptr<Node>> nodes;
     for (auto* m : order)
-      if (m->grad_fn) nodes.push_back(std::move(m->grad_fn));
+      if (m->grad_fn) {
+        nodes.push_back(std::move(m->grad_fn));
+        m->graph_freed = true;
+      }
   }
 }
 

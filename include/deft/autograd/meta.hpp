@@ -41,6 +41,9 @@ struct MetaBase {
   // Set when backward() hands this variable a gradient, cleared by the
   // Trainer step that uses it: a step can tell a new gradient from an old one.
   bool fresh_grad = false;
+  // Set when a backward() without retain_graph freed grad_fn: a later
+  // backward() through this value would find no way to its inputs.
+  bool graph_freed = false;
 
   // The gradient gathered for this value during one backward pass.
   virtual bool has_pending() const = 0;

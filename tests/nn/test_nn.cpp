@@ -105,6 +105,28 @@ BOOST_AUTO_TEST_CASE(dense_is_one_task_outside_autograd_for_every_activation) {
       }
 }
 
+// softrelu is log(1 + e^x): x itself where e^x alone would overflow, with
+// the gradient sigmoid(x), finite everywhere.
+BOOST_AUTO_TEST_CASE(softrelu_stays_finite_for_large_inputs) {
+  const std::vector<float> v = {100.0f, -100.0f, 0.5f, 20.0f, 25.0f, -3.0f, 88.0f, 95.0f, 0.0f};
+  Tensor<float> x(v, {std::int64_t(v.size())});
+  x.attach_grad();
+  nn::Activation act(nn::Act::softrelu);
+  Tensor<float> y;
+  {
+    autograd::record rec;
+    y = act(x);
+    y.backward();
+  }
+  const auto out = y.to_vector(), g = x.grad().to_vector();
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const double t = v[i], want = t > 0 ? t + std::log1p(std::exp(-t)) : std::log1p(std::exp(t));
+    const double dwant = 1 / (1 + std::exp(-t));
+    BOOST_TEST(std::abs(out[i] - want) <= 1e-6 * std::max(1.0, want), "softrelu(" << t << ") = " << out[i]);
+    BOOST_TEST(std::abs(g[i] - dwant) <= 1e-6, "softrelu'(" << t << ") = " << g[i]);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(sequential_chains_and_collects_parameters_in_order) {
   nn::Sequential net;
   auto d1 = std::make_shared<nn::Dense>(4, nn::Act::tanh);
@@ -195,6 +217,27 @@ BOOST_AUTO_TEST_CASE(softmax_cross_entropy_matches_a_double_reference_with_its_g
   }
 }
 
+// A class scored -inf (masked out) has probability 0: the loss and the
+// gradient stay finite, as a double reference says.
+BOOST_AUTO_TEST_CASE(softmax_cross_entropy_with_a_masked_class) {
+  const float inf = INFINITY;
+  Tensor<float> scores({0.0f, -inf, 1.0f, 2.0f, 0.5f, -inf}, {2, 3});
+  const Tensor<std::int64_t> labels({0, 1}, {2});
+  scores.attach_grad();
+  Tensor<float> loss;
+  {
+    autograd::record rec;
+    loss = nn::SoftmaxCrossEntropyLoss{}(scores, labels);
+    loss.backward();
+  }
+  const auto l = loss.to_vector(), g = scores.grad().to_vector();
+  BOOST_TEST(std::abs(l[0] - std::log(1 + std::exp(1.0))) <= 1e-6);
+  BOOST_TEST(std::abs(l[1] - (std::log(std::exp(2.0) + std::exp(0.5)) - 0.5)) <= 1e-6);
+  const double z0 = 1 + std::exp(1.0), z1 = std::exp(2.0) + std::exp(0.5);
+  const double want[] = {1 / z0 - 1, 0, std::exp(1.0) / z0, std::exp(2.0) / z1, std::exp(0.5) / z1 - 1, 0};
+  for (int i = 0; i < 6; ++i) BOOST_TEST(std::abs(g[i] - want[i]) <= 1e-6, "gradient " << i << ": " << g[i]);
+}
+
 BOOST_AUTO_TEST_CASE(an_out_of_range_label_fails_at_the_sync_point) {
   const Tensor<float> scores = ones<float>({2, 3});
   const Tensor<std::int64_t> labels({1, 3}, {2});
@@ -277,6 +320,100 @@ BOOST_AUTO_TEST_CASE(misuse_is_reported) {
   BOOST_CHECK_EXCEPTION(trainer.step(4), std::logic_error, [](const std::logic_error& e) { return mentions(e, "no value yet"); });
   BOOST_CHECK_THROW(trainer.step(0), std::invalid_argument);
   BOOST_CHECK_THROW(nn::Trainer(layer.collect_params(), nn::SGD{-1.0f}), std::invalid_argument);
+  BOOST_CHECK_THROW(nn::Trainer(layer.collect_params(), nn::SGD{std::nanf("")}), std::invalid_argument);
+  BOOST_CHECK_THROW(nn::Trainer(layer.collect_params(), nn::Adam{INFINITY}), std::invalid_argument);
+  BOOST_CHECK_THROW(trainer.set_learning_rate(std::nanf("")), std::invalid_argument);
+  BOOST_TEST(trainer.learning_rate() == nn::SGD{}.learning_rate);
+  auto twice = layer.collect_params();
+  twice.push_back(twice.front());
+  BOOST_CHECK_EXCEPTION(nn::Trainer(twice, nn::SGD{}), std::invalid_argument, [&](const std::invalid_argument& e) {
+    return mentions(e, "'" + twice.front()->name() + "' is listed twice");
+  });
+}
+
+// reset_devices() moves a parameter's copies; momentum and Adam's moments
+// move with them: the steps after the move are those of a twin that never
+// moved (to the bit: the same kernels on the same host).
+BOOST_AUTO_TEST_CASE(optimizer_state_follows_the_parameters_devices) {
+  for (int which = 0; which < 2; ++which) {
+    random::seed(8);
+    nn::Dense moved(3), twin(3);
+    moved.initialize();
+    twin.initialize();
+    const Tensor<float> x = random::normal<float>(0, 1, {6, 4});
+    (void)moved(x), (void)twin(x);
+    twin.weight().set_data(moved.weight().data().clone());
+    twin.bias().set_data(moved.bias().data().clone());
+    const auto opt = which == 0 ? std::variant<nn::SGD, nn::Adam>(nn::SGD{0.1f, 0.9f})
+                                : std::variant<nn::SGD, nn::Adam>(nn::Adam{0.01f});
+    nn::Trainer t_moved(moved.collect_params(), opt), t_twin(twin.collect_params(), opt);
+    auto step = [&](nn::Dense& net, nn::Trainer& t, Device d) {
+      const Tensor<float> xd = x.to(d);
+      {
+        autograd::record rec;
+        Tensor<float> l = sum(net(xd) * net(xd));
+        l.backward();
+      }
+      t.step(6);
+    };
+    auto check = [&](Device d) {
+      BOOST_TEST_CONTEXT((which == 0 ? "SGD" : "Adam") << ", the copy on " << d)
+      BOOST_TEST(moved.weight().data(d).to_vector() == twin.weight().data().to_vector(), boost::test_tools::per_element());
+      BOOST_TEST_CONTEXT((which == 0 ? "SGD" : "Adam") << ", the copy on " << d)
+      BOOST_TEST(moved.bias().data(d).to_vector() == twin.bias().data().to_vector(), boost::test_tools::per_element());
+    };
+    step(moved, t_moved, cpu(0));
+    step(twin, t_twin, cpu(0));
+    for (auto* p : moved.collect_params()) p->reset_devices({cpu(1)});  // as many copies, elsewhere
+    step(moved, t_moved, cpu(1));
+    step(twin, t_twin, cpu(0));
+    check(cpu(1));
+    for (auto* p : moved.collect_params()) p->reset_devices({cpu(0), cpu(1)});  // one more copy
+    step(moved, t_moved, cpu(0));
+    step(twin, t_twin, cpu(0));
+    check(cpu(0));
+    check(cpu(1));
+  }
+}
+
+// A block added twice shares its parameters (Gluon's weight sharing): they
+// are collected, updated and saved once.
+BOOST_AUTO_TEST_CASE(a_block_added_twice_shares_its_parameters) {
+  random::seed(9);
+  auto d = std::make_shared<nn::Dense>(4, nn::Act::tanh);
+  nn::Sequential net;
+  net.add(d, d);
+  net.initialize();
+  const Tensor<float> x = random::normal<float>(0, 1, {5, 4});
+  const auto y = net(x).to_vector();
+  const auto params = net.collect_params();
+  BOOST_REQUIRE_EQUAL(params.size(), 2u);
+  BOOST_TEST(params[0] == &d->weight());
+  BOOST_TEST(params[1] == &d->bias());
+  const auto w = d->weight().data().to_vector(), b = d->bias().data().to_vector();
+  auto h = affine(x.to_vector(), w, b, 5, 4, 4);
+  std::vector<float> hf(h.size());
+  for (std::size_t i = 0; i < h.size(); ++i) hf[i] = float(std::tanh(h[i]));
+  const auto ref = affine(hf, w, b, 5, 4, 4);
+  for (std::size_t i = 0; i < ref.size(); ++i) BOOST_TEST(std::abs(y[i] - std::tanh(ref[i])) <= 1e-5);
+
+  nn::Trainer trainer(params, nn::SGD{0.1f});
+  {
+    autograd::record rec;
+    Tensor<float> l = sum(net(x));
+    l.backward();
+  }
+  const auto g = d->weight().grad().to_vector();
+  trainer.step(5);
+  const auto w1 = d->weight().data().to_vector();
+  for (std::size_t i = 0; i < w.size(); ++i) BOOST_TEST(std::abs(w1[i] - (w[i] - 0.1 * g[i] / 5)) <= 1e-6);
+
+  const auto file = temp_file("shared.bin");
+  nn::save_parameters(net, file);
+  d->weight().set_data(zeros<float>({4, 4}));
+  nn::load_parameters(net, file);
+  BOOST_TEST(d->weight().data().to_vector() == w1, boost::test_tools::per_element());
+  std::filesystem::remove(file);
 }
 
 // A step uses only gradients backward() wrote since the last step: a second
@@ -558,6 +695,27 @@ BOOST_AUTO_TEST_CASE(save_and_load_round_trip_and_reject_bad_files) {
   write(extra);
   BOOST_CHECK_EXCEPTION(nn::load_parameters(*a, bad), std::runtime_error,
                         [](const std::runtime_error& e) { return mentions(e, "trailing bytes"); });
+  // Extents that claim more values than the file holds: refused before
+  // anything is allocated for them (4 TiB, or more than 64 bits count).
+  for (const std::vector<std::int64_t>& dims : {std::vector<std::int64_t>{std::int64_t(1) << 40},
+                                                std::vector<std::int64_t>{std::int64_t(1) << 40, std::int64_t(1) << 40}}) {
+    std::vector<char> huge(bytes.begin(), bytes.begin() + 12);  // magic and byte-order mark
+    auto put = [&](const auto& v) {
+      const char* c = reinterpret_cast<const char*>(&v);
+      huge.insert(huge.end(), c, c + sizeof v);
+    };
+    put(std::uint64_t(1));
+    put(std::uint32_t(4));
+    huge.insert(huge.end(), {'b', 'i', 'g', 'w'});
+    put(std::uint32_t(dims.size()));
+    for (const auto e : dims) put(e);
+    put(1.0f);
+    write(huge);
+    BOOST_CHECK_EXCEPTION(nn::load_parameters(*a, bad), std::runtime_error, [&](const std::runtime_error& e) {
+      return mentions(e, bad.string()) && mentions(e, "truncated") && mentions(e, "'bigw'") &&
+             mentions(e, "holds only 1 more values");
+    });
+  }
   BOOST_CHECK_EXCEPTION(nn::load_parameters(*a, temp_file("missing.bin")), std::runtime_error,
                         [](const std::runtime_error& e) { return mentions(e, "cannot open"); });
   // Nothing changed by the failed loads.

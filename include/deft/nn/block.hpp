@@ -8,6 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -213,10 +214,16 @@ class Block {
   /// The block's name, e.g. "dense0".
   const std::string& name() const { return name_; }
 
-  /// Every parameter of this block and its children, in a stable order.
+  /// Every parameter of this block and its children, in a stable order,
+  /// each once: a block added twice (`net.add(d, d)`, shared weights) lists
+  /// its parameters where it first appears, so a Trainer updates them once
+  /// and save_parameters writes them once.
   std::vector<Parameter*> collect_params() {
-    std::vector<Parameter*> out;
-    collect(out);
+    std::vector<Parameter*> all, out;
+    collect(all);
+    std::unordered_set<const Parameter*> seen;
+    for (Parameter* p : all)
+      if (seen.insert(p).second) out.push_back(p);
     return out;
   }
   /// Sets how parameters start (default Xavier for weights; biases keep zeros);

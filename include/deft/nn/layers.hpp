@@ -23,7 +23,13 @@ decltype(auto) with_activation(Act act, X&& x, Use&& use) {
     case Act::relu: return use(relu(std::forward<X>(x)));
     case Act::sigmoid: return use(sigmoid(std::forward<X>(x)));
     case Act::tanh: return use(tanh(std::forward<X>(x)));
-    case Act::softrelu: return use(log(exp(std::forward<X>(x)) + 1.0f));
+    case Act::softrelu: {
+      // log(1 + e^x), which is x in float beyond 20: there e^x alone would
+      // overflow at 89 (inf, and a NaN gradient). The clamp at 30 keeps the
+      // branch not taken finite for the gradient, and away from x's own values.
+      auto e = as_expr(std::forward<X>(x));
+      return use(where(e > 20.0f, e, log(exp(minimum(e, 30.0f)) + 1.0f)));
+    }
     case Act::none: break;
   }
   return use(std::forward<X>(x));

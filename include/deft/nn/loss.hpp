@@ -75,7 +75,9 @@ class SoftmaxCrossEntropyLoss {
     const Tensor<float> lse = log(sum(exp(shifted), 1, true));
     const Tensor<float> y = map(detail::LabelCheck{classes}, label.reshape({n, 1}));
     const Tensor<float> onehot = arange<float>(0.0f, float(classes), 1.0f, pred.device()).reshape({1, classes}) == y;
-    return sum((lse - shifted) * onehot, 1) + y.reshape({n}) * 0.0f;  // + NaN for a bad label on a GPU
+    // Selected, not multiplied by the one-hot mask: a class scored -inf (a
+    // masked class) has lse - shifted = inf, and inf * 0 would be NaN.
+    return sum(where(onehot, lse - shifted, 0.0f), 1) + y.reshape({n}) * 0.0f;  // + NaN for a bad label on a GPU
   }
 };
 

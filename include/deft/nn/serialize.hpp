@@ -3,6 +3,7 @@
 // 0x01020304), the count (uint64), then per parameter its name (uint32
 // length + bytes), rank (uint32), extents (int64 each) and float32 values.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -32,6 +33,14 @@ struct Reader {
     if (!in.read(reinterpret_cast<char*>(&v), sizeof v))
       deft::detail::raise<std::runtime_error>("load_parameters: ", file, " is truncated (while reading ", what, ")");
     return v;
+  }
+  /// The bytes after the read position.
+  std::uint64_t remaining() {
+    const auto here = in.tellg();
+    in.seekg(0, std::ios::end);
+    const auto end = in.tellg();
+    in.seekg(here);
+    return here < 0 || end < here ? 0 : std::uint64_t(end - here);
   }
   void bytes(void* dst, std::size_t n, const std::string& what) {
     if (!in.read(static_cast<char*>(dst), std::streamsize(n)))
@@ -89,6 +98,22 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
       d = r.get<std::int64_t>("the shape of '" + name + "'");
       if (d < 0 || d > (std::int64_t(1) << 40))
         deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is corrupt (parameter '", name, "' has extent ", d, ")");
+    }
+    // The values must be in the file before anything is allocated for them:
+    // a corrupt extent would otherwise ask for terabytes.
+    const std::uint64_t available = r.remaining() / sizeof(float);
+    bool fits = true;
+    if (std::ranges::find(dims, 0) == dims.end())
+      for (std::uint64_t n = 1; const auto d : dims) {
+        fits = fits && n <= available / std::uint64_t(d);
+        n = fits ? n * std::uint64_t(d) : n;
+      }
+    if (!fits) {
+      std::string extents;
+      for (const auto d : dims) extents += (extents.empty() ? "" : ", ") + std::to_string(d);
+      deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is truncated (parameter '", name,
+                                              "' has extents (", extents, ") but the file holds only ", available,
+                                              " more values)");
     }
     const Shape s(dims);
     std::vector<float> values(std::size_t(s.size()));

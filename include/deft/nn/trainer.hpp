@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <unordered_set>
 #include <variant>
 #include <vector>
 
@@ -39,10 +40,15 @@ struct Adam {
 /// Updates parameters from their gradients with SGD or Adam (Gluon's Trainer).
 class Trainer {
  public:
-  /// Trains `params` (e.g. net.collect_params()); std::invalid_argument for a non-positive learning rate.
+  /// Trains `params` (e.g. net.collect_params()); std::invalid_argument for
+  /// a learning rate that is not positive and finite, or a parameter listed twice.
   Trainer(std::vector<Parameter*> params, std::variant<SGD, Adam> optimizer)
       : params_(std::move(params)), opt_(optimizer), state_(params_.size()), clock_of_(params_.size(), no_clock) {
-    if (learning_rate() <= 0) detail::raise("Trainer: the learning rate must be positive, got ", learning_rate());
+    check_learning_rate(learning_rate());
+    std::unordered_set<const Parameter*> seen;
+    for (const Parameter* p : params_)
+      if (!seen.insert(p).second)
+        detail::raise("Trainer: parameter '", p->name(), "' is listed twice (it would be updated twice per step)");
   }
 
   /// One update of every parameter from its current gradient / batch_size:
@@ -125,8 +131,8 @@ class Trainer {
     for (std::size_t k = 0; k < params.size(); ++k) {
       auto& state = state_[params[k]];
       auto& copies = values[k];
-      if (state.size() != copies.size()) state.assign(copies.size(), State{});
       const bool each = updates_each_copy(params[k]);
+      follow_devices(state, copies, each);
       for (std::size_t r = 0; r < copies.size(); ++r) {
         if (!each && r > 0) {
           copies[r].assign(copies[0].to(copies[r].device()));  // in place: a TrainStep keeps the storage
@@ -148,9 +154,9 @@ class Trainer {
   float learning_rate() const {
     return std::visit([](const auto& o) { return o.learning_rate; }, opt_);
   }
-  /// Changes the learning rate (schedules); std::invalid_argument unless positive.
+  /// Changes the learning rate (schedules); std::invalid_argument unless positive and finite.
   void set_learning_rate(float lr) {
-    if (lr <= 0) detail::raise("Trainer: the learning rate must be positive, got ", lr);
+    check_learning_rate(lr);
     std::visit([lr](auto& o) { o.learning_rate = lr; }, opt_);
   }
   /// How many steps were made (step() calls and TrainStep's replays).
@@ -223,7 +229,15 @@ class Trainer {
       tick(o, clocks_[c], device);
       advanced[c] = 1;
     }
-    for (std::size_t c = 0; c < clocks_.size(); ++c) clocks_[c].count += advanced[c];
+    for (std::size_t c = 0; c < clocks_.size(); ++c) {
+      if (!advanced[c]) continue;
+      ++clocks_[c].count;
+      // A device that updated no copy this time (reset_devices() moved them)
+      // is a step behind: dropped, a later join copies the current powers.
+      std::erase_if(clocks_[c].on, [&](const DeviceClock& d) {
+        return std::ranges::find(ticks, std::pair{c, d.device}) == ticks.end();
+      });
+    }
   }
   // Gives `clock` data on `device` for its count, unless it has some: a
   // copy of another device's powers (bits and all), or beta^count.
@@ -272,8 +286,33 @@ class Trainer {
     ++steps_;
     for (Clock& c : clocks_) ++c.count;
   }
+  static void check_learning_rate(float lr) {
+    if (!(lr > 0) || !std::isfinite(lr)) detail::raise("Trainer: the learning rate must be positive and finite, got ", lr);
+  }
   static void check_batch_size(std::int64_t batch_size, const char* op) {
     if (batch_size < 1) detail::raise("Trainer::", op, ": batch_size must be at least 1, got ", batch_size);
+  }
+
+  // Gives each updated copy of a parameter its optimizer state on the copy's
+  // device. reset_devices() may have moved or added copies since the state
+  // was made: the copies are equal, and so are their states, so any existing
+  // one (momentum, Adam's moments) carries over.
+  static void follow_devices(std::vector<State>& state, const std::vector<Tensor<float>>& copies, bool each) {
+    const std::size_t updated = each ? copies.size() : 1;
+    const auto fits = [&](std::size_t r) { return r < state.size() && (!state[r].m || state[r].m.device() == copies[r].device()); };
+    bool all_fit = state.size() == copies.size();
+    for (std::size_t r = 0; all_fit && r < updated; ++r) all_fit = fits(r);
+    if (all_fit) return;
+    const auto source = std::ranges::find_if(state, [](const State& st) { return bool(st.m); });
+    std::vector<State> next(copies.size());
+    for (std::size_t r = 0; r < updated; ++r) {
+      if (fits(r)) next[r] = state[r];
+      if (next[r].m || source == state.end()) continue;
+      const Device d = copies[r].device();
+      next[r].m = source->m.to(d);
+      if (source->v) next[r].v = source->v.to(d);
+    }
+    state = std::move(next);
   }
 
   // One optimizer update of copy w of parameter `param` from its summed gradient g.

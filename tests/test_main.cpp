@@ -79,6 +79,23 @@ BOOST_AUTO_TEST_CASE(arange_values) {
   BOOST_TEST(bad == 0u);
   BOOST_CHECK_THROW(deft::arange<float>(0.f, 1.f, 0.f), std::invalid_argument);
   BOOST_CHECK_THROW(deft::arange<std::int32_t>(0, 1, 0), std::invalid_argument);
+  // Integers beyond 2^53, where a double cannot count them: exact lengths
+  // and values (a nanosecond timestamp; 2^62; the whole int32 range).
+  const std::int64_t t0 = 1700000000000000000;
+  const auto ns = deft::arange<std::int64_t>(t0, t0 + 1000).to_vector();
+  BOOST_REQUIRE(ns.size() == 1000u);
+  BOOST_TEST(ns.front() == t0);
+  BOOST_TEST(ns.back() == t0 + 999);
+  const std::int64_t p62 = std::int64_t(1) << 62;
+  check_tensor(deft::arange<std::int64_t>(p62, p62 + 3), {3}, {double(p62), double(p62 + 1), double(p62 + 2)}, 0, 0,
+               "arange(2^62, 2^62 + 3)");
+  BOOST_TEST(deft::arange<std::int64_t>(p62, p62 + 3).to_vector()[2] == p62 + 2);
+  BOOST_TEST(deft::arange<std::int64_t>(0, p62 + 1, p62 >> 1).size() == 3);
+  const auto wide = deft::arange<std::int32_t>(INT32_MIN, INT32_MAX, 1 << 30).to_vector();
+  BOOST_TEST(wide == (std::vector<std::int32_t>{INT32_MIN, -(1 << 30), 0, 1 << 30}), boost::test_tools::per_element());
+  const auto down = deft::arange<std::int64_t>(INT64_MAX, INT64_MIN, -(std::int64_t(1) << 62)).to_vector();
+  BOOST_TEST(down.size() == 4u);
+  BOOST_TEST(down.back() == -(std::int64_t(1) << 62) - 1);  // INT64_MAX - 3 * 2^62
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(from_values, T, AllTypes) {
@@ -340,6 +357,10 @@ BOOST_AUTO_TEST_CASE(element_types_and_ranks) {
   BOOST_TEST(m.substr(0, m.rfind('\n')) == "[[1, 2, 3],\n [4, 5, 6]]");
   const std::string e = print(make<float>({}, Shape{2, 0}));
   BOOST_TEST(first_line(e) == "[[],");
+  // NaN prints without the sign bit a computed one carries on x86 (glibc: "-nan").
+  const Tensor<float> computed_nan = deft::sqrt(make<float>({-1.0f, 4.0f}, Shape{2}));
+  BOOST_TEST(first_line(print(computed_nan)) == "[nan, 2]");
+  BOOST_TEST(first_line(print(make<double>({std::nan(""), -INFINITY}, Shape{2}))) == "[nan, -inf]");
 }
 
 BOOST_AUTO_TEST_CASE(large_tensors_are_summarised) {

@@ -202,10 +202,36 @@ BOOST_AUTO_TEST_CASE(products_and_transposes) {
                                             "transpose of an expression");
   // Edge shapes that are valid.
   check_tensor(deft::dot(t({2, 0}), t({0, 3})), {2, 3}, std::vector<double>(6, 0), 0, 0, "dot with k = 0");
+  // Valid operands (no elements) whose product has more elements than 64 bits count.
+  const Tensor<float> tall = t({i64(1) << 40, 0}), wide = t({0, i64(1) << 40});
+  expect_record_error<std::length_error>([&] { (void)deft::dot(tall, wide); },
+                                         {"(1099511627776, 1099511627776)", "64 bits"}, "dot of 2^80 elements");
   check_tensor(deft::dot(t({0, 3}), m34), {0, 4}, {}, 0, 0, "dot with m = 0");
   check_tensor(deft::transpose(s), {}, {0}, 0, 0, "transpose of a scalar");
   (void)b245;
   w.check("products");
+}
+
+// A number that does not fit an integer tensor's type would wrap around
+// (x < 3000000000 on int32 would compare with -1294967296): refused.
+BOOST_AUTO_TEST_CASE(integer_numbers_that_do_not_fit_the_tensor) {
+  Witness w;
+  const Tensor<std::int32_t> i32({5, -7}, Shape{2});
+  const Tensor<std::int64_t> i64t({5, -7}, Shape{2});
+  deft::wait_all();
+  engine::reset_stats();
+  std::vector<Case> cases = {
+      {"int32 < 3e9", [&] { (void)(i32 < 3000000000LL); }, {"3000000000", "does not fit", "int32"}},
+      {"int32 + 3e9", [&] { (void)(i32 + 3000000000LL); }, {"3000000000", "int32"}},
+      {"int32 * -2^40", [&] { (void)(-(i64(1) << 40) * i32); }, {"-1099511627776", "int32"}},
+      {"int64 - 2^64 - 1", [&] { (void)(i64t - std::numeric_limits<std::uint64_t>::max()); }, {"18446744073709551615", "int64"}},
+      {"where int32", [&] { (void)deft::where(i32 > 0, i32, 5000000000LL); }, {"5000000000", "int32"}},
+  };
+  run_table<std::invalid_argument>(cases);
+  // Numbers that fit, of any integer type, still work.
+  check_tensor(Tensor<std::int32_t>(i32 + 2147483640LL), {2}, {2147483645.0, 2147483633.0}, 0, 0, "int32 + a long long that fits");
+  check_tensor(Tensor<std::int64_t>(i64t * 4000000000u), {2}, {2e10, -2.8e10}, 0, 0, "int64 * an unsigned that fits");
+  w.check("integer numbers");
 }
 
 BOOST_AUTO_TEST_CASE(creation_and_random_arguments) {
@@ -230,6 +256,8 @@ BOOST_AUTO_TEST_CASE(creation_and_random_arguments) {
       {"normal: infinite stddev", [&] { (void)deft::random::normal<float>(0, inf, {3}); }, {"random::normal", "finite", "inf"}},
       {"normal: NaN mean", [&] { (void)deft::random::normal<float>(nan, 1, {3}); }, {"random::normal", "mean = nan"}},
       {"uniform: negative extent", [] { (void)deft::random::uniform<float>(0, 1, {-4}); }, {"negative extent -4"}},
+      {"uniform<float32>: beyond float", [] { (void)deft::random::uniform<float>(1e39, 2e39, {3}); }, {"uniform<float32>", "range of float32"}},
+      {"normal<float32>: mean beyond float", [] { (void)deft::random::normal<float>(1e39, 1, {3}); }, {"normal<float32>", "range of float32"}},
   };
   run_table<std::invalid_argument>(cases);
   // Valid corner cases: empty ranges, hi at the top of int32, zero stddev.

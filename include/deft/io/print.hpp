@@ -1,8 +1,10 @@
 // Printing is a sync point: operator<< waits for the value, then writes it
 // numpy-style (long dimensions summarised) with its dtype, shape and device.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <ostream>
+#include <type_traits>
 #include <vector>
 
 #include "../expr/operators.hpp"
@@ -17,6 +19,14 @@ inline constexpr std::int64_t print_edge = 3;          // items kept at each end
 template <class T>
 void print_values(std::ostream& os, const std::vector<T>& v, const Shape& s, int dim, std::int64_t offset, bool summarise) {
   if (dim == s.rank()) {
+    // The stream's own format (std::setprecision applies), except NaN: one
+    // computed at run time has its sign bit set on x86, which glibc prints
+    // as "-nan", a sign NaN does not have.
+    if constexpr (std::is_floating_point_v<T>)
+      if (std::isnan(v[offset])) {
+        os << "nan";
+        return;
+      }
     os << +v[offset];  // unary + prints int8-like types as numbers
     return;
   }

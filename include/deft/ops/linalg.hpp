@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <numeric>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -41,9 +42,12 @@ inline ProductPlan plan_product(const Shape& a, const Shape& b, const char* op) 
     if (b[0] != a[0]) raise(op, ": batch extents differ: ", a.to_string(), " and ", b.to_string());
     p.shared_rhs = false;
   }
-  if (ra == 3) p.out.push_back(p.batch);
-  if (ra >= 2) p.out.push_back(p.m);
-  if (rb >= 2) p.out.push_back(p.n);
+  std::array<std::int64_t, 3> out{};
+  std::size_t r = 0;
+  if (ra == 3) out[r++] = p.batch;
+  if (ra >= 2) out[r++] = p.m;
+  if (rb >= 2) out[r++] = p.n;
+  p.out = Shape(std::span<const std::int64_t>(out.data(), r));  // checks the count fits 64 bits: (2^40, 0) x (0, 2^40) does not
   return p;
 }
 

@@ -62,12 +62,11 @@ Tensor<T> uniform(double lo, double hi, const Shape& shape, Device device = cpu(
   if (!(lo < hi)) detail::raise("random::uniform: needs lo < hi, got lo = ", lo, ", hi = ", hi);
   if (!std::isfinite(hi - lo))
     detail::raise("random::uniform: needs finite bounds and a finite hi - lo, got lo = ", lo, ", hi = ", hi);
-  if constexpr (std::is_integral_v<T>) {
-    // hi is excluded: lo .. hi - 1 must be values of T.
-    if (lo < double(std::numeric_limits<T>::lowest()) || hi > double(std::numeric_limits<T>::max()) + 1.0)
-      detail::raise("random::uniform<", dtype_name_of<T>, ">: bounds lo = ", lo, ", hi = ", hi, " exceed the range of ",
-                    dtype_name_of<T>);
-  }
+  // The bounds must be values of T (integers: lo .. hi - 1, hi excluded).
+  constexpr double top = double(std::numeric_limits<T>::max()) + (std::is_integral_v<T> ? 1.0 : 0.0);
+  if (lo < double(std::numeric_limits<T>::lowest()) || hi > top)
+    detail::raise("random::uniform<", dtype_name_of<T>, ">: bounds lo = ", lo, ", hi = ", hi, " exceed the range of ",
+                  dtype_name_of<T>);
   return detail::random_tensor<T, detail::Distribution::uniform>("uniform", lo, hi, shape, device);
 }
 
@@ -78,6 +77,9 @@ Tensor<T> normal(double mean, double stddev, const Shape& shape, Device device =
   if (!(stddev >= 0)) detail::raise("random::normal: the standard deviation must be >= 0, got ", stddev);
   if (!std::isfinite(mean) || !std::isfinite(stddev))
     detail::raise("random::normal: needs a finite mean and standard deviation, got mean = ", mean, ", stddev = ", stddev);
+  if (std::abs(mean) > double(std::numeric_limits<T>::max()) || stddev > double(std::numeric_limits<T>::max()))
+    detail::raise("random::normal<", dtype_name_of<T>, ">: mean = ", mean, ", stddev = ", stddev, " exceed the range of ",
+                  dtype_name_of<T>);
   return detail::random_tensor<T, detail::Distribution::normal>("normal", mean, stddev, shape, device);
 }
 

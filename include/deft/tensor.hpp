@@ -314,7 +314,9 @@ class Tensor {
     var();  // an empty handle is the first thing wrong
     if (device == this->device()) return *this;
     const detail::Leaf<T> from = leaf();
-    const bool pinned = device.type == DeviceType::cpu;  // the source is on a GPU
+    // Page-locked only where a DMA from a GPU writes it: pinned memory is
+    // scarce, and a copy between the CPU's logical devices is a memcpy.
+    const bool pinned = device.type == DeviceType::cpu && this->device().type != DeviceType::cpu;
     Tensor out = detail::record_new<T>("to", shape_, detail::Placement(device, pinned), detail::CopyAcross<T>{from},
                                        [](auto& t) { t.add_input(t.kernel().from.buffer); });
     if (from.grad) autograd::detail::track_copy(out, from);

@@ -217,6 +217,8 @@ inline void pinned_round_trip() {
   const Tensor<float> direct(v, {n}, deft::gpu(0));  // staged by the constructor itself
   Tensor<float> back = Tensor<float>(g + direct).to(deft::cpu());
   BOOST_TEST(back.is_pinned());
+  // Between the CPU's logical devices a copy is a memcpy: no pinned memory for it.
+  BOOST_TEST(!back.to(deft::cpu(1)).is_pinned());
   std::vector<double> twice(v.begin(), v.end());
   for (auto& x : twice) x *= 2;
   expect_near(back.to_vector(), twice, 0, "gpu(0) and back, through pinned memory");

@@ -195,6 +195,11 @@ BOOST_AUTO_TEST_CASE(split_and_load_shares_rows_in_proportion) {
     BOOST_TEST(sum == rows);
   }
 
+  // Huge finite shares split as their ratios do (their sum would overflow).
+  BOOST_TEST(detail::split_rows(4, {1.7e308, 1.7e308}) == (std::vector<std::int64_t>{2, 2}), boost::test_tools::per_element());
+  BOOST_TEST(detail::split_rows(4, {1e308, 1e307}) == (std::vector<std::int64_t>{3, 1}), boost::test_tools::per_element());
+  BOOST_TEST(detail::split_rows(4, {1e-300, 3e-300}) == (std::vector<std::int64_t>{1, 3}), boost::test_tools::per_element());
+
   BOOST_CHECK_EXCEPTION(split_and_load(batch, three, std::vector<double>{1, 2}), std::invalid_argument,
                         [](const std::invalid_argument& e) { return mentions(e, "2 shares for 3 devices"); });
   BOOST_CHECK_EXCEPTION(split_and_load(batch, three, std::vector<double>{1, 0, 2}), std::invalid_argument,
@@ -340,6 +345,12 @@ BOOST_AUTO_TEST_CASE(allreduce_of_many_tensors_packs_them_into_buckets) {
     return mentions(e, "tensor 1") && mentions(e, "part 1") && mentions(e, "(2, 3)");
   });
   BOOST_TEST(recorded() == before);
+  // An empty handle among scalar parts (its shape is () too) is refused
+  // before the tensors after it are summed.
+  std::vector<std::vector<Tensor<float>>> empty = {{Tensor<float>(), ones<float>({}, cpu(1))},
+                                                   {ones<float>({2}), ones<float>({2}, cpu(1))}};
+  BOOST_CHECK_THROW(allreduce(empty, 0), std::logic_error);
+  for (const auto& t : empty[1]) BOOST_TEST(t.to_vector() == (std::vector<float>{1, 1}), boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

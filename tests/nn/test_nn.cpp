@@ -608,6 +608,13 @@ BOOST_AUTO_TEST_CASE(clip_global_norm_scales_by_the_norm_of_all_arrays) {
     BOOST_CHECK_EXCEPTION(nn::clip_global_norm(arrays, bad), std::invalid_argument,
                           [](const std::invalid_argument& e) { return mentions(e, "max_norm"); });
   BOOST_TEST(arrays[0].to_vector() == clipped, boost::test_tools::per_element());  // refused before any change
+
+  // Squares beyond float's range (exploding gradients): the norm is inf and
+  // the arrays become NaN, as documented, rather than silently zero.
+  std::vector<Tensor<float>> exploded{Tensor<float>({1e20f, -1e20f}, {2}), Tensor<float>({0.5f}, {1}, cpu(1))};
+  BOOST_TEST(std::isinf(nn::clip_global_norm(exploded, 1.0f).item()));
+  for (const auto& a : exploded)
+    for (float v : a.to_vector()) BOOST_TEST(std::isnan(v));
 }
 
 // Arrays spread over two devices, interleaved: each device sums its own

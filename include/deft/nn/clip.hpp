@@ -34,7 +34,10 @@ std::pair<Tensor<T>, Tensor<T>> clipping_scale(const std::vector<Tensor<T>>& arr
   Tensor<T> squares = per_device[0].second;
   for (std::size_t i = 1; i < per_device.size(); ++i) squares = squares + per_device[i].second.to(home);
   Tensor<T> norm = sqrt(squares);
-  Tensor<T> scale = minimum(max_norm / (norm + T(1e-6)), T(1));
+  // + 0 * norm: NaN for a NaN or infinite norm (squares past float's range
+  // when gradients explode), where the quotient alone would be 0 and zero
+  // the arrays silently; nothing for a finite one.
+  Tensor<T> scale = minimum(max_norm / (norm + T(1e-6)), T(1)) + norm * T(0);
   return {std::move(norm), std::move(scale)};
 }
 

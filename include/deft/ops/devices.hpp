@@ -31,13 +31,16 @@ namespace detail {
 /// one row, the first ones larger. Needs rows >= shares.size().
 inline std::vector<std::int64_t> split_rows(std::int64_t rows, const std::vector<double>& shares) {
   const std::size_t n = shares.size();
+  // Relative to the largest share: huge finite shares (1e308) would
+  // otherwise overflow the sum and the quotas.
+  const double largest = *std::max_element(shares.begin(), shares.end());
   double total = 0;
-  for (double s : shares) total += s;
+  for (double s : shares) total += s / largest;
   std::vector<std::int64_t> counts(n);
   std::vector<std::pair<double, std::size_t>> rest(n);  // (remainder, part)
   std::int64_t given = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    const double quota = double(rows) * shares[i] / total;
+    const double quota = double(rows) * (shares[i] / largest) / total;
     counts[i] = std::min(rows, std::int64_t(quota));
     given += counts[i];
     rest[i] = {quota - double(counts[i]), i};
@@ -196,6 +199,7 @@ struct ReadAfterSum {
 /// Raises unless every part has part 0's shape (`what` starts the message).
 template <Element T>
 void check_parts(const std::vector<Tensor<T>>& parts, const std::string& what) {
+  for (const auto& p : parts) (void)p.device();  // an empty handle raises here, before anything is summed
   for (std::size_t i = 1; i < parts.size(); ++i)
     if (!(parts[i].shape() == parts[0].shape()))
       raise(what, "part ", i, " has shape ", parts[i].shape().to_string(), " but part 0 has shape ",

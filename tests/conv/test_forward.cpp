@@ -76,6 +76,32 @@ BOOST_AUTO_TEST_CASE(empty_batch_and_channels) {
   Tensor<float> y2 = conv2d(zeros<float>({2, 0, 4, 4}), zeros<float>({2, 0, 3, 3}), full<float>({2}, 1.5f));
   BOOST_TEST(y2.shape() == (Shape{2, 2, 2, 2}));
   for (float v : y2.to_vector()) BOOST_TEST(v == 1.5f);
+  // Empty outputs need no im2col scratch: a batch of 0 huge images, and no
+  // output channels over a huge padded image (each would ask for terabytes).
+  const std::int64_t big = std::int64_t(1) << 20;
+  Tensor<float> none = conv2d(zeros<float>({0, 1, big, big}), ones<float>({1, 1, 1, 1}));
+  BOOST_TEST(none.shape() == (Shape{0, 1, big, big}));
+  BOOST_CHECK_NO_THROW(none.wait_to_read());
+  Tensor<float> x1 = ones<float>({1, 1, 1, 1});
+  x1.attach_grad();
+  Tensor<float> no_channels;
+  {
+    autograd::record rec;
+    no_channels = conv2d(x1, zeros<float>({0, 1, 1, 1}), 1, big);
+    sum(no_channels).backward();
+  }
+  BOOST_TEST(no_channels.shape() == (Shape{1, 0, 2 * big + 1, 2 * big + 1}));
+  BOOST_TEST(no_channels.to_vector().empty());
+  BOOST_TEST(x1.grad().to_vector() == std::vector<float>{0.0f});  // no output reads x
+}
+
+// A stride and padding near 2^63 (the padded height still fits int64): the
+// one output reads padding, without overflow on the way.
+BOOST_AUTO_TEST_CASE(huge_stride_and_padding) {
+  const std::int64_t s = std::numeric_limits<std::int64_t>::max(), p = (std::int64_t(1) << 62) - 1;
+  Tensor<double> y = conv2d(ones<double>({1, 1, 1, 1}), ones<double>({1, 1, 1, 1}), full<double>({1}, 2.0), s, p);
+  BOOST_TEST(y.shape() == (Shape{1, 1, 1, 1}));
+  BOOST_TEST(y.to_vector() == std::vector<double>{2.0});
 }
 
 BOOST_AUTO_TEST_CASE(pooling_against_naive_loops) {

@@ -127,6 +127,22 @@ BOOST_AUTO_TEST_CASE(softrelu_stays_finite_for_large_inputs) {
   }
 }
 
+// A first call that conv2d refuses (NHWC given for NCHW) leaves the weight
+// undrawn: the right input still works afterwards. Later, another channel
+// count is refused naming the layer.
+BOOST_AUTO_TEST_CASE(conv2d_layer_draws_its_weight_only_for_a_valid_call) {
+  nn::Conv2D c(4, 5);
+  c.initialize();
+  BOOST_CHECK_THROW(c(ones<float>({2, 28, 28, 1})), std::invalid_argument);
+  BOOST_TEST(!c.weight().initialized());
+  BOOST_TEST(c(ones<float>({2, 1, 28, 28})).shape() == (Shape{2, 4, 24, 24}));
+  BOOST_CHECK_EXCEPTION(c(ones<float>({2, 3, 28, 28})), std::invalid_argument, [&](const std::invalid_argument& e) {
+    return mentions(e, c.name()) && mentions(e, "built for 1 input channels") && mentions(e, "(2, 3, 28, 28)");
+  });
+  BOOST_CHECK_THROW(nn::Conv2D(4, 3, 0), std::invalid_argument);
+  BOOST_CHECK_THROW(nn::Conv2D(4, 3, 1, -1), std::invalid_argument);
+}
+
 BOOST_AUTO_TEST_CASE(sequential_chains_and_collects_parameters_in_order) {
   nn::Sequential net;
   auto d1 = std::make_shared<nn::Dense>(4, nn::Act::tanh);

@@ -19,11 +19,21 @@ class Conv2D : public Block {
         weight_(add_parameter("weight")), bias_(add_parameter("bias")) {
     if (channels < 1 || kernel.h < 1 || kernel.w < 1)
       detail::raise("Conv2D: channels and kernel extents must be at least 1, got ", channels, " and ", kernel.to_string());
+    if (stride.h < 1 || stride.w < 1 || padding.h < 0 || padding.w < 0)
+      detail::raise("Conv2D: the stride must be at least 1 and the padding at least 0, got stride ", stride.to_string(),
+                    " and padding ", padding.to_string());
   }
   Tensor<float> forward(const Tensor<float>& x) override {
     if (x.rank() != 4) detail::raise(name(), ": needs an input of shape (batch, channels, height, width), got ", x.shape().to_string());
-    weight_.materialize(Shape{channels_, x.shape()[1], kernel_.h, kernel_.w});
-    bias_.materialize(Shape{channels_});
+    const Shape w{channels_, x.shape()[1], kernel_.h, kernel_.w}, b{channels_};
+    if (weight_.initialized() && !(weight_.shape() == w))
+      detail::raise(name(), ": was built for ", weight_.shape()[1], " input channels but got an input of shape ",
+                    x.shape().to_string());
+    // The whole call is checked before the weight is drawn: a first call
+    // with a bad input (NHWC for NCHW) must not fix its channel count.
+    (void)detail::plan_conv2d(x.shape(), w, &b, stride_, padding_);
+    weight_.materialize(w);
+    bias_.materialize(b);
     return activate(act_, conv2d(x, weight_.data(x.device()), bias_.data(x.device()), stride_, padding_));
   }
   /// W, of shape (channels, in_channels, kh, kw).

@@ -18,7 +18,7 @@ namespace deft::detail::cpu {
 /// Output positions [lo, hi) along one axis whose input index o*s + off lies in [0, in).
 inline void valid_range(std::int64_t off, std::int64_t s, std::int64_t in, std::int64_t out, std::int64_t& lo,
                         std::int64_t& hi) {
-  lo = off >= 0 ? 0 : (-off + s - 1) / s;
+  lo = off >= 0 ? 0 : -off / s + (-off % s != 0);  // the ceiling of -off / s, without overflow for huge strides
   const std::int64_t top = in - 1 - off;  // o*s <= top
   hi = top < 0 ? 0 : std::min(out, top / s + 1);
   lo = std::min(lo, hi);
@@ -148,6 +148,7 @@ void gather_block(const ConvGeom& g, const T* dy, std::int64_t images, T* dyb) {
 template <class T>
 void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* bias, T* y) {
   const std::int64_t K = g.k(), P = g.p(), B = g.block(), nb = g.blocks(), chw = g.c * g.h * g.w;
+  if (g.n == 0 || g.o == 0) return;  // an empty output: no image's scratch to allocate
   parallel_range(nb, std::max<std::int64_t>(1, B * (g.o + 2) * K * P), 1, [&](std::int64_t lo, std::int64_t hi) {
     Scratch<T> cols(at_least_one(K * B * P));
     Scratch<T> yb(at_least_one(B > 1 ? g.o * B * P : 0));
@@ -178,6 +179,10 @@ void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* bias, T*
 template <class T>
 void conv2d_backward_input(const ConvGeom& g, const T* dy, const T* w, T* dx) {
   const std::int64_t K = g.k(), P = g.p(), B = g.block(), nb = g.blocks(), chw = g.c * g.h * g.w;
+  if (g.n == 0 || g.o == 0) {  // no output channel reads x: its gradient is zero, without scratch
+    std::fill(dx, dx + g.n * chw, T(0));
+    return;
+  }
   parallel_range(nb, std::max<std::int64_t>(1, B * (g.o + 2) * K * P), 1, [&](std::int64_t lo, std::int64_t hi) {
     Scratch<T> dcols(at_least_one(K * B * P));
     Scratch<T> dyb(at_least_one(B > 1 ? g.o * B * P : 0));

@@ -108,6 +108,7 @@ inline i64 conv_block(const ConvGeom& g) {
 template <class Launch, class T>
 void conv2d_forward(const Launch& on, int device, const ConvGeom& g, const T* x, const T* w, const T* bias, T* y) {
   const i64 K = g.k(), P = g.p(), B = conv_block(g), chw = g.c * g.h * g.w;
+  if (g.n == 0 || g.o == 0) return;  // an empty output: no image's scratch to allocate
   Scratch<T> cols(device, K * B * P), rows(device, g.o * B * P);
   for (i64 n0 = 0; n0 < g.n; n0 += B) {
     const i64 ld = std::min(B, g.n - n0) * P;
@@ -121,6 +122,10 @@ void conv2d_forward(const Launch& on, int device, const ConvGeom& g, const T* x,
 template <class Launch, class T>
 void conv2d_backward_input(const Launch& on, int device, const ConvGeom& g, const T* dy, const T* w, T* dx) {
   const i64 K = g.k(), P = g.p(), B = conv_block(g), chw = g.c * g.h * g.w;
+  if (g.n == 0 || g.o == 0) {  // no output channel reads x: its gradient is zero, without scratch
+    if (g.n * chw > 0) for_each_output(on.policy(), g.n * chw, Filled<T>{T(0)}, dx);
+    return;
+  }
   Scratch<T> dcols(device, K * B * P), rows(device, g.o * B * P);
   for (i64 n0 = 0; n0 < g.n; n0 += B) {
     const i64 m = std::min(B, g.n - n0), ld = m * P;

@@ -805,6 +805,44 @@ std::shared_ptr<nn::Sequential> seeds_net() {  // the seeds' 512 -> 256 -> 128 -
 }
 }  // namespace
 
+// A forward traced while its work ran as it was recorded (synchronous
+// mode; in deferred mode a bound on pending work does the same): the
+// replay still orders each layer after the one before it.
+BOOST_AUTO_TEST_CASE(a_forward_traced_while_its_work_ran_replays_in_order) {
+  random::seed(60);
+  auto net = seeds_net();
+  const Tensor<float> x1 = random::normal<float>(0, 1, {1, 512}), x2 = random::normal<float>(0, 1, {1, 512});
+  const auto r1 = (*net)(x1).to_vector(), r2 = (*net)(x2).to_vector();
+  net->hybridize();
+  const auto mode = engine::mode();
+  engine::set_mode(engine::Mode::synchronous);
+  const auto traced = (*net)(x1).to_vector();  // traced, each task run as it is recorded
+  engine::set_mode(engine::Mode::deferred);
+  const auto replayed = (*net)(x2).to_vector();
+  engine::set_mode(mode);
+  BOOST_TEST(net->traces() == 1);
+  BOOST_TEST(traced == r1, boost::test_tools::per_element());
+  BOOST_TEST(replayed == r2, boost::test_tools::per_element());
+}
+
+// A layer added after tracing is part of the next call: every traced graph
+// retraces (Gluon clears its cached graph in register_child).
+BOOST_AUTO_TEST_CASE(a_layer_added_after_tracing_runs) {
+  nn::Sequential net;
+  net.add(std::make_shared<nn::Dense>(4));
+  net.initialize();
+  const Tensor<float> x = ones<float>({2, 3});
+  (void)net(x).to_vector();  // deferred initialization runs untraced
+  net.hybridize();
+  (void)net(x).to_vector();
+  BOOST_TEST(net.traces() == 1);
+  net.add(std::make_shared<nn::Dense>(2));
+  net.initialize();
+  BOOST_TEST(net(x).shape() == (Shape{2, 2}));  // the new layer's initialization, untraced
+  BOOST_TEST(net(x).shape() == (Shape{2, 2}));
+  BOOST_TEST(net.traces() == 2);
+}
+
 BOOST_AUTO_TEST_CASE(replays_equal_the_imperative_results_and_retrace_when_needed) {
   random::seed(8);
   auto net = seeds_net();

@@ -22,6 +22,14 @@
 
 namespace deft::detail {
 
+class Trace;
+
+/// The trace the calling thread is recording into, if any (trace.hpp).
+inline Trace*& active_trace() {
+  thread_local Trace* trace = nullptr;
+  return trace;
+}
+
 /// Whether a weak and a shared reference name the same object (its control
 /// block), without locking the weak one.
 template <class A, class B>
@@ -69,13 +77,18 @@ class Task {
           break;
         }
     }
-    if (const auto& p = b->producer; p && p.get() != this && !p->finished()) {
+    const auto& p = b->producer;
+    const bool pending = p && p.get() != this && !p->finished();
+    // While a trace records, a finished producer (synchronous mode, or a
+    // bound that ran the work meanwhile) stays a dependency too: the trace
+    // links its steps through deps, and a replay must run this step after
+    // the one making its input, which runs again. The engine skips it.
+    if (pending || (p && p.get() != this && active_trace())) {
       for (const auto& d : deps)
         if (d == p) return;
       deps.push_back(p);
-    } else if (b->error && !inherited_error) {
-      inherited_error = b->error;
     }
+    if (!pending && b->error && !inherited_error) inherited_error = b->error;
   }
 
   /// For Engine::record_again, which reuses a finished task: the task as if

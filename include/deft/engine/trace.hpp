@@ -21,14 +21,6 @@
 
 namespace deft::detail {
 
-class Trace;
-
-/// The trace the calling thread is recording into, if any.
-inline Trace*& active_trace() {
-  thread_local Trace* trace = nullptr;
-  return trace;
-}
-
 class Trace {
  public:
   struct Step {

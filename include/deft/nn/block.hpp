@@ -4,6 +4,8 @@
 // input size) are created at the first forward call: deferred initialization.
 #pragma once
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -256,7 +258,10 @@ class Block {
     return *params_.back();
   }
   /// Adds a child block (its parameters become this block's too).
-  void add_child(std::shared_ptr<Block> child) { children_.push_back(std::move(child)); }
+  void add_child(std::shared_ptr<Block> child) {
+    structure_version().fetch_add(1, std::memory_order_relaxed);
+    children_.push_back(std::move(child));
+  }
   /// The child blocks, in the order they were added.
   const std::vector<std::shared_ptr<Block>>& children() const { return children_; }
 
@@ -269,14 +274,24 @@ class Block {
     std::shared_ptr<detail::Buffer> input_buffer;   // the placeholder's storage, refilled per call
     std::size_t output_step = detail::Trace::none;  // the step a replay gives a new output buffer
     std::vector<std::pair<Parameter*, const detail::Buffer*>> params;
+    std::uint64_t structure = structure_version().load(std::memory_order_relaxed);  // a layer added since retraces
     bool fits(const Tensor<float>& x) const { return x.device() == input.device() && x.shape() == input.shape(); }
     bool stale() const {
+      if (structure != structure_version().load(std::memory_order_relaxed)) return true;
       for (const auto& [p, version] : params)
         if (!p->initialized() || !p->holds(input.device()) || p->data(input.device()).storage() != version)
           return true;
       return false;
     }
   };
+
+  // Bumped whenever any block gains a child: a traced graph of it or of a
+  // block holding it (at any depth) no longer runs what forward() would.
+  // One count for all blocks; a child added elsewhere costs one retrace.
+  static std::atomic<std::uint64_t>& structure_version() {
+    static std::atomic<std::uint64_t> version{0};
+    return version;
+  }
 
   // One traced graph per device the block is called on (data parallelism
   // calls it on several in turn) and input shape (an epoch's last, shorter

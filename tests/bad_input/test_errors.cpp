@@ -231,6 +231,7 @@ BOOST_AUTO_TEST_CASE(integer_numbers_that_do_not_fit_the_tensor) {
   // Numbers that fit, of any integer type, still work.
   check_tensor(Tensor<std::int32_t>(i32 + 2147483640LL), {2}, {2147483645.0, 2147483633.0}, 0, 0, "int32 + a long long that fits");
   check_tensor(Tensor<std::int64_t>(i64t * 4000000000u), {2}, {2e10, -2.8e10}, 0, 0, "int64 * an unsigned that fits");
+  check_tensor(Tensor<std::int32_t>(i32 == char(5)), {2}, {1, 0}, 0, 0, "int32 == a char");
   w.check("integer numbers");
 }
 

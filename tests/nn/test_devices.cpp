@@ -199,6 +199,10 @@ BOOST_AUTO_TEST_CASE(split_and_load_shares_rows_in_proportion) {
   BOOST_TEST(detail::split_rows(4, {1.7e308, 1.7e308}) == (std::vector<std::int64_t>{2, 2}), boost::test_tools::per_element());
   BOOST_TEST(detail::split_rows(4, {1e308, 1e307}) == (std::vector<std::int64_t>{3, 1}), boost::test_tools::per_element());
   BOOST_TEST(detail::split_rows(4, {1e-300, 3e-300}) == (std::vector<std::int64_t>{1, 3}), boost::test_tools::per_element());
+  // Ordinary shares keep their exact quotas: 1.5 and 13.5 tie, and the tie
+  // goes to the earlier part (a share taken relative to the largest would
+  // round 1.5 down to 1.4999999999999998).
+  BOOST_TEST(detail::split_rows(15, {1, 9}) == (std::vector<std::int64_t>{2, 13}), boost::test_tools::per_element());
 
   BOOST_CHECK_EXCEPTION(split_and_load(batch, three, std::vector<double>{1, 2}), std::invalid_argument,
                         [](const std::invalid_argument& e) { return mentions(e, "2 shares for 3 devices"); });

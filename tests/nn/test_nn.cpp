@@ -9,8 +9,10 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <deft/nn.hpp>
@@ -739,6 +741,16 @@ BOOST_AUTO_TEST_CASE(save_and_load_round_trip_and_reject_bad_files) {
              mentions(e, "holds only 1 more values");
     });
   }
+  // A stream that cannot seek (a named pipe, `<(zcat params.gz)`) loads too.
+  const auto fifo = temp_file("params.fifo");
+  BOOST_REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::thread writer([&] {
+    std::ofstream out(fifo, std::ios::binary);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+  });
+  BOOST_CHECK_NO_THROW(nn::load_parameters(*a, fifo));
+  writer.join();
+  std::filesystem::remove(fifo);
   BOOST_CHECK_EXCEPTION(nn::load_parameters(*a, temp_file("missing.bin")), std::runtime_error,
                         [](const std::runtime_error& e) { return mentions(e, "cannot open"); });
   // Nothing changed by the failed loads.

@@ -327,7 +327,7 @@ decltype(auto) operand(X&& x) {
     static_assert(!(std::is_integral_v<T> && std::is_floating_point_v<N>),
                   "deft: a floating-point number cannot combine with an integer tensor; use deft::cast<float>(x)");
     if constexpr (std::is_integral_v<T> && std::is_integral_v<N> && !std::is_same_v<N, bool>)
-      if (!std::in_range<T>(x))  // it would wrap around: x < 3000000000 on int32 would compare with -1294967296
+      if (!std::in_range<T>(+x))  // + : a character type promoted (in_range takes standard integers only)  // it would wrap around: x < 3000000000 on int32 would compare with -1294967296
         raise("the number ", +x, " does not fit the ", dtype_name_of<T>, " tensor it combines with");
     return Constant<T>(static_cast<T>(x));
   }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -34,13 +35,20 @@ struct Reader {
       deft::detail::raise<std::runtime_error>("load_parameters: ", file, " is truncated (while reading ", what, ")");
     return v;
   }
-  /// The bytes after the read position.
-  std::uint64_t remaining() {
+  /// The bytes after the read position; none known for a stream that
+  /// cannot seek (a pipe), which is then read as it comes.
+  std::optional<std::uint64_t> remaining() {
     const auto here = in.tellg();
+    if (here < 0) {
+      in.clear();
+      return std::nullopt;
+    }
     in.seekg(0, std::ios::end);
     const auto end = in.tellg();
+    in.clear();
     in.seekg(here);
-    return here < 0 || end < here ? 0 : std::uint64_t(end - here);
+    if (end < here) return std::nullopt;
+    return std::uint64_t(end - here);
   }
   void bytes(void* dst, std::size_t n, const std::string& what) {
     if (!in.read(static_cast<char*>(dst), std::streamsize(n)))
@@ -101,9 +109,10 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
     }
     // The values must be in the file before anything is allocated for them:
     // a corrupt extent would otherwise ask for terabytes.
-    const std::uint64_t available = r.remaining() / sizeof(float);
+    const auto left = r.remaining();
+    const std::uint64_t available = left ? *left / sizeof(float) : 0;
     bool fits = true;
-    if (std::ranges::find(dims, 0) == dims.end())
+    if (left && std::ranges::find(dims, 0) == dims.end())
       for (std::uint64_t n = 1; const auto d : dims) {
         fits = fits && n <= available / std::uint64_t(d);
         n = fits ? n * std::uint64_t(d) : n;

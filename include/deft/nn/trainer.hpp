@@ -299,11 +299,15 @@ class Trainer {
   // one (momentum, Adam's moments) carries over.
   static void follow_devices(std::vector<State>& state, const std::vector<Tensor<float>>& copies, bool each) {
     const std::size_t updated = each ? copies.size() : 1;
-    const auto fits = [&](std::size_t r) { return r < state.size() && (!state[r].m || state[r].m.device() == copies[r].device()); };
+    const auto source = std::ranges::find_if(state, [](const State& st) { return bool(st.m); });
+    // A copy without state fits only while no copy has any (the first step
+    // makes them all); else it takes a copy of another's.
+    const auto fits = [&](std::size_t r) {
+      return r < state.size() && (state[r].m ? state[r].m.device() == copies[r].device() : source == state.end());
+    };
     bool all_fit = state.size() == copies.size();
     for (std::size_t r = 0; all_fit && r < updated; ++r) all_fit = fits(r);
     if (all_fit) return;
-    const auto source = std::ranges::find_if(state, [](const State& st) { return bool(st.m); });
     std::vector<State> next(copies.size());
     for (std::size_t r = 0; r < updated; ++r) {
       if (fits(r)) next[r] = state[r];

@@ -31,16 +31,21 @@ namespace detail {
 /// one row, the first ones larger. Needs rows >= shares.size().
 inline std::vector<std::int64_t> split_rows(std::int64_t rows, const std::vector<double>& shares) {
   const std::size_t n = shares.size();
-  // Relative to the largest share: huge finite shares (1e308) would
-  // otherwise overflow the sum and the quotas.
-  const double largest = *std::max_element(shares.begin(), shares.end());
   double total = 0;
-  for (double s : shares) total += s / largest;
+  for (double s : shares) total += s;
+  // Huge finite shares (1e308) overflow the sum or the quotas: then taken
+  // relative to the largest. Only then, as that rounds ties differently.
+  const double largest = *std::max_element(shares.begin(), shares.end());
+  const double unit = std::isfinite(total) && std::isfinite(double(rows) * largest) ? 1.0 : largest;
+  if (unit != 1.0) {
+    total = 0;
+    for (double s : shares) total += s / unit;
+  }
   std::vector<std::int64_t> counts(n);
   std::vector<std::pair<double, std::size_t>> rest(n);  // (remainder, part)
   std::int64_t given = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    const double quota = double(rows) * (shares[i] / largest) / total;
+    const double quota = double(rows) * (shares[i] / unit) / total;
     counts[i] = std::min(rows, std::int64_t(quota));
     given += counts[i];
     rest[i] = {quota - double(counts[i]), i};

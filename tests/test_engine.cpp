@@ -1019,6 +1019,38 @@ BOOST_AUTO_TEST_CASE(set_num_workers_while_kernels_run) {
   BOOST_TEST(wrong.load() == 0);
 }
 
+// Two threads resizing the pool at once while a third records and waits:
+// one resize's new pool was destroyed undrained by the other, under the
+// engine's lock, which its workers needed to finish (a hang; CTest's
+// timeout reports it).
+BOOST_AUTO_TEST_CASE(set_num_workers_from_two_threads) {
+  WorkersGuard workers(engine::num_workers());
+  const Tensor<float> x = deft::full<float>({1024}, 1.0f);
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0};
+  std::thread user([&] {
+    while (!stop) {
+      const Tensor<float> a = x + 1, b = x + 2;
+      const Tensor<float> sum = a + b;
+      if (sum.to_vector()[1000] != 5.0f) ++wrong;
+    }
+  });
+  // Without the fix about half the runs of the reviewer's loop hung within
+  // 500 resizes; bounded (each starts threads, which TSan counts) by count
+  // and by time.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  const auto resize = [&](int n) {
+    for (int i = 0; i < 400 && std::chrono::steady_clock::now() < until; ++i) engine::set_num_workers(n);
+  };
+  std::thread one(resize, 1), two(resize, 2);
+  one.join();
+  two.join();
+  stop = true;
+  user.join();
+  BOOST_TEST(wrong.load() == 0);
+  BOOST_TEST((engine::num_workers() == 1 || engine::num_workers() == 2));
+}
+
 BOOST_AUTO_TEST_CASE(four_user_threads) {
   // A shared read-only input, still pending when the threads start.
   std::vector<float> base(300 * 40);

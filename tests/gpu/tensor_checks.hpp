@@ -441,9 +441,25 @@ inline void train_step_on_gpus() {
       const nn::SoftmaxCrossEntropyLoss loss;
       nn::TrainStep step(*hybrid, loss, hybrid_trainer);
       step.set_max_grad_norm(k.clip);
+      // Each GPU parameter's mark (what its wait_to_read waits for), kept
+      // alive so that a new one cannot take its address.
+      std::vector<std::shared_ptr<void>> marks;
       for (int epoch = 0; epoch < 3; ++epoch)
         for (std::size_t s = 0; s < rows.size(); ++s) {
           const auto got = step(xs[s], ys[s]);
+          // A replay (as one CUDA graph too) writes every parameter: each
+          // gets this run's mark, not the one an earlier run left.
+          std::vector<std::shared_ptr<void>> now;
+          for (const deft::Device d : k.devices)
+            if (d.type == deft::DeviceType::gpu)
+              for (auto* p : a) {
+                p->data(d).wait_to_read();
+                now.push_back(p->data(d).leaf().buffer->ready_mark);
+              }
+          for (std::size_t i = 0; i < marks.size(); ++i)
+            BOOST_TEST((now[i] && now[i] != marks[i]), "epoch " << epoch << " batch " << s << ": parameter " << i
+                                                                << " kept an earlier run's mark");
+          marks = std::move(now);
           std::vector<std::pair<Tensor<float>, Tensor<float>>> want(k.devices.size());
           {
             deft::autograd::record recording;

@@ -365,6 +365,66 @@ BOOST_AUTO_TEST_CASE(a_failed_replay_fails_the_steps_after_it) {
   }
 }
 
+// Reading values a replay's chain wrote besides its own output (the
+// scores, then the parameters) while the chain is still recorded: with a
+// bound of one or two recorded tasks, a flush lands inside the replay, and
+// the read runs the chain itself. It must write the chain's own buffers,
+// not the one read (which took the chain's last step once).
+BOOST_AUTO_TEST_CASE(reading_a_replays_other_buffers_runs_it_into_its_own) {
+  for (const std::size_t bound : {1u, 2u}) {
+    BOOST_TEST_CONTEXT("max_recorded_tasks " << bound) {
+      random::seed(56);
+      const Tensor<float> x = random::normal<float>(0, 1, {4, 8});
+      const auto y = labels(4, 5);
+      Twins twins(x, nn::SGD{0.1f, 0.9f});
+      const auto limits = engine::limits();
+      auto tight = limits;
+      tight.max_recorded_tasks = bound;
+      engine::set_limits(tight);
+      nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer);
+      for (int i = 0; i < 5; ++i) {
+        const auto out = step(x, y);
+        const auto scores = out.scores.to_vector();  // scores first, then every parameter, then the loss
+        std::vector<std::vector<float>> params;
+        for (auto* p : twins.hybrid->collect_params()) params.push_back(p->data().to_vector());
+        const auto loss = out.loss.to_vector();
+        const auto [plain_loss, plain_scores] = twins.plain_step(x, y);
+        BOOST_TEST_CONTEXT("step " << i) {
+          expect_close(Tensor<float>(scores, out.scores.shape()), plain_scores, 1e-5);
+          expect_close(Tensor<float>(loss, out.loss.shape()), plain_loss, 1e-5);
+          const auto b = twins.plain->collect_params();
+          for (std::size_t k = 0; k < b.size(); ++k) expect_close(Tensor<float>(params[k], b[k]->shape()), b[k]->data(), 1e-5);
+        }
+      }
+      BOOST_TEST(step.replays() >= 3);
+      engine::set_limits(limits);
+    }
+  }
+}
+
+// A value recorded after a replay failed, reading a buffer its chain wrote
+// (a parameter), inherits the failure like a plain read of it does.
+BOOST_AUTO_TEST_CASE(a_value_recorded_after_a_failed_replay_inherits_its_failure) {
+  random::seed(57);
+  const Tensor<float> x = random::normal<float>(0, 1, {4, 8});
+  const Tensor<std::int64_t> good(std::vector<std::int64_t>{0, 1, 2, 3}, {4}), bad(std::vector<std::int64_t>{0, 1, 2, 99}, {4});
+  Twins twins(x, nn::SGD{0.1f});
+  nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer);
+  for (int i = 0; i < 3; ++i) (void)step(x, good).loss.to_vector();
+  (void)step(x, bad);
+  BOOST_TEST(step.replays() == 2);
+  BOOST_CHECK_THROW(wait_all(), std::exception);
+  const Tensor<float>& w = twins.hybrid->collect_params()[0]->data();
+  BOOST_CHECK_EXCEPTION((void)w.to_vector(), std::exception, [](const std::exception& e) { return mentions(e, "label 99"); });
+  const Tensor<float> derived = w * 1.0f;  // recorded after the failure
+  BOOST_CHECK_EXCEPTION((void)derived.to_vector(), std::exception,
+                        [](const std::exception& e) { return mentions(e, "label 99"); });
+  try {
+    wait_all();
+  } catch (const std::exception&) {  // reported once more here
+  }
+}
+
 // A replay whose input failed runs none of its chains. What it hands out in
 // buffers of its own (the scores and losses copied out inside a chain) was
 // never written: reading them must raise the input's error.

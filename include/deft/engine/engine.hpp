@@ -150,10 +150,12 @@ class Engine {
   /// Blocks until `t` finished, submitting it and what it needs first. The
   /// waiting thread works instead of sleeping: it runs the ready tasks on
   /// the way to `t` one at a time and hands the others to the workers, so a
-  /// chain of small tasks costs no hand-off between threads. `output`: t's
-  /// output buffer, when the caller holds it (it then need not be locked).
+  /// chain of small tasks costs no hand-off between threads. `output`: a
+  /// buffer t writes, which the caller holds; it spares locking t's output
+  /// when it is that output (a replay's chain also writes other buffers).
   void wait(const std::shared_ptr<Task>& t, Buffer* output = nullptr) {
     if (t->finished()) return;
+    if (output && t->output.lock().get() != output) output = nullptr;
     Ready ready;
     std::unique_lock lk(m_);
     // The usual sync point waits for the task recorded last: drop its entry
@@ -276,6 +278,9 @@ class Engine {
   }
   void set_num_workers(int n) {
     if (n < 1) raise("set_num_workers: need at least one worker, got ", n);
+    // One resize at a time: another one's pool, installed while this one
+    // joined the old workers unlocked, must not be destroyed undrained.
+    std::lock_guard resizing(resize_m_);
     std::unique_lock lk(m_);
     drain_locked(lk);
     auto old = replace_pool_locked(nullptr);
@@ -595,6 +600,11 @@ class Engine {
     out.ready_mark = b.mark(out.device.index);
     out.lane = lane;
     out.lane_taken.store(false, std::memory_order_relaxed);
+    t.for_each_other_output([&](Buffer& other) {
+      if (other.device != out.device) return;  // (a mark is one device's)
+      other.ready_mark = out.ready_mark;
+      other.lane = lane;
+    });
   }
   // Where a GPU task runs, for speed only (the lanes' record orders the
   // work, eval/gpu/lanes.hpp): a write in place stays on its buffer's lane;
@@ -617,6 +627,7 @@ class Engine {
   }
 
   LightMutex m_;
+  std::mutex resize_m_;  // set_num_workers: held for a whole resize, taken before m_
   std::condition_variable_any done_cv_;  // a task finished that someone waits for (see execute)
   int draining_ = 0;                 // threads waiting for every submitted task
   int throttled_ = 0;                // recording threads held back by the in-flight bound

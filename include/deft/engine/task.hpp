@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -52,6 +53,11 @@ class Task {
 
   /// Runs the kernel, writing into `out` (the output, known to be alive).
   virtual void execute(Buffer& out) = 0;
+  /// Calls f(Buffer&) for each buffer execute() writes besides `out` (a
+  /// replay's chain writes its steps' buffers): on a GPU, the engine gives
+  /// them the mark it sets on `out`, so that their sync points wait for
+  /// this run, not for an earlier writer.
+  virtual void for_each_other_output(const std::function<void(Buffer&)>& /*f*/) const {}
   /// Drops the kernel's closure and with it the inputs it kept alive.
   virtual void release_closure() noexcept = 0;
   /// A new, unrecorded task with a copy of this one's kernel (no deps, no output).
@@ -88,7 +94,10 @@ class Task {
         if (d == p) return;
       deps.push_back(p);
     }
-    if (!pending && b->error && !inherited_error) inherited_error = b->error;
+    // A task writing several buffers (a replay's chain) marks only its
+    // output failed: a read of another one inherits the task's failure.
+    if (!pending && !inherited_error)
+      inherited_error = b->error ? b->error : (p && p.get() != this ? p->error : nullptr);
   }
 
   /// For Engine::record_again, which reuses a finished task: the task as if

@@ -69,6 +69,7 @@ class Trace {
     std::unique_ptr<DeviceProgram> program;
     std::atomic<bool> refused{false};   // recording failed: replays run the steps one by one
     std::atomic<bool> recorded{false};  // `program` was recorded (readable from any thread)
+    int failures = 0;                   // recordings that failed for another reason (replays run in turn)
   };
 
   /// Called by Engine::record for every task recorded while this trace is active.
@@ -305,6 +306,14 @@ class ChainTask final : public Task {
           }
     }
   }
+  void for_each_other_output(const std::function<void(Buffer&)>& f) const override {
+    if (!plan_) return;
+    if (refill_) f(*input_);
+    const auto& steps = plan_->chains[chain_].steps;
+    for (std::size_t k = 0; k + 1 < steps.size(); ++k) f(*plan_->steps[steps[k]].output);
+    for (const auto& [j, copy] : replay_.copies)
+      if (auto to = copy.lock()) f(*to);
+  }
   void release_closure() noexcept override {
     plan_.reset();
     refill_.reset();
@@ -354,11 +363,19 @@ class ProgramTask final : public Task {
           slot.recorded.store(true, std::memory_order_release);
           return;
         }
-      } catch (...) {  // the steps below raise any error that is not the recording's
-      }
-      slot.refused.store(true, std::memory_order_relaxed);
+        slot.refused.store(true, std::memory_order_relaxed);  // the backend records no programs
+      } catch (const NotRecordable&) {  // a step a program cannot repeat (a copy from the host)
+        slot.refused.store(true, std::memory_order_relaxed);
+      } catch (...) {  // out of memory during the capture, say: a later replay tries again, twice at most
+        if (++slot.failures >= 3) slot.refused.store(true, std::memory_order_relaxed);
+      }  // the steps below raise any error that is not the recording's
     }
     run_steps(*plan_);
+  }
+  void for_each_other_output(const std::function<void(Buffer&)>& f) const override {
+    if (!plan_) return;
+    for (const auto& s : plan_->steps)
+      if (s.output) f(*s.output);  // the output's own mark again: harmless
   }
   void release_closure() noexcept override {
     plan_.reset();

@@ -34,14 +34,16 @@ struct BlasHandle {
 
   BlasHandle(DeviceContext& ctx, int lane) : device(ctx.device) {
     DeviceGuard on(device);
-    check_blas(cublasCreate(&handle), "cublasCreate", device);
+    {
+      std::lock_guard no_group(collective_launches());  // it allocates its workspace (see collective_launches)
+      check_blas(cublasCreate(&handle), "cublasCreate", device);
+    }
     // Full float32 products (no TF32): the same accuracy contract as the CPU's kernel.
     check_blas(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode", device);
     check_blas(cublasSetStream(handle, ctx.stream(lane)), "cublasSetStream", device);
   }
-  ~BlasHandle() {
-    if (handle) cublasDestroy(handle);
-  }
+  // Never destroyed (blas_handle leaks them, like DeviceContext's streams):
+  // work still queued at exit runs after static destructors.
   BlasHandle(const BlasHandle&) = delete;
   BlasHandle& operator=(const BlasHandle&) = delete;
 };
@@ -49,8 +51,10 @@ struct BlasHandle {
 /// The handle of lane `lane` (any of DeviceContext's, capture_lane too) of
 /// the GPU `ctx` belongs to, created on first use.
 inline BlasHandle& blas_handle(DeviceContext& ctx, int lane) {
-  static std::mutex m;
-  static std::vector<std::unique_ptr<BlasHandle>> handles;
+  // Leaked: the engine's exit handler, registered before these would be
+  // built, runs after their destructors, and its last tasks may multiply.
+  static auto& m = *new std::mutex;
+  static auto& handles = *new std::vector<std::unique_ptr<BlasHandle>>;
   std::lock_guard lk(m);
   const std::size_t i = std::size_t(ctx.device * (DeviceContext::capture_lane + 1) + lane);
   if (handles.size() <= i) handles.resize(i + 1);

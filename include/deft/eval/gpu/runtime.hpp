@@ -153,7 +153,7 @@ inline bool peer_access(int device, int peer) {
   enum : signed char { unknown, enabled, unavailable };
   static const int n = device_count();
   static auto* known = new std::atomic<signed char>[std::size_t(n) * std::size_t(n)]{};  // leaked, see DeviceContext
-  static std::mutex m;  // held while a pair is enabled
+  static auto& m = *new std::mutex;  // held while a pair is enabled (leaked, see DeviceContext)
   std::atomic<signed char>& state = known[std::size_t(device) * std::size_t(n) + std::size_t(peer)];
   if (const signed char s = state.load(std::memory_order_acquire); s != unknown) return s == enabled;
   std::lock_guard lk(m);

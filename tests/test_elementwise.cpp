@@ -291,5 +291,44 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(flat_statements_on_views_and_odd_lengths, T, Float
   }
 }
 
+// A row's last partial batch is computed by the scalar function, the rest by
+// xsimd's, which may differ in the last bits (pow, tanh): the kernels split
+// their work between workers only where one piece would switch paths too,
+// so every element gets the same bits with any worker count. Rows of 1001
+// straddle the split points; the streamed write (over 32 MiB) starts 8 bytes
+// past an aligned address, so its pieces' prologues would differ too.
+BOOST_AUTO_TEST_CASE(same_bits_for_any_worker_count) {
+  std::mt19937 g(181);
+  const i64 c = 1001, r = 600;
+  const i64 big = deft::thresholds::stream_store_min_bytes / i64(sizeof(double)) / c + 3;  // rows(1, big): streamed
+  const auto av = random_values<float>(g, std::size_t(r * c), 0.5, 2);
+  const auto bv = random_values<float>(g, std::size_t(c), -1, 1);
+  const auto colv = random_values<float>(g, std::size_t(r), 0, 1);
+  const auto dv = random_values<double>(g, std::size_t((big - 1) * c), -2, 2);
+  const auto dbv = random_values<double>(g, std::size_t(c), -1, 1);
+  auto compute = [&] {
+    const Tensor<float> a = make(av, Shape{r, c}), b = make(bv, Shape{c}), col = make(colv, Shape{r, 1});
+    const Tensor<double> d = make(dv, Shape{big - 1, c}), db = make(dbv, Shape{c});
+    std::vector<std::vector<double>> out;
+    out.push_back(to_double(Tensor<float>(deft::tanh(a + b) * deft::exp(b)).to_vector()));  // dense rows
+    out.push_back(to_double(Tensor<float>(deft::pow(a + col, 3.3f)).to_vector()));         // a broadcast column
+    out.push_back(to_double(Tensor<float>(deft::pow(a, 2.7f) + deft::sigmoid(a)).to_vector()));  // flat
+    Tensor<double> x = deft::zeros<double>({big, c});
+    x.rows(1, big).assign(deft::tanh(d) * 3.0);  // flat, streamed
+    out.push_back(x.to_vector());
+    x.rows(1, big).assign(deft::tanh(d + db));  // dense rows, streamed
+    out.push_back(x.to_vector());
+    return out;
+  };
+  std::vector<std::vector<std::vector<double>>> runs;
+  for (const int workers : {1, 2, 3, 5}) {
+    WorkersGuard w(workers);
+    runs.push_back(compute());
+  }
+  for (std::size_t k = 1; k < runs.size(); ++k)
+    for (std::size_t i = 0; i < runs[0].size(); ++i)
+      BOOST_TEST(same_bits(runs[0][i], runs[k][i]), "result " << i << " differs between 1 worker and run " << k);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 

@@ -402,6 +402,7 @@ BOOST_AUTO_TEST_CASE(byte_size_overflow_is_length_error_at_record_time) {
   std::optional<LimitsGuard> unbounded(engine::Limits{.max_recorded_bytes = ~std::size_t(0)});
   Tensor<float> col = deft::zeros({i64(1) << 31, 1}), row = deft::zeros({1, i64(1) << 31});
   const Tensor<float> tall = deft::zeros({i64(1) << 40, 0});  // empty, but wide shapes come from it
+  const Tensor<float> flat = deft::zeros({0, i64(1) << 40, i64(1) << 40});  // so does reducing its empty axis
   std::vector<Case> cases = {
       {"Shape: 2^64 elements", [] { (void)Shape{i64(1) << 32, i64(1) << 32}; }, {"(4294967296, 4294967296)", "64 bits"}},
       {"Shape: 2^63 overflow", [] { (void)Shape{3, i64(1) << 62}; }, {"64 bits"}},
@@ -414,6 +415,8 @@ BOOST_AUTO_TEST_CASE(byte_size_overflow_is_length_error_at_record_time) {
       {"broadcast to 2^62 elements", [&] { Tensor<float> r = col + row * 2; }, {"float32", "(2147483648, 2147483648)", "more bytes"}},
       {"dot to 2^62 elements", [&] { (void)deft::dot(col, row); }, {"(2147483648, 2147483648)", "more bytes"}},
       {"reshape of an empty tensor to 2^80", [&] { (void)tall.reshape({i64(1) << 40, i64(1) << 40, 0}); }, {"64 bits"}},
+      {"sum over an empty axis to 2^80", [&] { (void)deft::sum(flat, 0); }, {"(1099511627776, 1099511627776)", "64 bits"}},
+      {"sum over an empty axis, kept", [&] { (void)deft::sum(flat, 0, true); }, {"64 bits"}},
   };
   run_table<std::length_error>(cases);
   col = Tensor<float>();

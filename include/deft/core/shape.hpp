@@ -42,9 +42,11 @@ class Shape {
 
   /// Number of elements (1 for a rank-0 shape).
   DEFT_HD constexpr std::int64_t size() const {
-    std::int64_t n = 1;
-    for (int i = 0; i < rank_; ++i) n *= dims_[i];
-    return n;
+    // Unsigned: with an extent 0 the partial products before it may exceed
+    // 64 bits ((2^62, 3, 0)); wrapping still ends at the exact count.
+    std::uint64_t n = 1;
+    for (int i = 0; i < rank_; ++i) n *= std::uint64_t(dims_[i]);
+    return std::int64_t(n);
   }
 
   /// Appends an innermost extent; std::invalid_argument past max_rank or for a negative extent.
@@ -61,6 +63,7 @@ class Shape {
       if (i != axis) s.push_back(dims_[i]);
       else if (keep) s.push_back(1);
     }
+    if (dims_[axis] == 0) s.check_size();  // (0, 2^62, 4) has 0 elements, (2^62, 4) too many
     return s;
   }
 

@@ -151,7 +151,7 @@ struct Log {
 };
 DEFT_FLOAT_UNARY(Sqrt, "sqrt", 4, sqrt(a))
 DEFT_FLOAT_UNARY(Tanh, "tanh", 12, tanh(a))
-DEFT_FLOAT_UNARY(Sigmoid, "sigmoid", 10, V(1) / (V(1) + exp(-a)))
+DEFT_FLOAT_UNARY(Sigmoid, "sigmoid", 10, V(1) / (V(1) + Exp{}(-a)))  // Exp: the scalar tail's exp in every lane
 #undef DEFT_FLOAT_UNARY
 
 // --- binary ------------------------------------------------------------------

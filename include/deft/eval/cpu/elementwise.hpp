@@ -130,10 +130,13 @@ inline void eval_range(View v, const Shape& s, std::int64_t lo, std::int64_t hi,
 #endif
 }
 
-/// Splits [0, total) into pieces of at least `align` elements as the cost
-/// model allows and runs body(lo, hi) on each, in parallel.
-template <class Body>
-inline void parallel_range(std::int64_t total, std::int64_t cost_per_element, std::int64_t align, Body&& body) {
+/// Splits [0, total) into pieces of about a multiple of `align` elements as
+/// the cost model allows and runs body(lo, hi) on each, in parallel. Each
+/// inner split point t moves to split(t), a monotone map into [0, total]
+/// (the elementwise kernels' SplitPoints).
+template <class Split, class Body>
+inline void parallel_range_split(std::int64_t total, std::int64_t cost_per_element, std::int64_t align, Split&& split,
+                                 Body&& body) {
   Engine& eng = Engine::get();
   const std::int64_t chunks = thresholds::parallel_chunks(total * std::max<std::int64_t>(cost_per_element, 1),
                                                           eng.parallelism());
@@ -144,8 +147,46 @@ inline void parallel_range(std::int64_t total, std::int64_t cost_per_element, st
   std::int64_t len = (total + chunks - 1) / chunks;
   len = (len + align - 1) / align * align;
   const std::int64_t pieces = (total + len - 1) / len;
-  eng.parallel_for(pieces, [&](std::int64_t i) { body(i * len, std::min(total, (i + 1) * len)); });
+  const auto at = [&](std::int64_t i) { return i == 0 ? std::int64_t{0} : i >= pieces ? total : std::min(total, split(i * len)); };
+  eng.parallel_for(pieces, [&](std::int64_t i) { body(at(i), at(i + 1)); });
 }
+/// The same, split at multiples of `align`.
+template <class Body>
+inline void parallel_range(std::int64_t total, std::int64_t cost_per_element, std::int64_t align, Body&& body) {
+  parallel_range_split(total, cost_per_element, align, [](std::int64_t t) { return t; }, std::forward<Body>(body));
+}
+
+/// Where an elementwise kernel may split its output between workers so
+/// that every element takes the path it takes in one piece: a SIMD batch or
+/// a row's scalar tail, whose functions may differ in the last bits (pow,
+/// tanh), so results do not depend on the number of workers. Batches start
+/// at each row's column 0, or, with streaming stores into dense rows, at
+/// addresses aligned to the batch (after a scalar prologue); a split falls
+/// on a batch boundary of the one-piece run.
+template <class T>
+struct SplitPoints {
+  std::int64_t row = 1;  // the innermost extent (the whole range for a flat evaluation)
+  std::int64_t width = 1;  // the SIMD batch's elements, or 1
+  std::int64_t phase = 0;  // by address: the first element at an aligned address
+  bool by_address = false;
+  SplitPoints(const T* out, std::int64_t row_length, bool simd, bool stream_dense) : row(std::max<std::int64_t>(row_length, 1)) {
+#if DEFT_CPU_SIMD
+    if (simd) {
+      using B = simd_batch<T>;
+      width = B::size;
+      by_address = stream_dense;
+      const auto misaligned = reinterpret_cast<std::uintptr_t>(out) % sizeof(B);
+      phase = misaligned == 0 || misaligned % sizeof(T) ? 0 : std::int64_t((sizeof(B) - misaligned) / sizeof(T));
+    }
+#else
+    (void)out, (void)simd, (void)stream_dense;
+#endif
+  }
+  std::int64_t operator()(std::int64_t t) const {
+    if (by_address) return t + ((phase - t) % width + width) % width;
+    return t - t % row % width;
+  }
+};
 
 /// An expression whose every node has a flat_view() (no cast, no map).
 template <class E>
@@ -163,7 +204,8 @@ inline bool reads_flat(const Expr& e, const Shape& out) {
 /// Writes the flat view `d` of an expression (see reads_flat) into out[0, total).
 template <class Dense, class T>
 inline void evaluate_flat(const Dense& dref, std::int64_t total, std::int64_t cost, T* out, bool stream) {
-  parallel_range(total, cost, 64, [&](std::int64_t lo, std::int64_t hi) {
+  const SplitPoints<T> split(out, total, Dense::simd && std::is_same_v<typename Dense::value_type, T>, stream);
+  parallel_range_split(total, cost, 64, split, [&](std::int64_t lo, std::int64_t hi) {
     // A local copy: through the reference, the stores to `out` might alias
     // the view, and the constants' broadcasts were reloaded every batch.
     const Dense d = dref;
@@ -199,8 +241,10 @@ inline void evaluate(const Expr& e, T* out) {
   auto v = e.view(shape);
   static_assert(std::is_trivially_copy_constructible_v<decltype(v)> && std::is_trivially_destructible_v<decltype(v)>, "kernel views must be trivially copyable (device-ready)");
   const Shape s = collapse(v, shape);  // as many elements as `shape`, in fewer dimensions
-  parallel_range(total, cost, 64,
-                 [&](std::int64_t lo, std::int64_t hi) { eval_range(v, s, lo, hi, out + lo, stream); });
+  constexpr bool simd = decltype(v)::simd && std::is_same_v<typename decltype(v)::value_type, T>;
+  const SplitPoints<T> split(out, s.rank() > 0 ? s[s.rank() - 1] : 1, simd, stream && v.dense());
+  parallel_range_split(total, cost, 64, split,
+                       [&](std::int64_t lo, std::int64_t hi) { eval_range(v, s, lo, hi, out + lo, stream); });
 }
 
 }  // namespace deft::detail::cpu

@@ -304,6 +304,11 @@ BOOST_AUTO_TEST_CASE(random_calls_are_deferred_and_validated) {
   BOOST_TEST(!u.is_ready());
   BOOST_CHECK_THROW(deft::random::uniform<float>(1, 1, {3}), std::invalid_argument);
   BOOST_CHECK_THROW(deft::random::uniform<float>(2, 1, {3}), std::invalid_argument);
+  // Integers are lo .. hi - 1: a fractional bound is refused (floor gave values below lo).
+  BOOST_CHECK_EXCEPTION(deft::random::uniform<std::int32_t>(0.5, 3, {3}), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return std::string(e.what()).find("whole-number") != std::string::npos; });
+  BOOST_CHECK_THROW(deft::random::uniform<std::int64_t>(0, 2.5, {3}), std::invalid_argument);
+  BOOST_TEST(deft::random::uniform<std::int32_t>(-2, 3, {3}).to_vector().size() == 3u);
   BOOST_CHECK_THROW(deft::random::normal<float>(0, -1, {3}), std::invalid_argument);
   BOOST_CHECK_THROW(deft::random::normal<float>(0, NAN, {3}), std::invalid_argument);
   BOOST_TEST(deft::random::uniform<float>(0, 1, {0}).to_vector().empty());

@@ -183,4 +183,27 @@ BOOST_AUTO_TEST_CASE(misuse_raises_clear_errors) {
                         [](const std::logic_error& e) { return mentions(e, "deft::map"); });
 }
 
+// A node that throws midway leaves every gradient as it was: `a`, reached
+// before the map's node in the walk, must not get its share.
+BOOST_AUTO_TEST_CASE(failed_backward_changes_no_gradient) {
+  Tensor<double> a = uniform({3}), b = uniform({3});
+  a.attach_grad();
+  b.attach_grad();
+  std::vector<double> before;
+  {
+    autograd::record rec;
+    Tensor<double> y = sum(a * a);
+    y.backward();
+    before = a.grad().to_vector();
+  }
+  autograd::record rec;
+  Tensor<double> mapped = deft::map([](double v) { return v * v; }, b);
+  Tensor<double> y = sum(mapped) + sum(a * 3.0);
+  BOOST_CHECK_EXCEPTION(y.backward(), std::logic_error,
+                        [](const std::logic_error& e) { return mentions(e, "deft::map"); });
+  const auto after = a.grad().to_vector();
+  BOOST_TEST(after == before, boost::test_tools::per_element());
+  for (double g : b.grad().to_vector()) BOOST_TEST(g == 0.0);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

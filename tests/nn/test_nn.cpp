@@ -855,6 +855,54 @@ BOOST_AUTO_TEST_CASE(a_layer_added_after_tracing_runs) {
   BOOST_TEST(net.traces() == 2);
 }
 
+// Two threads call one hybridized network from its very first call: the
+// deferred initialization draws each weight once, and the traced graphs
+// (one per input shape) take turns, each call getting its own output.
+BOOST_AUTO_TEST_CASE(a_hybridized_block_called_from_two_threads) {
+  random::seed(61);
+  auto net = seeds_net();
+  net->hybridize();
+  const std::vector<Tensor<float>> inputs = {
+      random::normal<float>(0, 1, {1, 512}), random::normal<float>(0, 1, {3, 512}),
+      random::normal<float>(0, 1, {1, 512}), random::normal<float>(0, 1, {3, 512})};
+  const int calls = 40;
+  std::vector<std::vector<Tensor<float>>> outs(2);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < calls; ++i) outs[t].push_back((*net)(inputs[2 * (i % 2) + t]));
+    });
+  for (auto& th : threads) th.join();
+  net->hybridize(false);
+  for (int t = 0; t < 2; ++t)
+    for (int i = 0; i < calls; ++i) {
+      const auto want = (*net)(inputs[2 * (i % 2) + t]).to_vector();
+      const auto got = outs[t][i].to_vector();
+      BOOST_TEST_REQUIRE(got.size() == want.size());
+      for (std::size_t j = 0; j < got.size(); ++j) BOOST_TEST(got[j] == want[j], "thread " << t << " call " << i);
+    }
+  BOOST_TEST(net->traces() == 2);  // one per input shape
+}
+
+// The same for a plain block: the first calls, from two threads at once,
+// draw each weight once and both use it.
+BOOST_AUTO_TEST_CASE(a_plain_block_first_called_from_two_threads) {
+  for (int round = 0; round < 10; ++round) {
+    random::seed(62 + round);
+    auto net = seeds_net();
+    const std::vector<Tensor<float>> inputs = {random::normal<float>(0, 1, {2, 512}),
+                                               random::normal<float>(0, 1, {2, 512})};
+    std::vector<Tensor<float>> outs(2);
+    std::thread other([&] { outs[1] = (*net)(inputs[1]); });
+    outs[0] = (*net)(inputs[0]);
+    other.join();
+    for (int t = 0; t < 2; ++t) {
+      const auto want = (*net)(inputs[t]).to_vector(), got = outs[t].to_vector();
+      for (std::size_t j = 0; j < got.size(); ++j) BOOST_TEST(got[j] == want[j], "round " << round << " thread " << t);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(replays_equal_the_imperative_results_and_retrace_when_needed) {
   random::seed(8);
   auto net = seeds_net();

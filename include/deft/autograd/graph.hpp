@@ -367,11 +367,24 @@ void backward(const Tensor<T>& y, const Tensor<T>* head, bool retain_graph) {
   // would silently pass nothing on to their inputs.
   if (std::ranges::any_of(order, &MetaBase::graph_freed)) freed();
   for (auto* m : order) m->clear_pending();
-  meta_of<T>(*root).pending = head ? *head : ones<T>(y.shape(), y.device());
-  for (auto* m : order) {
-    if (!m->has_pending()) continue;
-    if (m->grad_fn) m->grad_fn->backward(*m);
-    if (m->attached) m->deliver();
+  // Two phases, so that a node that throws (a deft::map in the graph) leaves
+  // every x.grad() as it was: gradients reach the variables only after the
+  // whole walk succeeded.
+  std::vector<MetaBase*> reached;
+  try {
+    meta_of<T>(*root).pending = head ? *head : ones<T>(y.shape(), y.device());
+    for (auto* m : order) {
+      if (!m->has_pending()) continue;
+      if (m->grad_fn) m->grad_fn->backward(*m);
+      if (m->attached) reached.push_back(m);
+      else m->clear_pending();
+    }
+  } catch (...) {
+    for (auto* m : order) m->clear_pending();
+    throw;
+  }
+  for (auto* m : reached) {
+    m->deliver();
     m->clear_pending();
   }
   if (!retain_graph) {

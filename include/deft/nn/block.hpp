@@ -57,7 +57,7 @@ class Parameter {
   /// The full name, e.g. "dense0.weight" (the key in parameter files).
   const std::string& name() const { return name_; }
   /// True once the value exists (after the first forward pass).
-  bool initialized() const { return !values_.empty(); }
+  bool initialized() const { return ready_.load(std::memory_order_acquire); }
   /// The value on the first device; throws until the block has seen its first input.
   Tensor<float>& data() { return data(devices_.front()); }
   /// The value (read-only); throws like data().
@@ -107,7 +107,10 @@ class Parameter {
   }
 
   /// Draws the value for `shape` (once; later calls must agree on the shape).
+  /// Safe from several threads: the first call of a block from two threads
+  /// at once draws the value once.
   void materialize(const Shape& shape) {
+    std::lock_guard lock(materialize_mutex_);
     if (!values_.empty()) {
       if (!(values_.front().shape() == shape))
         detail::raise("parameter '", name_, "' has shape ", values_.front().shape().to_string(), " but the input now needs ",
@@ -144,12 +147,15 @@ class Parameter {
       copies.push_back(std::move(v));
     }
     values_ = std::move(copies);
+    ready_.store(true, std::memory_order_release);
   }
 
   std::string name_;
   Initializer init_;
   std::vector<Device> devices_{deft::cpu()};
   std::vector<Tensor<float>> values_;  // one per device, once initialized
+  std::atomic<bool> ready_{false};     // values_ is set (read without the lock by initialized())
+  std::mutex materialize_mutex_;
 };
 
 /// A network or a part of one (Gluon's Block): a forward function, its
@@ -179,6 +185,7 @@ class Block {
   /// replays the graph traced at the first call (see hybridize()).
   Tensor<float> operator()(const Tensor<float>& x) {
     if (!hybridized_ || autograd::is_recording() || detail::active_trace()) return forward(x);
+    std::lock_guard lock(caches_mutex_);  // calls from several threads take turns at the traced graphs
     return cached_call(x);
   }
   /// The computation itself, written imperatively with deft's operations.
@@ -198,6 +205,7 @@ class Block {
   void hybridize(bool on = true, HybridizeOptions options = {}) {
     if (options.shapes == 0)
       detail::raise<std::invalid_argument>("hybridize: HybridizeOptions::shapes is 0; keep at least one traced shape");
+    std::lock_guard lock(caches_mutex_);
     hybridized_ = on;
     options_ = options;
     caches_.clear();
@@ -210,6 +218,7 @@ class Block {
   /// called on and input shape) replay as one CUDA graph: recorded at their first replay on
   /// a GPU, unless the forward cannot be recorded (see HybridizeOptions).
   int cuda_graphs() const {
+    std::lock_guard lock(caches_mutex_);
     return int(std::ranges::count_if(caches_, [](const auto& c) { return c->trace.recorded_program(); }));
   }
 
@@ -339,6 +348,7 @@ class Block {
   bool hybridized_ = false;
   HybridizeOptions options_;
   std::vector<std::unique_ptr<CachedGraph>> caches_;
+  mutable std::mutex caches_mutex_;
   std::int64_t traces_ = 0;
 };
 

@@ -56,12 +56,17 @@ inline void seed(std::uint64_t s) {
   st.calls = 0;
 }
 
-/// Uniform numbers in [lo, hi) (integers: lo, ..., hi - 1).
+/// Uniform numbers in [lo, hi) (integers: lo, ..., hi - 1, from whole-number bounds).
 template <Element T = float>
 Tensor<T> uniform(double lo, double hi, const Shape& shape, Device device = cpu()) {
   if (!(lo < hi)) detail::raise("random::uniform: needs lo < hi, got lo = ", lo, ", hi = ", hi);
   if (!std::isfinite(hi - lo))
     detail::raise("random::uniform: needs finite bounds and a finite hi - lo, got lo = ", lo, ", hi = ", hi);
+  // Integers: lo .. hi - 1, so a fractional bound has no meaning (floor
+  // would give values below lo).
+  if constexpr (std::is_integral_v<T>)
+    if (lo != std::floor(lo) || hi != std::floor(hi))
+      detail::raise("random::uniform<", dtype_name_of<T>, ">: needs whole-number bounds, got lo = ", lo, ", hi = ", hi);
   // The bounds must be values of T (integers: lo .. hi - 1, hi excluded).
   constexpr double top = double(std::numeric_limits<T>::max()) + (std::is_integral_v<T> ? 1.0 : 0.0);
   if (lo < double(std::numeric_limits<T>::lowest()) || hi > top)

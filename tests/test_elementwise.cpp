@@ -93,6 +93,12 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(pow_float, T, FloatTypes) {
                  [](double x, double y) { return std::pow(x, y); }, rt, at, "pow(a,b)");
     check_unary(base, d, [](auto& x) -> Tensor<T> { return deft::pow(x, 2); }, [](double x) { return x * x; }, rt, at, "pow(a,2)");
     check_unary(ex, d, [](auto& x) -> Tensor<T> { return deft::pow(2, x); }, [](double x) { return std::pow(2.0, x); }, rt, at, "pow(2,a)");
+    // First powers and squares are exact in every lane (SIMD and tail).
+    const Tensor<T> b = make(base, shape_of(d));
+    const auto first = Tensor<T>(deft::pow(b * T(20), 1)).to_vector(), square = Tensor<T>(deft::pow(b, 2)).to_vector();
+    std::size_t inexact = 0;
+    for (std::size_t i = 0; i < n; ++i) inexact += first[i] != base[i] * T(20) || square[i] != base[i] * base[i];
+    BOOST_TEST(inexact == 0u, inexact << " of " << n << " first powers or squares are not exact");
   }
 }
 
@@ -288,6 +294,19 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(flat_statements_on_views_and_odd_lengths, T, Float
     check_tensor(flat, {3, n}, want_flat, rtol, atol, "flat, n = " + std::to_string(n));
     check_tensor(strided, {3, n}, want_strided, rtol, atol, "broadcast operand, n = " + std::to_string(n));
     check_tensor(chain, {3, n}, want_chain, rtol, atol, "in-place chain, n = " + std::to_string(n));
+  }
+}
+
+// sigmoid(x) for float x just above -88.7 is a subnormal: exp(-x) is near
+// FLT_MAX, past where xsimd's exp overflows (88.38). Every lane must give
+// it, not only the scalar tail.
+BOOST_AUTO_TEST_CASE(sigmoid_near_exps_overflow_in_every_lane) {
+  for (const float x : {-88.4f, -88.5f, -88.6f}) {
+    const std::vector<float> v(67, x);
+    const auto got = Tensor<float>(deft::sigmoid(make(v, Shape{67}))).to_vector();
+    const double want = 1 / (1 + std::exp(-double(x)));
+    for (std::size_t i = 0; i < got.size(); ++i)
+      BOOST_TEST(std::abs(double(got[i]) - want) <= 1e-44, "x = " << x << ", element " << i << ": " << got[i]);
   }
 }
 

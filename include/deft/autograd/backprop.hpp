@@ -33,6 +33,63 @@ bool needs_grad(const E& e) {
   return any;
 }
 
+[[noreturn]] inline void no_gradient_through_cast() {
+  deft::detail::raise<std::logic_error>("backward: cast between integer and floating point has no gradient");
+}
+[[noreturn]] inline void no_gradient_through_map() {
+  deft::detail::raise<std::logic_error>(
+      "backward: deft::map(f, x) has no gradient (deft cannot differentiate a user function); "
+      "write f with deft's operations, or compute it under autograd::pause");
+}
+[[noreturn]] inline void no_gradient_through_integers() {
+  deft::detail::raise<std::logic_error>("backward: integer operations have no gradient");
+}
+
+/// Raises what backprop(e, ...) would, without computing anything. (Declared
+/// first: each overload calls others, which argument-dependent lookup would
+/// not find, the nodes living in deft::detail.)
+template <class A>
+void check_differentiable(const BroadcastTo<A>& e);
+template <class U, class A>
+void check_differentiable(const Cast<U, A>& e);
+template <class F, class A>
+void check_differentiable(const Map<F, A>& e);
+template <class C, class A, class B>
+void check_differentiable(const Select<C, A, B>& e);
+template <class Op, class A>
+void check_differentiable(const Unary<Op, A>& e);
+template <class Op, class A, class B>
+void check_differentiable(const Binary<Op, A, B>& e);
+template <class T>
+void check_differentiable(const Leaf<T>&) {}
+template <class T>
+void check_differentiable(const Constant<T>&) {}
+template <class A>
+void check_differentiable(const BroadcastTo<A>& e) { check_differentiable(e.a); }
+template <class U, class A>
+void check_differentiable(const Cast<U, A>& e) {
+  if (!needs_grad(e.a)) return;
+  if constexpr (std::is_floating_point_v<U> && std::is_floating_point_v<value_t<A>>) check_differentiable(e.a);
+  else no_gradient_through_cast();
+}
+template <class F, class A>
+void check_differentiable(const Map<F, A>& e) {
+  if (needs_grad(e.a)) no_gradient_through_map();
+}
+template <class C, class A, class B>
+void check_differentiable(const Select<C, A, B>& e) {
+  check_differentiable(e.a);
+  check_differentiable(e.b);
+}
+template <class Op, class A>
+void check_differentiable(const Unary<Op, A>& e) { check_differentiable(e.a); }
+template <class Op, class A, class B>
+void check_differentiable(const Binary<Op, A, B>& e) {
+  if (!std::is_floating_point_v<value_t<A>> && (needs_grad(e.a) || needs_grad(e.b))) no_gradient_through_integers();
+  check_differentiable(e.a);
+  check_differentiable(e.b);
+}
+
 template <class T, class Up, class V>
 void backprop(const Leaf<T>& e, Up&& up, V& visit) {
   if (e.grad) visit(e, std::forward<Up>(up));
@@ -49,15 +106,12 @@ void backprop(const Cast<U, A>& e, Up&& up, V& visit) {
   if constexpr (std::is_floating_point_v<U> && std::is_floating_point_v<From>) {
     if (needs_grad(e.a)) backprop(e.a, cast<From>(std::forward<Up>(up)), visit);
   } else if (needs_grad(e.a)) {
-    deft::detail::raise<std::logic_error>("backward: cast between integer and floating point has no gradient");
+    no_gradient_through_cast();
   }
 }
 template <class F, class A, class Up, class V>
 void backprop(const Map<F, A>& e, Up&&, V&) {
-  if (needs_grad(e.a))
-    deft::detail::raise<std::logic_error>(
-        "backward: deft::map(f, x) has no gradient (deft cannot differentiate a user function); "
-        "write f with deft's operations, or compute it under autograd::pause");
+  if (needs_grad(e.a)) no_gradient_through_map();
 }
 template <class C, class A, class B, class Up, class V>
 void backprop(const Select<C, A, B>& e, Up&& up, V& visit) {
@@ -95,7 +149,7 @@ void backprop(const Binary<Op, A, B>& e, Up&& up, V& visit) {
   const bool ga = needs_grad(a), gb = needs_grad(b);
   if (!ga && !gb) return;
   if constexpr (!std::is_floating_point_v<T>) {
-    d::raise<std::logic_error>("backward: integer operations have no gradient");
+    no_gradient_through_integers();
   } else if constexpr (std::is_same_v<Op, d::Add>) {
     if (ga) backprop(a, up, visit);
     if (gb) backprop(b, up, visit);

@@ -125,6 +125,7 @@ struct ElementwiseNode final : Node {
     AccumulateLeaf visit;
     backprop(e, gathered<value_t<E>>(out), visit);
   }
+  void check_differentiable() const override { detail::check_differentiable(e); }
 };
 
 template <class Reducer, class E>
@@ -151,6 +152,7 @@ struct ReduceNode final : Node {
     return v.reshape(dims);
   }
 
+  void check_differentiable() const override { detail::check_differentiable(e); }
   void backward(MetaBase& out) override {
     namespace d = deft::detail;
     const Shape in = e.shape();
@@ -364,27 +366,17 @@ void backward(const Tensor<T>& y, const Tensor<T>* head, bool retain_graph) {
   pause no_recording;  // gradients are plain deferred work, not recorded again
   const auto order = reverse_topological(root.get());
   // Checked before any gradient moves: the values that lost their graph
-  // would silently pass nothing on to their inputs.
+  // would silently pass nothing on to their inputs, and a node without a
+  // derivative (a deft::map) would leave some x.grad() updated, some not.
   if (std::ranges::any_of(order, &MetaBase::graph_freed)) freed();
+  for (auto* m : order)
+    if (m->grad_fn) m->grad_fn->check_differentiable();
   for (auto* m : order) m->clear_pending();
-  // Two phases, so that a node that throws (a deft::map in the graph) leaves
-  // every x.grad() as it was: gradients reach the variables only after the
-  // whole walk succeeded.
-  std::vector<MetaBase*> reached;
-  try {
-    meta_of<T>(*root).pending = head ? *head : ones<T>(y.shape(), y.device());
-    for (auto* m : order) {
-      if (!m->has_pending()) continue;
-      if (m->grad_fn) m->grad_fn->backward(*m);
-      if (m->attached) reached.push_back(m);
-      else m->clear_pending();
-    }
-  } catch (...) {
-    for (auto* m : order) m->clear_pending();
-    throw;
-  }
-  for (auto* m : reached) {
-    m->deliver();
+  meta_of<T>(*root).pending = head ? *head : ones<T>(y.shape(), y.device());
+  for (auto* m : order) {
+    if (!m->has_pending()) continue;
+    if (m->grad_fn) m->grad_fn->backward(*m);
+    if (m->attached) m->deliver();
     m->clear_pending();
   }
   if (!retain_graph) {

@@ -59,6 +59,9 @@ struct Node {
   virtual ~Node() = default;
   /// `out` is the meta of this node's output, with its gradient gathered.
   virtual void backward(MetaBase& out) = 0;
+  /// Raises what backward() would raise for want of a derivative (a
+  /// deft::map): backward() asks every node before any gradient moves.
+  virtual void check_differentiable() const {}
   const char* name;
   std::vector<std::shared_ptr<MetaBase>> inputs;
 };

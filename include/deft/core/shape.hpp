@@ -63,7 +63,9 @@ class Shape {
       if (i != axis) s.push_back(dims_[i]);
       else if (keep) s.push_back(1);
     }
-    if (dims_[axis] == 0) s.check_size();  // (0, 2^62, 4) has 0 elements, (2^62, 4) too many
+    // (0, 2^62, 4) has 0 elements, (2^62, 4) too many. Like the constructor,
+    // this also refuses (2^62, 4, 0): products of leading extents must fit.
+    if (dims_[axis] == 0) s.check_size();
     return s;
   }
 

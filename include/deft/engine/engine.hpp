@@ -604,6 +604,7 @@ class Engine {
       if (other.device != out.device) return;  // (a mark is one device's)
       other.ready_mark = out.ready_mark;
       other.lane = lane;
+      other.lane_taken.store(false, std::memory_order_relaxed);
     });
   }
   // Where a GPU task runs, for speed only (the lanes' record orders the

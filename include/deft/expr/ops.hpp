@@ -231,7 +231,9 @@ struct Pow {
       // lanes outside positive, normal, finite a != 1 and finite b != 0 use std::pow.
       using T = typename V::value_type;
       // So do results that over- or underflowed (pow(DBL_MAX, 1) = inf there).
-      const V r = xsimd::pow(a, b);
+      // Squares and first powers exactly, as std::pow gives them (xsimd's
+      // float pow is up to 5 ulp off there, and pow(x, 1) != x).
+      const V r = xsimd::select(b == V(T(1)), a, xsimd::select(b == V(T(2)), a * a, xsimd::pow(a, b)));
       const auto special = (!(xsimd::isfinite(a) & xsimd::isfinite(b))) | (a < V(std::numeric_limits<T>::min())) |
                            (b == V(T(0))) | (a == V(T(1))) | (!xsimd::isfinite(r)) |
                            (xsimd::abs(r) < V(std::numeric_limits<T>::min()));

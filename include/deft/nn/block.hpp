@@ -110,7 +110,8 @@ class Parameter {
   /// Safe from several threads: the first call of a block from two threads
   /// at once draws the value once.
   void materialize(const Shape& shape) {
-    std::lock_guard lock(materialize_mutex_);
+    std::unique_lock lock(materialize_mutex_, std::defer_lock);
+    if (!ready_.load(std::memory_order_acquire)) lock.lock();  // every later call: no lock
     if (!values_.empty()) {
       if (!(values_.front().shape() == shape))
         detail::raise("parameter '", name_, "' has shape ", values_.front().shape().to_string(), " but the input now needs ",
@@ -184,7 +185,8 @@ class Block {
   /// Runs the block (deferred like any deft expression). Hybridized, it
   /// replays the graph traced at the first call (see hybridize()).
   Tensor<float> operator()(const Tensor<float>& x) {
-    if (!hybridized_ || autograd::is_recording() || detail::active_trace()) return forward(x);
+    if (!hybridized_.load(std::memory_order_relaxed) || autograd::is_recording() || detail::active_trace())
+      return forward(x);
     std::lock_guard lock(caches_mutex_);  // calls from several threads take turns at the traced graphs
     return cached_call(x);
   }
@@ -211,7 +213,7 @@ class Block {
     caches_.clear();
   }
   /// Whether hybridize() is on.
-  bool hybridized() const { return hybridized_; }
+  bool hybridized() const { return hybridized_.load(std::memory_order_relaxed); }
   /// How many times the forward was traced (1 + re-traces), for tests and tuning.
   std::int64_t traces() const { return traces_; }
   /// How many of the current traced forwards (one per device the block is
@@ -345,11 +347,11 @@ class Block {
   std::string name_;
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::shared_ptr<Block>> children_;
-  bool hybridized_ = false;
+  std::atomic<bool> hybridized_{false};  // read without caches_mutex_ by every call
   HybridizeOptions options_;
   std::vector<std::unique_ptr<CachedGraph>> caches_;
   mutable std::mutex caches_mutex_;
-  std::int64_t traces_ = 0;
+  std::atomic<std::int64_t> traces_{0};
 };
 
 /// A unique default name per block kind: dense0, dense1, ...

@@ -163,15 +163,15 @@ inline void parallel_range(std::int64_t total, std::int64_t cost_per_element, st
 /// at each row's column 0, or, with streaming stores into dense rows, at
 /// addresses aligned to the batch (after a scalar prologue); a split falls
 /// on a batch boundary of the one-piece run.
-template <class T>
+template <class T, bool Simd>
 struct SplitPoints {
-  std::int64_t row = 1;  // the innermost extent (the whole range for a flat evaluation)
+  std::int64_t row = 1;    // the innermost extent (the whole range for a flat evaluation)
   std::int64_t width = 1;  // the SIMD batch's elements, or 1
   std::int64_t phase = 0;  // by address: the first element at an aligned address
   bool by_address = false;
-  SplitPoints(const T* out, std::int64_t row_length, bool simd, bool stream_dense) : row(std::max<std::int64_t>(row_length, 1)) {
+  SplitPoints(const T* out, std::int64_t row_length, bool stream_dense) : row(std::max<std::int64_t>(row_length, 1)) {
 #if DEFT_CPU_SIMD
-    if (simd) {
+    if constexpr (Simd) {
       using B = simd_batch<T>;
       width = B::size;
       by_address = stream_dense;
@@ -179,7 +179,7 @@ struct SplitPoints {
       phase = misaligned == 0 || misaligned % sizeof(T) ? 0 : std::int64_t((sizeof(B) - misaligned) / sizeof(T));
     }
 #else
-    (void)out, (void)simd, (void)stream_dense;
+    (void)out, (void)stream_dense;
 #endif
   }
   std::int64_t operator()(std::int64_t t) const {
@@ -204,7 +204,7 @@ inline bool reads_flat(const Expr& e, const Shape& out) {
 /// Writes the flat view `d` of an expression (see reads_flat) into out[0, total).
 template <class Dense, class T>
 inline void evaluate_flat(const Dense& dref, std::int64_t total, std::int64_t cost, T* out, bool stream) {
-  const SplitPoints<T> split(out, total, Dense::simd && std::is_same_v<typename Dense::value_type, T>, stream);
+  const SplitPoints<T, Dense::simd && std::is_same_v<typename Dense::value_type, T>> split(out, total, stream);
   parallel_range_split(total, cost, 64, split, [&](std::int64_t lo, std::int64_t hi) {
     // A local copy: through the reference, the stores to `out` might alias
     // the view, and the constants' broadcasts were reloaded every batch.
@@ -242,7 +242,7 @@ inline void evaluate(const Expr& e, T* out) {
   static_assert(std::is_trivially_copy_constructible_v<decltype(v)> && std::is_trivially_destructible_v<decltype(v)>, "kernel views must be trivially copyable (device-ready)");
   const Shape s = collapse(v, shape);  // as many elements as `shape`, in fewer dimensions
   constexpr bool simd = decltype(v)::simd && std::is_same_v<typename decltype(v)::value_type, T>;
-  const SplitPoints<T> split(out, s.rank() > 0 ? s[s.rank() - 1] : 1, simd, stream && v.dense());
+  const SplitPoints<T, simd> split(out, s.rank() > 0 ? s[s.rank() - 1] : 1, stream && v.dense());
   parallel_range_split(total, cost, 64, split,
                        [&](std::int64_t lo, std::int64_t hi) { eval_range(v, s, lo, hi, out + lo, stream); });
 }

@@ -409,7 +409,7 @@ class Tensor {
 
   static void wait(const std::shared_ptr<detail::Buffer>& b) {
     detail::refuse_sync_in_trace("reading a tensor");
-    if (b->producer && !b->producer->finished()) detail::Engine::get().wait(b->producer, b.get());
+    if (b->producer && !b->producer->finished()) detail::Engine::get().wait(b->producer, b);
     if (b->error) std::rethrow_exception(b->error);
     // A task writing several buffers (a replay's chain, with its copy-outs)
     // marks only its output failed.

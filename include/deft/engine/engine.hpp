@@ -150,12 +150,13 @@ class Engine {
   /// Blocks until `t` finished, submitting it and what it needs first. The
   /// waiting thread works instead of sleeping: it runs the ready tasks on
   /// the way to `t` one at a time and hands the others to the workers, so a
-  /// chain of small tasks costs no hand-off between threads. `output`: a
-  /// buffer t writes, which the caller holds; it spares locking t's output
-  /// when it is that output (a replay's chain also writes other buffers).
-  void wait(const std::shared_ptr<Task>& t, Buffer* output = nullptr) {
+  /// chain of small tasks costs no hand-off between threads. `held`: a
+  /// buffer t writes, which the caller holds; when it is t's output, the
+  /// run uses it instead of locking t's weak reference (a replay's chain
+  /// also writes other buffers, which are left to the task).
+  void wait(const std::shared_ptr<Task>& t, const std::shared_ptr<Buffer>& held = nullptr) {
     if (t->finished()) return;
-    if (output && t->output.lock().get() != output) output = nullptr;
+    Buffer* const output = held && same_owner(t->output, held) ? held.get() : nullptr;
     Ready ready;
     std::unique_lock lk(m_);
     // The usual sync point waits for the task recorded last: drop its entry

@@ -375,7 +375,7 @@ class ProgramTask final : public Task {
   void for_each_other_output(const std::function<void(Buffer&)>& f) const override {
     if (!plan_) return;
     for (const auto& s : plan_->steps)
-      if (s.output) f(*s.output);  // the output's own mark again: harmless
+      if (s.output && !same_owner(output, s.output)) f(*s.output);
   }
   void release_closure() noexcept override {
     plan_.reset();

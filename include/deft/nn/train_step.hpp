@@ -215,7 +215,7 @@ class TrainStep {
       return false;
     };
     for (const auto& b : state)
-      if (const auto& p = b->producer; p && !p->finished()) deft::detail::Engine::get().wait(p, b.get());
+      if (const auto& p = b->producer; p && !p->finished()) deft::detail::Engine::get().wait(p, b);
     if (read_elsewhere()) deft::detail::Engine::get().quiesce();  // pending readers (see unread)
     for (const auto& b : state)
       if (b->error) return false;

@@ -64,6 +64,7 @@ extern "C" {
 cublasStatus_t cublasCreate(cublasHandle_t* handle) {
   int device = 0;
   cudaGetDevice(&device);
+  fake_cuda::make_context(device);  // cuBLAS allocates its workspace there
   *handle = new cublasContext{device};
   return CUBLAS_STATUS_SUCCESS;
 }

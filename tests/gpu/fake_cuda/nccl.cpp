@@ -138,7 +138,10 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
       return ncclInvalidArgument;
     clique->devices.push_back(d);
   }
-  for (int r = 0; r < ndev; ++r) comms[r] = new ncclComm{clique, r};
+  for (int r = 0; r < ndev; ++r) {
+    fake_cuda::make_context(clique->devices[std::size_t(r)]);  // each rank's resources live on its GPU
+    comms[r] = new ncclComm{clique, r};
+  }
   return ncclSuccess;
 }
 

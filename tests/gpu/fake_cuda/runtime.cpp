@@ -5,6 +5,7 @@
 // it) or a read of freed memory (AddressSanitizer sees it). What deft's
 // backend may do is checked as CUDA checks it: see README.md.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "fake_cuda.hpp"
@@ -99,6 +101,10 @@ struct State {
   // stand-in's streams still run what they are given (nothing waits
   // forever), but no call for the device succeeds any more.
   std::vector<cudaError_t> faults;
+  // Which devices' primary contexts exist: CUDA makes one on the first call
+  // that needs it on a thread where the device is current (cudaSetDevice
+  // included, since CUDA 12), and it holds hundreds of MiB of the GPU.
+  std::unique_ptr<std::atomic<bool>[]> contexts;
   std::map<std::string, unsigned long long> calls;  // see fake_cuda::calls
   std::map<std::uint64_t, int> queued_uses;  // by allocation: copies and memsets queued on it, not run yet
   unsigned jitter_us = 50;  // work waits up to this long before it runs (see run_stream)
@@ -109,6 +115,7 @@ struct State {
     if (const char* j = std::getenv("DEFT_FAKE_CUDA_JITTER_US")) jitter_us = unsigned(std::max(0, std::atoi(j)));
     in_use.assign(std::size_t(std::max(devices, 1)), 0);
     faults.assign(std::size_t(std::max(devices, 1)), cudaSuccess);
+    contexts.reset(new std::atomic<bool>[std::size_t(std::max(devices, 1))]{});
   }
   cudaError_t fault(int device) const { return device >= 0 ? faults[std::size_t(device)] : cudaSuccess; }
   void fail(int device, cudaError_t status) {  // the first fault stays
@@ -238,6 +245,19 @@ void run_stream(CUstream_st* s) {
 
 bool valid_device(int d) { return d >= 0 && d < state().devices; }
 
+/// A call that needs the current device's primary context makes it.
+void uses_context() {
+  if (valid_device(current_device)) state().contexts[std::size_t(current_device)].store(true);
+}
+
+/// The driver's cuDevicePrimaryCtxGetState (a CUdevice is its ordinal).
+CUresult primary_context_state(CUdevice device, unsigned int* flags, int* active) {
+  if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+  *flags = 0;
+  *active = state().contexts[std::size_t(device)].load() ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
 CUstream_st* stream_of(cudaStream_t s) {
   return state().streams.count(s) ? s : nullptr;  // the lock held
 }
@@ -289,6 +309,12 @@ namespace fake_cuda {
 
 void explain(const char* message) { std::fprintf(stderr, "fake CUDA: %s\n", message); }
 
+bool has_context(int device) { return valid_device(device) && state().contexts[std::size_t(device)].load(); }
+
+void make_context(int device) {
+  if (valid_device(device)) state().contexts[std::size_t(device)].store(true);
+}
+
 int device_of(cudaStream_t stream) {
   State& st = state();
   std::lock_guard lk(st.m);
@@ -302,6 +328,7 @@ cudaError_t launch(cudaStream_t stream, std::function<void()> work, const char* 
   CUstream_st* s = stream_of(stream);
   if (!s) return refuse(cudaErrorInvalidResourceHandle, std::string(what) + ": not a stream (the legacy default stream is not modelled)");
   if (const cudaError_t f = st.fault(s->device)) return result(f);
+  uses_context();
   if (s->device != current_device)
     return refuse(cudaErrorInvalidResourceHandle, std::string(what) + " launched on a stream of gpu(" +
                                                       std::to_string(s->device) + ") while gpu(" +
@@ -346,6 +373,14 @@ cudaError_t cudaGetDevice(int* device) {
 cudaError_t cudaSetDevice(int device) {
   if (!valid_device(device)) return result(cudaErrorInvalidDevice);
   current_device = device;
+  uses_context();
+  return cudaSuccess;
+}
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** function, unsigned int, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* found) {
+  const bool known = std::strcmp(symbol, "cuDevicePrimaryCtxGetState") == 0;
+  *function = known ? reinterpret_cast<void*>(&primary_context_state) : nullptr;
+  if (found) *found = known ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) { return std::exchange(last_error, cudaSuccess); }
@@ -401,6 +436,7 @@ const char* cudaGetErrorString(cudaError_t error) {
 // Memory ---------------------------------------------------------------------
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  uses_context();
   *ptr = nullptr;
   if (bytes == 0) return cudaSuccess;
   State& st = state();
@@ -427,6 +463,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 // must, and deft's backend waits itself (DeviceMemory::release). That it may
 // makes it conflict with a capture on the device (deft parks such frees).
 cudaError_t cudaFree(void* ptr) {
+  uses_context();
   if (!ptr) return cudaSuccess;
   State& st = state();
   std::lock_guard lk(st.m);
@@ -449,6 +486,7 @@ cudaError_t cudaFree(void* ptr) {
 }
 
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int) {
+  uses_context();
   *ptr = nullptr;
   State& st = state();
   {
@@ -467,6 +505,7 @@ cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int) {
 // cudaFreeHost waits for every stream first, as CUDA's does in practice
 // (deft's PinnedMemory relies on it), so it conflicts with any capture.
 cudaError_t cudaFreeHost(void* ptr) {
+  uses_context();
   if (!ptr) return cudaSuccess;
   State& st = state();
   std::unique_lock lk(st.m);
@@ -483,6 +522,7 @@ cudaError_t cudaFreeHost(void* ptr) {
 }
 
 cudaError_t cudaHostRegister(void* ptr, size_t bytes, unsigned int) {
+  uses_context();
   State& st = state();
   std::lock_guard lk(st.m);
   const auto a = reinterpret_cast<std::uintptr_t>(ptr);
@@ -494,6 +534,7 @@ cudaError_t cudaHostRegister(void* ptr, size_t bytes, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaHostUnregister(void* ptr) {
+  uses_context();
   State& st = state();
   std::lock_guard lk(st.m);
   const auto it = st.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
@@ -503,6 +544,7 @@ cudaError_t cudaHostUnregister(void* ptr) {
 }
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, const void* ptr) {
+  uses_context();
   State& st = state();
   std::lock_guard lk(st.m);
   *attributes = cudaPointerAttributes{};
@@ -521,6 +563,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, c
 // Streams and events -----------------------------------------------------------
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  uses_context();
   if (flags != cudaStreamNonBlocking)
     return refuse(cudaErrorInvalidValue, "only non-blocking streams are modelled (no legacy default stream)");
   auto* s = new CUstream_st{};
@@ -537,6 +580,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  uses_context();
   State& st = state();
   std::unique_lock lk(st.m);
   CUstream_st* s = stream_of(stream);
@@ -550,6 +594,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  uses_context();
   auto* e = new CUevent_st{};
   e->device = current_device;
   State& st = state();
@@ -563,6 +608,7 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlag
 // CUDA lets an event be destroyed while work is queued to reach it: it is
 // released then. Here it is kept (a queued wait still reads it).
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  uses_context();
   State& st = state();
   std::lock_guard lk(st.m);
   if (!event_of(event)) return result(cudaErrorInvalidResourceHandle);
@@ -572,6 +618,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  uses_context();
   State& st = state();
   std::lock_guard lk(st.m);
   CUevent_st* e = event_of(event);
@@ -599,6 +646,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+  uses_context();
   State& st = state();
   std::lock_guard lk(st.m);
   CUevent_st* e = event_of(event);
@@ -613,6 +661,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  uses_context();
   State& st = state();
   std::unique_lock lk(st.m);
   CUevent_st* e = event_of(event);
@@ -627,6 +676,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  uses_context();
   State& st = state();
   std::lock_guard lk(st.m);
   CUstream_st* s = stream_of(stream);
@@ -706,6 +756,7 @@ cudaError_t queue_copy(std::unique_lock<std::mutex>& lk, void* to, const void* f
 }  // namespace
 
 cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream) {
+  uses_context();
   State& st = state();
   std::unique_lock lk(st.m);
   CUstream_st* s = stream_of(stream);
@@ -716,6 +767,7 @@ cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, enum cudaM
 
 cudaError_t cudaMemcpyPeerAsync(void* to, int to_device, const void* from, int from_device, size_t bytes,
                                 cudaStream_t stream) {
+  uses_context();
   State& st = state();
   std::unique_lock lk(st.m);
   CUstream_st* s = stream_of(stream);
@@ -731,6 +783,7 @@ cudaError_t cudaMemcpyPeerAsync(void* to, int to_device, const void* from, int f
 // On CUDA's legacy stream, which deft's non-blocking streams do not wait
 // for: the copy happens now, whatever they have queued.
 cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, enum cudaMemcpyKind kind) {
+  uses_context();
   if (bytes == 0) return cudaSuccess;
   {
     State& st = state();
@@ -743,6 +796,7 @@ cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, enum cudaMemcpy
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
+  uses_context();
   State& st = state();
   std::lock_guard lk(st.m);
   CUstream_st* s = stream_of(stream);
@@ -775,6 +829,7 @@ cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  uses_context();
   if (!valid_device(peer) || peer == current_device) return result(cudaErrorInvalidDevice);
   if (flags != 0) return result(cudaErrorInvalidValue);
   State& st = state();
@@ -787,6 +842,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
 // Graphs: a capture records the stream's work in order; a launch queues it as one. ----
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  uses_context();
   State& st = state();
   std::lock_guard lk(st.m);
   CUstream_st* s = stream_of(stream);
@@ -801,6 +857,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  uses_context();
   State& st = state();
   std::lock_guard lk(st.m);
   *graph = nullptr;
@@ -817,12 +874,14 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
 }
 
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  uses_context();
   if (!graph) return result(cudaErrorInvalidValue);
   *exec = new CUgraphExec_st{graph->device, std::make_shared<const std::vector<Work>>(graph->work)};
   return cudaSuccess;
 }
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  uses_context();
   State& st = state();
   std::lock_guard lk(st.m);
   CUstream_st* s = stream_of(stream);
@@ -854,10 +913,12 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
 }
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  uses_context();
   delete graph;
   return cudaSuccess;
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  uses_context();
   delete exec;
   return cudaSuccess;
 }

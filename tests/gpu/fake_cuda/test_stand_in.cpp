@@ -4,6 +4,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <thread>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <deft/deft.hpp>
+#include <deft/nn.hpp>
 #include <deft/eval/gpu/runtime.hpp>
 
 #include "fake_cuda.hpp"
@@ -295,6 +297,60 @@ BOOST_AUTO_TEST_CASE(a_copy_of_memory_freed_before_it_ran_faults_its_device) {
   BOOST_TEST(cudaMalloc(&device, 64) == cudaErrorIllegalAddress);  // sticky, as on a GPU
   BOOST_TEST(cudaFreeHost(pinned) == cudaErrorIllegalAddress);     // (with gpu(0) current)
   (void)cudaGetLastError();
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// Which GPUs get a CUDA context (hundreds of MiB each on a real one): a
+// program that uses only gpu(1) must not make one on gpu(0), though every
+// thread that never chose a device reads 0 as its current one. This runs
+// in a process of its own (CTest's gpu_backend_fake_contexts): the other
+// suites use gpu(0).
+BOOST_AUTO_TEST_SUITE(fake_cuda_contexts)
+
+BOOST_AUTO_TEST_CASE(work_on_gpu_1_alone_makes_no_context_on_gpu_0) {
+  BOOST_TEST_REQUIRE(!fake_cuda::has_context(0));  // nothing before this case used a GPU
+  const deft::Device dev = deft::gpu(1);
+  const std::vector<float> values{1.5f, -2.0f, 3.25f, 0.5f, 7.0f, -1.0f};
+  const deft::Tensor<float> a = deft::Tensor<float>(values, {2, 3}).to(dev);  // staged through pinned memory
+  const deft::Tensor<float> t = deft::transpose(a);
+  const deft::Tensor<float> product = deft::matmul(a, t);  // cuBLAS
+  const deft::Tensor<float> total = deft::sum(deft::exp(a) * 0.5f);
+  const deft::Tensor<float> on_host = product.to(deft::cpu());  // a page-locked host buffer
+  double expected = 0;
+  for (float v : values) expected += 0.5 * std::exp(double(v));
+  BOOST_TEST(total.item() == expected, boost::test_tools::tolerance(1e-5));
+  const auto got = on_host.to_vector();
+  BOOST_TEST(got[0] == 1.5f * 1.5f + 2.0f * 2.0f + 3.25f * 3.25f);
+  std::thread([&] {  // a user thread of its own: its waits and copies need a context too
+    product.wait_to_read();
+    BOOST_TEST(deft::Tensor<float>(a * 2.0f).to_vector()[2] == 6.5f);
+  }).join();
+
+  auto net = std::make_shared<deft::nn::Sequential>();  // a hybridized forward: one CUDA graph
+  net->add(std::make_shared<deft::nn::Dense>(4, deft::nn::Act::relu), std::make_shared<deft::nn::Dense>(2));
+  net->initialize(deft::nn::init::xavier(), {dev});
+  (void)(*net)(a).to_vector();
+  net->hybridize(true, {.cuda_graph = true});
+  for (int call = 0; call < 3; ++call) (void)(*net)(a).to_vector();
+  BOOST_TEST(net->cuda_graphs() == 1);
+  net.reset();
+  deft::wait_all();
+  deft::engine::release_cached_memory(dev);
+  deft::engine::release_cached_memory(deft::cpu());
+
+  BOOST_TEST(fake_cuda::has_context(1));
+  BOOST_TEST(!fake_cuda::has_context(0));
+}
+
+// Where the earlier device's context exists, the thread gets it back.
+BOOST_AUTO_TEST_CASE(a_thread_keeps_the_device_it_chose) {
+  BOOST_REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  const deft::Tensor<float> x = deft::Tensor<float>(std::vector<float>{1.0f, 2.0f}, {2}).to(deft::gpu(1));
+  BOOST_TEST(deft::Tensor<float>(x + 1.0f).to_vector()[1] == 3.0f);
+  int current = -1;
+  BOOST_TEST(cudaGetDevice(&current) == cudaSuccess);
+  BOOST_TEST(current == 0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

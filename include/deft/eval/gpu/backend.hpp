@@ -98,7 +98,10 @@ class CudaBackend final : public DeviceBackend {
   }
   void wait_for(int index, const void* mark) override {
     if (!mark) return synchronize(index);
-    check(cudaEventSynchronize(event_of(mark)), "a kernel", index);
+    {
+      DeviceGuard on(index);  // a wait needs a context: this GPU's, not whichever is current
+      check(cudaEventSynchronize(event_of(mark)), "a kernel", index);
+    }
     lane_tracker().finished_mark(mark, context(index).global_lane(0), DeviceContext::tracked_lanes);
   }
   void synchronize_all() override {

@@ -23,7 +23,10 @@ class CudaProgram final : public DeviceProgram {
   // CUDA frees a graph destroyed while a launch of it runs once that launch
   // is done; its scratch blocks return to the pool, where the lanes' record
   // orders their next user after that launch.
-  ~CudaProgram() override { discard(cudaGraphExecDestroy(exec_)); }
+  ~CudaProgram() override {
+    DeviceGuard on(ctx_.device, std::nothrow);  // on whichever thread drops the program
+    discard(cudaGraphExecDestroy(exec_));
+  }
   CudaProgram(const CudaProgram&) = delete;
   CudaProgram& operator=(const CudaProgram&) = delete;
 

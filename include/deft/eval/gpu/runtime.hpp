@@ -58,7 +58,36 @@ inline void discard(cudaError_t status) noexcept {
   if (status != cudaSuccess) (void)cudaGetLastError();
 }
 
-/// Makes `device` current for the calling thread while it lives.
+/// Whether GPU `device`'s primary context exists (the driver's
+/// cuDevicePrimaryCtxGetState, reached through the runtime, which deft links
+/// alone). Making a device current creates its context, hundreds of MiB of
+/// that GPU: a thread that never chose a device reads 0 as its current one,
+/// and setting it back would create GPU 0's context in a program that uses
+/// only others. True where the driver cannot tell (deft then restores as
+/// CUDA's own guards do).
+inline bool has_primary_context(int device) noexcept {
+  using GetState = int (*)(int device, unsigned int* flags, int* active);  // CUresult (CUdevice is the ordinal)
+  static const GetState get_state = []() noexcept -> GetState {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t status =
+        cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &f, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t status = cudaGetDriverEntryPoint("cuDevicePrimaryCtxGetState", &f, cudaEnableDefault, &found);
+#endif
+    discard(status);
+    return status == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<GetState>(f) : nullptr;
+  }();
+  unsigned int flags = 0;
+  int active = 0;
+  return !get_state || get_state(device, &flags, &active) != 0 || active != 0;
+}
+
+/// Makes `device` current for the calling thread while it lives; then
+/// makes the earlier device current again, unless its context does not
+/// exist (has_primary_context): the thread then stays on `device`, as
+/// PyTorch's guards leave it.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
@@ -77,7 +106,7 @@ class DeviceGuard {
     discard(status);
   }
   ~DeviceGuard() {
-    if (changed_) discard(cudaSetDevice(previous_));
+    if (changed_ && has_primary_context(previous_)) discard(cudaSetDevice(previous_));
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
@@ -177,29 +206,13 @@ inline bool peer_access(int device, int peer) {
 /// every device, so its frees wait for the recordings on any device.
 class PinnedMemory final : public engine::HostAllocator, public FreeGate {
  public:
-  void* allocate(std::size_t bytes, std::size_t) override {
-    void* p = nullptr;
-    cudaError_t status;
-    {
-      std::lock_guard no_group(collective_launches());
-      status = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
-    }
-    if (status != cudaSuccess) {
-      (void)cudaGetLastError();
-      raise<std::runtime_error>("cudaHostAlloc of ", bytes, " bytes of page-locked host memory failed: ",
-                                cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
-    }
-    return p;
-  }
+  void* allocate(std::size_t bytes, std::size_t) override;  // defined below, with the contexts
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
     free_or_park(p, bytes, alignment);
   }
 
  private:
-  void release(void* p, std::size_t, std::size_t) noexcept override {
-    std::lock_guard no_group(collective_launches());
-    discard(cudaFreeHost(p));
-  }
+  void release(void* p, std::size_t, std::size_t) noexcept override;
 };
 
 /// One GPU's resources, created on first use: its memory cache, the compute
@@ -257,6 +270,7 @@ struct DeviceContext {
   /// Waits for every kernel queued on the device's streams; rethrows their
   /// failure. (The tracker then needs no waits for that work.)
   void synchronize() {
+    DeviceGuard on(device);  // a wait needs a context: this GPU's, not whichever is current
     for (int k = 0; k < tracked_lanes; ++k)
       lane_tracker().host_waits(global_lane(k), [&] { check(cudaStreamSynchronize(stream(k)), "a kernel", device); });
   }
@@ -343,6 +357,42 @@ inline std::vector<DeviceContext*> live_contexts() {
   for (int i = 0; i < c.count; ++i)
     if (DeviceContext* ctx = c.list[std::size_t(i)].load(std::memory_order_acquire)) live.push_back(ctx);
   return live;
+}
+
+/// A GPU whose context exists, for calls that need a context but no
+/// particular GPU (page-locked host memory): the current one if its context
+/// exists, else the first GPU deft used, so that none is made for GPU 0 in a
+/// program that uses only others.
+inline int device_with_context() noexcept {
+  int current = 0;
+  discard(cudaGetDevice(&current));
+  if (has_primary_context(current)) return current;
+  auto& c = Contexts::get();
+  for (int i = 0; i < c.count; ++i)
+    if (c.list[std::size_t(i)].load(std::memory_order_acquire)) return i;
+  return current;
+}
+
+inline void* PinnedMemory::allocate(std::size_t bytes, std::size_t) {
+  DeviceGuard on(device_with_context());
+  void* p = nullptr;
+  cudaError_t status;
+  {
+    std::lock_guard no_group(collective_launches());
+    status = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  }
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    raise<std::runtime_error>("cudaHostAlloc of ", bytes, " bytes of page-locked host memory failed: ",
+                              cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+  }
+  return p;
+}
+
+inline void PinnedMemory::release(void* p, std::size_t, std::size_t) noexcept {
+  DeviceGuard on(device_with_context(), std::nothrow);
+  std::lock_guard no_group(collective_launches());
+  discard(cudaFreeHost(p));
 }
 
 inline void CudaLaneQueue::order(int from, int to) const {

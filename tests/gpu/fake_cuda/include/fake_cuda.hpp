@@ -15,6 +15,14 @@ namespace fake_cuda {
 /// on a GPU: every later call for the device returns cudaErrorLaunchFailure.
 cudaError_t launch(cudaStream_t stream, std::function<void()> work, const char* what);
 
+/// Whether `device`'s primary context exists: made by the first call that
+/// needs one while the device is current, and by cudaSetDevice (CUDA 12's
+/// rule). deft must not make one on a GPU the program never used.
+bool has_context(int device);
+
+/// Makes `device`'s primary context (for the stand-in's cuBLAS and NCCL).
+void make_context(int device);
+
 /// The device `stream` belongs to, or -1 for a handle that is not a stream.
 int device_of(cudaStream_t stream);
 

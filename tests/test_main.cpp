@@ -254,6 +254,18 @@ BOOST_AUTO_TEST_CASE(uniform_distribution) {
   const auto neg = deft::random::uniform<std::int64_t>(-5, 5, {100000}).to_vector();
   BOOST_TEST(*std::min_element(neg.begin(), neg.end()) == -5);
   BOOST_TEST(*std::max_element(neg.begin(), neg.end()) == 4);
+  // Where hi's last place is coarse, lo + (hi - lo) * u rounds up to hi for
+  // u near 1 (here for every u > 1/2): such a draw must stay below hi.
+  const std::int64_t big = std::int64_t(1) << 52;
+  const auto coarse = deft::random::uniform<std::int64_t>(double(big), double(big + 2), {1000}).to_vector();
+  std::size_t firsts = 0, seconds = 0;
+  for (auto x : coarse) {
+    firsts += x == big;
+    seconds += x == big + 1;
+  }
+  BOOST_TEST(firsts + seconds == coarse.size(), "draws outside [2^52, 2^52 + 2): " << coarse.size() - firsts - seconds);
+  BOOST_TEST(firsts > 0u);
+  BOOST_TEST(seconds > 0u);
 }
 
 BOOST_AUTO_TEST_CASE(normal_distribution) {

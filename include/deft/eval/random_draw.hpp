@@ -44,11 +44,15 @@ DEFT_HD T unit_interval(std::uint32_t hi, std::uint32_t lo) {
 enum class Distribution { uniform, normal };
 
 /// A drawn double as an element of T. Uniform draws stay below `hi` even
-/// where rounding to float would reach it.
+/// where rounding (to double, or to float) reaches it: lo + (hi - lo) * u
+/// rounds up to hi for u close enough to 1 wherever hi's last place is
+/// coarser than 2^-53 (2^30 + u with u > 1 - 2^-23; 2^52 + u with u > 1/2).
 template <class T, Distribution D>
 DEFT_HD T to_element(double v, double hi) {
   if constexpr (std::is_integral_v<T>) {
-    return convert<T>(std::floor(v));  // saturates: v may round up to hi = 2^63 for int64
+    double r = std::floor(v);
+    if (r >= hi) r = hi - 1;  // (whole-number bounds: hi - 1 >= lo)
+    return convert<T>(r);     // saturates: hi - 1 rounds to 2^63 for int64's top
   } else {
     T r = static_cast<T>(v);
     if constexpr (D == Distribution::uniform)
@@ -67,8 +71,11 @@ DEFT_HD void store_pair(T* out, std::int64_t n, std::int64_t q, std::uint64_t ke
   const auto w = Philox::block(key, stream, std::uint64_t(q));
   double v[2];
   if constexpr (D == Distribution::uniform) {
-    v[0] = a + (b - a) * unit_interval<double>(w[0], w[1]);
-    v[1] = a + (b - a) * unit_interval<double>(w[2], w[3]);
+    // One rounding, written out: nvcc contracts a + (b - a) * u into an
+    // FMA and a host compiler may not, and the floor of an integer draw
+    // would then differ between the CPU and a GPU.
+    v[0] = std::fma(b - a, unit_interval<double>(w[0], w[1]), a);
+    v[1] = std::fma(b - a, unit_interval<double>(w[2], w[3]), a);
   } else {
     const double u1 = 1.0 - unit_interval<double>(w[0], w[1]);  // (0, 1]: log is finite
     const double u2 = unit_interval<double>(w[2], w[3]);

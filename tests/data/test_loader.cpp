@@ -108,6 +108,16 @@ int settled_thread_count(int expected) {
   return n;
 }
 
+/// A host allocator whose allocations throw std::bad_alloc while `failing` is set.
+struct Failing final : deft::engine::HostAllocator {
+  std::atomic<bool> failing{false};
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    if (failing) throw std::bad_alloc();
+    return std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
+  }
+  void deallocate(void* p, std::size_t, std::size_t) noexcept override { std::free(p); }
+};
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(loader)
@@ -293,14 +303,6 @@ BOOST_AUTO_TEST_CASE(a_batch_size_near_the_int64_limit_is_one_batch) {
 BOOST_AUTO_TEST_CASE(a_failed_begin_loses_neither_the_epoch_nor_the_carried_samples) {
   // Allocations of new tensors fail while `failing` is set: batch 0's
   // gather, the first allocation of begin() without prefetching.
-  struct Failing final : deft::engine::HostAllocator {
-    std::atomic<bool> failing{false};
-    void* allocate(std::size_t bytes, std::size_t alignment) override {
-      if (failing) throw std::bad_alloc();
-      return std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
-    }
-    void deallocate(void* p, std::size_t, std::size_t) noexcept override { std::free(p); }
-  };
   const Set s = indexed_set(10);
   DataLoader roll(s.x, s.y, 4, {.shuffle = false, .last_batch = LastBatch::rollover, .prefetch = false});
   BOOST_TEST(flatten(epoch_indices(roll)) == iota(8), boost::test_tools::per_element());  // carries 8, 9
@@ -318,6 +320,27 @@ BOOST_AUTO_TEST_CASE(a_failed_begin_loses_neither_the_epoch_nor_the_carried_samp
   std::vector<i64> expect{8, 9};
   for (i64 i = 0; i < 10; ++i) expect.push_back(i);
   BOOST_TEST(flatten(epoch_indices(roll)) == expect, boost::test_tools::per_element());
+}
+
+
+BOOST_AUTO_TEST_CASE(a_failed_step_is_gathered_again_by_the_next) {
+  const Set s = indexed_set(10);
+  DataLoader loader(s.x, s.y, 4, {.shuffle = false, .last_batch = LastBatch::keep, .prefetch = false});
+  auto it = loader.begin();
+  BOOST_TEST((*it).y.to_vector() == (std::vector<i64>{1000, 1001, 1002, 1003}), boost::test_tools::per_element());
+  auto failing = std::make_shared<Failing>();
+  const auto previous = deft::engine::set_host_allocator(failing);
+  failing->failing = true;
+  BOOST_CHECK_THROW(++it, std::bad_alloc);  // batch 1's gather
+  failing->failing = false;
+  deft::engine::set_host_allocator(previous);
+  BOOST_TEST((*it).y.to_vector() == (std::vector<i64>{1000, 1001, 1002, 1003}), boost::test_tools::per_element());
+  ++it;  // batch 1 again, not batch 2
+  BOOST_TEST((*it).y.to_vector() == (std::vector<i64>{1004, 1005, 1006, 1007}), boost::test_tools::per_element());
+  ++it;
+  BOOST_TEST((*it).y.to_vector() == (std::vector<i64>{1008, 1009}), boost::test_tools::per_element());
+  ++it;
+  BOOST_TEST((it == std::default_sentinel));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

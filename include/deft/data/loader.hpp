@@ -88,13 +88,19 @@ class DataLoader {
         // No thread to be had: the next batch is gathered when it is needed.
       }
     }
+    // A failed gather leaves the iterator on the batch before: the next
+    // ++ gathers the failed batch again (here, on the calling thread), so
+    // a caller that catches the failure and goes on loses no samples.
     void advance() {
-      ++index;
-      if (index >= batches) {
+      const std::int64_t k = index + 1;
+      if (k >= batches) {
+        index = k;
         current = Batch{};
         return;
       }
-      current = next.valid() ? next.get() : gather(index);  // get() rethrows a failure of the background gather
+      Batch b = next.valid() ? next.get() : gather(k);  // get() rethrows a failure of the background gather
+      index = k;
+      current = std::move(b);
       start_next();
     }
   };

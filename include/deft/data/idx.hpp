@@ -10,20 +10,18 @@
 // (N). A file may also be gzipped (as Debian's dataset packages ship them):
 // read_idx() recognises gzip by its magic number, not by the name.
 #pragma once
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "../core/error.hpp"
 #include "../core/shape.hpp"
+#include "../io/file.hpp"
 #include "gzip.hpp"
 
 namespace deft::data {
@@ -60,18 +58,7 @@ inline const char* idx_type_name(std::uint8_t code) {
 
 /// The whole file as bytes; std::runtime_error naming the file when it cannot be read.
 inline std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& file) {
-  std::error_code ec;
-  const auto st = std::filesystem::status(file, ec);
-  // status() fails for more than absence: a directory on the way without
-  // search permission, a loop of links.
-  if (ec && ec != std::errc::no_such_file_or_directory)
-    deft::detail::raise<std::runtime_error>(file.string(), ": cannot read: ", ec.message());
-  if (!std::filesystem::exists(st))
-    deft::detail::raise<std::runtime_error>(file.string(), ": no such file");
-  if (std::filesystem::is_directory(st))
-    deft::detail::raise<std::runtime_error>(file.string(), ": is a directory, not a file");
-  std::ifstream in(file, std::ios::binary);
-  if (!in) deft::detail::raise<std::runtime_error>(file.string(), ": cannot open: ", std::strerror(errno));
+  std::ifstream in = deft::detail::open_input(file);
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
   in.seekg(0, std::ios::beg);

@@ -123,11 +123,30 @@ class Parameter {
     spread(init_(shape));
   }
   /// Replaces the value on every device (loading saved parameters); the shape must match once known.
-  void set_data(const Tensor<float>& value) {
+  void set_data(const Tensor<float>& value) { commit(stage(value)); }
+
+  /// A new value's copies, one per device, made without changing the
+  /// parameter (checked as set_data checks it); commit() then installs them
+  /// and cannot fail. load_parameters stages every parameter first, so that
+  /// a failure midway changes none.
+  class Staged {
+    friend class Parameter;
+    std::vector<Tensor<float>> copies;
+  };
+  /// The copies of `value` for every device; the parameter is unchanged.
+  /// std::invalid_argument where the shape differs from the value's.
+  Staged stage(const Tensor<float>& value) const {
     if (!values_.empty() && !(values_.front().shape() == value.shape()))
       detail::raise("parameter '", name_, "' has shape ", values_.front().shape().to_string(), " but the value given has shape ",
                     value.shape().to_string());
-    spread(value);
+    Staged staged;
+    staged.copies = copies_of(value);
+    return staged;
+  }
+  /// Installs staged copies as the value.
+  void commit(Staged&& staged) noexcept {
+    values_ = std::move(staged.copies);
+    ready_.store(true, std::memory_order_release);
   }
   /// How the value will be drawn (used before it exists).
   void set_initializer(Initializer init) { init_ = std::move(init); }
@@ -140,15 +159,19 @@ class Parameter {
                   " (initialize the network with that device, or move the input there)");
   }
   // One fresh copy of `value` per device, each a variable of its own.
-  void spread(const Tensor<float>& value) {
+  std::vector<Tensor<float>> copies_of(const Tensor<float>& value) const {
     std::vector<Tensor<float>> copies;
     for (const Device& d : devices_) {
       Tensor<float> v = d == value.device() ? value.clone() : value.to(d);
       v.attach_grad();
       copies.push_back(std::move(v));
     }
-    values_ = std::move(copies);
-    ready_.store(true, std::memory_order_release);
+    return copies;
+  }
+  void spread(const Tensor<float>& value) {
+    Staged staged;
+    staged.copies = copies_of(value);
+    commit(std::move(staged));
   }
 
   std::string name_;

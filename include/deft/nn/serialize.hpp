@@ -8,12 +8,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "../io/file.hpp"
 #include "block.hpp"
 
 namespace deft::nn {
@@ -21,6 +25,19 @@ namespace deft::nn {
 namespace detail_io {
 inline constexpr char magic[8] = {'D', 'E', 'F', 'T', 'P', 'R', 'M', '1'};
 inline constexpr std::uint32_t byte_order = 0x01020304u;
+inline constexpr std::uint32_t max_name_bytes = 4096;
+// Values read at a time from a stream of unknown length (a pipe): memory
+// grows only as the values arrive, whatever the extents claim.
+inline constexpr std::size_t chunk_values = std::size_t(1) << 22;  // 16 MiB
+
+/// Where two of `params` share a name, that name: a file could not tell
+/// them apart.
+inline std::optional<std::string> repeated_name(const std::vector<Parameter*>& params) {
+  std::set<std::string_view> seen;
+  for (const Parameter* p : params)
+    if (!seen.insert(p->name()).second) return p->name();
+  return std::nullopt;
+}
 
 template <class V>
 void put(std::ofstream& out, const V& v) { out.write(reinterpret_cast<const char*>(&v), sizeof v); }
@@ -60,6 +77,13 @@ struct Reader {
 /// Writes every parameter of `net` (all must have values) to `file`.
 inline void save_parameters(Block& net, const std::filesystem::path& file) {
   const auto params = net.collect_params();
+  if (const auto name = detail_io::repeated_name(params))
+    deft::detail::raise("save_parameters: the network has two parameters named '", *name,
+                        "'; a parameter file names each once (give the blocks distinct names)");
+  for (const Parameter* p : params)
+    if (p->name().size() > detail_io::max_name_bytes)
+      deft::detail::raise("save_parameters: parameter name '", p->name().substr(0, 64), "...' is ", p->name().size(),
+                          " bytes long; a parameter file holds names of up to ", detail_io::max_name_bytes);
   std::vector<std::vector<float>> values;
   for (auto* p : params) values.push_back(p->data().to_vector());  // throws for a parameter without a value
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
@@ -80,11 +104,15 @@ inline void save_parameters(Block& net, const std::filesystem::path& file) {
 }
 
 /// Reads `file` into the parameters of `net`, matching them by name. The
-/// whole file is checked before any parameter changes: a missing, extra,
-/// misshapen or truncated entry leaves the network as it was.
+/// whole file is checked, and every parameter's new copies made, before any
+/// parameter changes: a missing, extra, misshapen or truncated entry, or a
+/// failure while copying, leaves the network as it was.
 inline void load_parameters(Block& net, const std::filesystem::path& file) {
-  detail_io::Reader r{std::ifstream(file, std::ios::binary), file.string()};
-  if (!r.in) deft::detail::raise<std::runtime_error>("load_parameters: cannot open ", file.string());
+  const auto params = net.collect_params();
+  if (const auto name = detail_io::repeated_name(params))
+    deft::detail::raise("load_parameters: the network has two parameters named '", *name,
+                        "'; a parameter file cannot say which is which");
+  detail_io::Reader r{deft::detail::open_input(file, "load_parameters: "), file.string()};
   char m[8];
   r.bytes(m, sizeof m, "the header");
   if (std::memcmp(m, detail_io::magic, sizeof m) != 0)
@@ -95,7 +123,7 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
   std::map<std::string, Tensor<float>> loaded;
   for (std::uint64_t i = 0; i < count; ++i) {
     const auto len = r.get<std::uint32_t>("a name length");
-    if (len > 4096) deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is corrupt (a name of ", len, " bytes)");
+    if (len > detail_io::max_name_bytes) deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is corrupt (a name of ", len, " bytes)");
     std::string name(len, '\0');
     r.bytes(name.data(), len, "a name");
     const auto rank = r.get<std::uint32_t>("the rank of '" + name + "'");
@@ -108,31 +136,39 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
         deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is corrupt (parameter '", name, "' has extent ", d, ")");
     }
     // The values must be in the file before anything is allocated for them:
-    // a corrupt extent would otherwise ask for terabytes.
+    // a corrupt extent would otherwise ask for terabytes. (The count is
+    // checked before a Shape is made, so that its error names the file.)
+    const auto extents = [&] {
+      std::string e;
+      for (const auto d : dims) e += (e.empty() ? "" : ", ") + std::to_string(d);
+      return "(" + e + ")";
+    };
+    std::uint64_t n = 1;
+    constexpr std::uint64_t most = std::uint64_t(std::numeric_limits<std::ptrdiff_t>::max()) / sizeof(float);
+    for (const auto d : dims) {
+      if (d != 0 && n > most / std::uint64_t(d))
+        deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is corrupt (parameter '", name,
+                                                "' has extents ", extents(), ", more values than fit in memory)");
+      n *= std::uint64_t(d);
+    }
     const auto left = r.remaining();
-    const std::uint64_t available = left ? *left / sizeof(float) : 0;
-    bool fits = true;
-    if (left && std::ranges::find(dims, 0) == dims.end())
-      for (std::uint64_t n = 1; const auto d : dims) {
-        fits = fits && n <= available / std::uint64_t(d);
-        n = fits ? n * std::uint64_t(d) : n;
-      }
-    if (!fits) {
-      std::string extents;
-      for (const auto d : dims) extents += (extents.empty() ? "" : ", ") + std::to_string(d);
+    if (left && n > *left / sizeof(float))
       deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is truncated (parameter '", name,
-                                              "' has extents (", extents, ") but the file holds only ", available,
-                                              " more values)");
+                                              "' has extents ", extents(), " but the file holds only ",
+                                              *left / sizeof(float), " more values)");
+    std::vector<float> values;
+    while (values.size() < n) {  // at once when the length is known, else chunk by chunk
+      const std::size_t have = values.size();
+      const std::size_t take = left ? std::size_t(n) - have : std::min(std::size_t(n) - have, detail_io::chunk_values);
+      values.resize(have + take);
+      r.bytes(values.data() + have, take * sizeof(float), "the values of '" + name + "'");
     }
     const Shape s(dims);
-    std::vector<float> values(std::size_t(s.size()));
-    r.bytes(values.data(), values.size() * sizeof(float), "the values of '" + name + "'");
     if (!loaded.emplace(name, Tensor<float>(std::move(values), s)).second)
       deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " holds parameter '", name, "' twice");
   }
   if (r.in.peek() != std::char_traits<char>::eof())
     deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has trailing bytes after ", count, " parameters");
-  const auto params = net.collect_params();
   for (auto* p : params) {
     auto it = loaded.find(p->name());
     if (it == loaded.end())
@@ -149,7 +185,10 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
         deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has parameter '", name,
                                                 "', which the network does not have");
     }
-  for (auto* p : params) p->set_data(loaded.at(p->name()));
+  std::vector<Parameter::Staged> staged;  // every copy made before any parameter changes
+  staged.reserve(params.size());
+  for (auto* p : params) staged.push_back(p->stage(loaded.at(p->name())));
+  for (std::size_t i = 0; i < params.size(); ++i) params[i]->commit(std::move(staged[i]));
 }
 
 }  // namespace deft::nn

@@ -139,9 +139,7 @@ class Parameter {
     if (!values_.empty() && !(values_.front().shape() == value.shape()))
       detail::raise("parameter '", name_, "' has shape ", values_.front().shape().to_string(), " but the value given has shape ",
                     value.shape().to_string());
-    Staged staged;
-    staged.copies = copies_of(value);
-    return staged;
+    return copies_of(value);
   }
   /// Installs staged copies as the value.
   void commit(Staged&& staged) noexcept {
@@ -159,20 +157,16 @@ class Parameter {
                   " (initialize the network with that device, or move the input there)");
   }
   // One fresh copy of `value` per device, each a variable of its own.
-  std::vector<Tensor<float>> copies_of(const Tensor<float>& value) const {
-    std::vector<Tensor<float>> copies;
+  Staged copies_of(const Tensor<float>& value) const {
+    Staged staged;
     for (const Device& d : devices_) {
       Tensor<float> v = d == value.device() ? value.clone() : value.to(d);
       v.attach_grad();
-      copies.push_back(std::move(v));
+      staged.copies.push_back(std::move(v));
     }
-    return copies;
+    return staged;
   }
-  void spread(const Tensor<float>& value) {
-    Staged staged;
-    staged.copies = copies_of(value);
-    commit(std::move(staged));
-  }
+  void spread(const Tensor<float>& value) { commit(copies_of(value)); }
 
   std::string name_;
   Initializer init_;

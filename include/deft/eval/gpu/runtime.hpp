@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include <cuda.h>  // the driver's types only: deft links cudart alone
 #include <cuda_runtime_api.h>
 
 #include "../../core/device.hpp"
@@ -66,7 +67,9 @@ inline void discard(cudaError_t status) noexcept {
 /// only others. True where the driver cannot tell (deft then restores as
 /// CUDA's own guards do).
 inline bool has_primary_context(int device) noexcept {
-  using GetState = int (*)(int device, unsigned int* flags, int* active);  // CUresult (CUdevice is the ordinal)
+  // The driver's own signature: a call through any other function type is
+  // undefined (UBSan's -fsanitize=function reports it).
+  using GetState = CUresult(CUDAAPI*)(CUdevice device, unsigned int* flags, int* active);
   static const GetState get_state = []() noexcept -> GetState {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -81,7 +84,7 @@ inline bool has_primary_context(int device) noexcept {
   }();
   unsigned int flags = 0;
   int active = 0;
-  return !get_state || get_state(device, &flags, &active) != 0 || active != 0;
+  return !get_state || get_state(device, &flags, &active) != CUDA_SUCCESS || active != 0;
 }
 
 /// Makes `device` current for the calling thread while it lives; then

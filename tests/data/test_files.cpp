@@ -52,6 +52,44 @@ const char* const fixture_dynamic =
     "03e70ee000b60b2e14cacd05a1d44ce0fde171b77e1fb3cd99fb1c737e305e317dc364c56cc5e20dfb96414e467232fe2b13"
     "3919cac91404a5e2a0ad38a81707d5e2a05c1c34fbffdc35f4b811bc040000";
 
+/// Runs f() in a child process whose address space may grow by only `cap`
+/// bytes, and checks that it throws std::runtime_error saying `expected`
+/// (not std::bad_alloc, which means it asked for more). Skipped under the
+/// sanitizers, which reserve terabytes of address space.
+template <class F>
+void check_within_memory_cap(std::size_t cap, F&& f, const std::string& expected) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || DD_HAS_SANITIZER
+  (void)cap, (void)f;
+  BOOST_TEST_MESSAGE("skipped under a sanitizer: " << expected);
+#else
+  const pid_t child = fork();
+  BOOST_TEST_REQUIRE(child >= 0);
+  if (child == 0) {
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    rlimit limit{};
+    if (pages <= 0 || getrlimit(RLIMIT_AS, &limit) != 0) _exit(9);
+    limit.rlim_cur = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + rlim_t(cap);
+    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(9);
+    try {
+      f();
+      _exit(2);
+    } catch (const std::runtime_error& e) {
+      _exit(std::string(e.what()).find(expected) != std::string::npos ? 0 : 3);
+    } catch (const std::bad_alloc&) {
+      _exit(4);
+    } catch (...) {
+      _exit(5);
+    }
+  }
+  int status = 0;
+  BOOST_TEST_REQUIRE(waitpid(child, &status, 0) == child);
+  BOOST_TEST_REQUIRE(WIFEXITED(status));
+  // 2: no error; 3: another message; 4: std::bad_alloc, it took more than `cap`.
+  BOOST_TEST(WEXITSTATUS(status) == 0, "exit status " << WEXITSTATUS(status) << ", expected an error saying " << expected);
+#endif
+}
+
 /// Restores an environment variable at scope exit.
 struct EnvVar {
   std::string name;
@@ -164,40 +202,11 @@ BOOST_AUTO_TEST_CASE(truncated_and_damaged_data_throw) {
 
 // A cut file's last 4 bytes are compressed data, read as its length: the
 // first guess of the output's size must not zero-fill gigabytes before the
-// error is found. In a child process whose address space is capped (not
-// under the sanitizers, which reserve terabytes of it).
+// error is found.
 BOOST_AUTO_TEST_CASE(a_cut_file_is_refused_without_a_huge_allocation) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || DD_HAS_SANITIZER
-  BOOST_TEST_MESSAGE("skipped under a sanitizer");
-#else
   Bytes g = gzip_stored(random_bytes(std::size_t(2) << 20, 9));
   for (std::size_t k = 1; k <= 4; ++k) g[g.size() - k] = 0xFF;  // "4 GiB - 1 bytes"
-  const pid_t child = fork();
-  BOOST_TEST_REQUIRE(child >= 0);
-  if (child == 0) {
-    long pages = 0;
-    std::ifstream("/proc/self/statm") >> pages;
-    rlimit cap{};
-    if (pages <= 0 || getrlimit(RLIMIT_AS, &cap) != 0) _exit(9);
-    cap.rlim_cur = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(512) << 20);
-    if (setrlimit(RLIMIT_AS, &cap) != 0) _exit(9);
-    try {
-      (void)data::gunzip(g, "f.gz");
-      _exit(2);
-    } catch (const std::runtime_error& e) {
-      _exit(std::string(e.what()).find("length mismatch") != std::string::npos ? 0 : 3);
-    } catch (const std::bad_alloc&) {
-      _exit(4);
-    } catch (...) {
-      _exit(5);
-    }
-  }
-  int status = 0;
-  BOOST_TEST_REQUIRE(waitpid(child, &status, 0) == child);
-  BOOST_TEST_REQUIRE(WIFEXITED(status));
-  // 4: std::bad_alloc, the guess took more than 512 MiB.
-  BOOST_TEST(WEXITSTATUS(status) == 0);
-#endif
+  check_within_memory_cap(std::size_t(512) << 20, [&] { (void)data::gunzip(g, "f.gz"); }, "length mismatch");
 }
 
 #ifdef DEFT_TEST_WITH_ZLIB
@@ -300,6 +309,33 @@ BOOST_AUTO_TEST_CASE(errors_name_the_file_and_the_problem) {
   gz.resize(gz.size() - 5);
   write_file(dir / "cut.gz", gz);
   DD_CHECK_THROWS(data::read_idx(dir / "cut.gz"), std::runtime_error, (dir / "cut.gz").string(), "corrupt gzip data");
+}
+
+// A file of a few MB can inflate to gigabytes: read_idx stops as soon as the
+// data passes what the IDX header declares, before allocating the rest.
+BOOST_AUTO_TEST_CASE(gzip_data_past_the_header_is_refused_before_it_is_inflated) {
+  TempDir dir;
+  const Bytes header = idx_bytes({2, 3}, {});
+  const std::vector<std::string> parts = {(dir / "bomb.gz").string() + " (after gunzip): more data than the header declares",
+                                          "2 x 3 = 6 bytes of data after the 12-byte header"};
+  write_file(dir / "bomb.gz", gzip_zeros(header, std::size_t(1) << 20));
+  check_throws<std::runtime_error>([&] { data::read_idx(dir / "bomb.gz"); }, parts, "1 MiB of zeros");
+  // The whole file inflated would take 1 GiB: allowed 128 MiB.
+  // (Written in the child: under a sanitizer the check is skipped.)
+  check_within_memory_cap(
+      std::size_t(128) << 20,
+      [&] {
+        write_file(dir / "bomb.gz", gzip_zeros(header, std::size_t(1) << 30));
+        data::read_idx(dir / "bomb.gz");
+      },
+      parts[0]);
+  // Exactly the declared size still reads, from a back-referencing block too.
+  write_file(dir / "exact.gz", gzip_zeros(header, 6));
+  const data::IdxArray exact = data::read_idx(dir / "exact.gz");
+  BOOST_TEST((exact.data == Bytes(6, 0)));
+  BOOST_TEST((exact.dims == std::vector<std::int64_t>{2, 3}));
+  write_file(dir / "wide.gz", gzip_zeros(idx_bytes({1000, 1000}, {}), 1000000));
+  BOOST_TEST((data::read_idx(dir / "wide.gz").data == Bytes(1000000, 0)));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -58,6 +59,9 @@ inline std::uint32_t crc32(std::span<const std::uint8_t> bytes, std::uint32_t cr
 struct InflateError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+/// Thrown by the inflater once its output has passed the caller's limit.
+struct OutputLimitReached {};
 
 /// Reads DEFLATE's little-endian bit stream. Bits past the end of the input
 /// read as zeros, but consuming them is an error: that is how truncation is
@@ -190,9 +194,11 @@ class Huffman {
 
 /// Inflates one raw DEFLATE stream from `in`, appending to out[0, n) (out may
 /// be longer: spare capacity, trimmed by the caller). Returns after the final
-/// block; the reader then stands inside the stream's last byte.
+/// block; the reader then stands inside the stream's last byte. Throws
+/// OutputLimitReached at the first write after n has passed `limit`, so
+/// that the output (and its buffer) stays within a block of the limit.
 inline void inflate(BitReader& in, const std::uint8_t* in_end, std::vector<std::uint8_t>& out, std::size_t& n,
-                    std::size_t member_start) {
+                    std::size_t member_start, std::size_t limit) {
   static constexpr std::uint16_t len_base[29] = {3,  4,  5,  6,  7,  8,  9,  10, 11,  13,  15,  17,  19,  23, 27,
                                                  31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
   static constexpr std::uint8_t len_extra[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2,
@@ -217,8 +223,11 @@ inline void inflate(BitReader& in, const std::uint8_t* in_end, std::vector<std::
   }();
 
   auto reserve = [&](std::size_t more) {
+    if (n > limit) throw OutputLimitReached{};
     if (out.size() - n >= more) return;
-    out.resize(std::max(out.size() * 2, n + more + (std::size_t(1) << 16)));
+    const std::size_t grown = std::max(out.size() * 2, n + more + (std::size_t(1) << 16));
+    const std::size_t ceiling = limit < std::numeric_limits<std::size_t>::max() ? limit + 1 : limit;
+    out.resize(std::min(grown, std::max(n + more, ceiling)));
   };
 
   Huffman dyn_lit, dyn_dist;
@@ -308,10 +317,20 @@ inline bool is_gzip(std::span<const std::uint8_t> bytes) {
   return bytes.size() >= 2 && bytes[0] == 0x1F && bytes[1] == 0x8B;
 }
 
-/// Decompresses gzip data: every member in `bytes` (`gzip a b > c` makes
-/// several), checking each one's CRC-32 and length. Errors are
-/// std::runtime_error naming `name` (the file) and what is wrong.
-inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, const std::string& name) {
+namespace detail {
+
+/// What inflate_members() made: the data, and whether it stopped early
+/// because the output passed the limit (then `data` holds more than `limit`
+/// bytes, the first of them exact, and the rest of the file was not checked).
+struct Inflated {
+  std::vector<std::uint8_t> data;
+  bool passed_limit = false;
+};
+
+/// gunzip()'s work, stopping as soon as the output passes `limit` bytes: a
+/// small file can inflate to gigabytes (1032:1 is DEFLATE's ratio), so a
+/// caller who knows how much data to expect reads no more than that.
+inline Inflated inflate_members(std::span<const std::uint8_t> bytes, const std::string& name, std::size_t limit) {
   const std::uint8_t* const begin = bytes.data();
   const std::uint8_t* const end = begin + bytes.size();
   auto fail = [&](const auto&... what) -> void { deft::detail::raise<std::runtime_error>(name, ": corrupt gzip data: ", what...); };
@@ -325,7 +344,7 @@ inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, con
   // its error is found.
   constexpr std::size_t trusted_ratio = 16, trusted_min = std::size_t(1) << 20;
   if (bytes.size() >= 18)
-    out.resize(std::min<std::size_t>(le32(end - 4), std::max(bytes.size() * trusted_ratio, trusted_min)));
+    out.resize(std::min({std::size_t(le32(end - 4)), std::max(bytes.size() * trusted_ratio, trusted_min), limit}));
   std::size_t n = 0;
   const std::uint8_t* p = begin;
   do {
@@ -364,9 +383,12 @@ inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, con
     const std::size_t start = n;
     detail::BitReader in(q, end);
     try {
-      detail::inflate(in, end, out, n, start);
+      detail::inflate(in, end, out, n, start, limit);
     } catch (const detail::InflateError& e) {
       fail(e.what(), " (member at byte ", at, ")");
+    } catch (const detail::OutputLimitReached&) {
+      out.resize(n);
+      return {std::move(out), true};
     }
     q = in.align();
     if (end - q < 8) fail("the file ends before the gzip trailer (truncated file?)");
@@ -378,7 +400,16 @@ inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, con
     p = q + 8;
   } while (p != end);
   out.resize(n);
-  return out;
+  return {std::move(out), n > limit};
+}
+
+}  // namespace detail
+
+/// Decompresses gzip data: every member in `bytes` (`gzip a b > c` makes
+/// several), checking each one's CRC-32 and length. Errors are
+/// std::runtime_error naming `name` (the file) and what is wrong.
+inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, const std::string& name) {
+  return detail::inflate_members(bytes, name, std::numeric_limits<std::size_t>::max()).data;
 }
 
 }  // namespace deft::data

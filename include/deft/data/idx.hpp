@@ -71,65 +71,108 @@ inline std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& fi
 
 }  // namespace detail
 
-/// Parses the bytes of an (uncompressed) IDX file; `name` names it in errors.
-/// Throws std::runtime_error for a bad magic number, an element type other
-/// than unsigned byte, no dimensions, a zero or too large extent, and data
-/// that is shorter (truncated) or longer (trailing bytes) than the header says.
-inline IdxArray parse_idx(std::vector<std::uint8_t> bytes, const std::string& name) {
+namespace detail {
+
+/// An IDX header, checked: everything parse_idx() needs before the data.
+struct IdxHeader {
+  std::vector<std::int64_t> dims;
+  std::uint64_t elements = 1;  ///< the product of dims: the data's bytes
+  std::size_t bytes = 0;       ///< the header's own length
+  std::string dims_text;       ///< "60000 x 28 x 28", for messages
+
+  /// The whole file's length that the header declares.
+  std::uint64_t file_bytes() const { return bytes + elements; }
+  /// The end of every size message: what the header declares.
+  std::string declares() const {
+    return "the header says " + dims_text + " = " + std::to_string(elements) + " bytes of data after the " +
+           std::to_string(bytes) + "-byte header";
+  }
+};
+
+/// Checks the header at the start of `bytes` (the file or its first bytes);
+/// throws std::runtime_error naming `name` for a bad magic number, an
+/// element type other than unsigned byte, no dimensions, a zero or too large
+/// extent, or a header cut short.
+inline IdxHeader parse_idx_header(std::span<const std::uint8_t> bytes, const std::string& name) {
   auto fail = [&](const auto&... what) { deft::detail::raise<std::runtime_error>(name, ": ", what...); };
   if (bytes.size() < 4)
     fail("too short for an IDX file (", bytes.size(), " bytes; the magic number alone takes 4)");
   const std::uint32_t magic = std::uint32_t(bytes[0]) << 24 | std::uint32_t(bytes[1]) << 16 | std::uint32_t(bytes[2]) << 8 | bytes[3];
   if (bytes[0] != 0 || bytes[1] != 0)
-    fail("bad magic number ", detail::hex(magic, 8),
+    fail("bad magic number ", hex(magic, 8),
          ": not an IDX file (IDX files start with 0x0000TTRR: two zero bytes, the element type, the number of dimensions;"
          " e.g. 0x00000803 for images, 0x00000801 for labels)");
   const std::uint8_t type = bytes[2];
   const int rank = bytes[3];
   if (type != 0x08) {
-    if (const char* t = detail::idx_type_name(type))
-      fail("element type ", detail::hex(type, 2), " (", t, ") is not supported: deft reads IDX files of unsigned bytes (type 0x08)");
-    fail("unknown IDX element type code ", detail::hex(type, 2), " in magic number ", detail::hex(magic, 8),
+    if (const char* t = idx_type_name(type))
+      fail("element type ", hex(type, 2), " (", t, ") is not supported: deft reads IDX files of unsigned bytes (type 0x08)");
+    fail("unknown IDX element type code ", hex(type, 2), " in magic number ", hex(magic, 8),
          " (IDX defines 0x08, 0x09, 0x0B, 0x0C, 0x0D, 0x0E)");
   }
-  if (rank == 0) fail("the header declares no dimensions (magic number ", detail::hex(magic, 8), ")");
+  if (rank == 0) fail("the header declares no dimensions (magic number ", hex(magic, 8), ")");
   if (rank > max_rank) fail(rank, " dimensions, more than a deft tensor has (", max_rank, ")");
-  const std::size_t header = 4 + 4 * std::size_t(rank);
-  if (bytes.size() < header)
-    fail("truncated header: ", rank, " dimensions need ", header, " header bytes but the file has ", bytes.size());
-  IdxArray a;
-  std::int64_t n = 1;
-  std::string dims_text;
+  IdxHeader h;
+  h.bytes = 4 + 4 * std::size_t(rank);
+  if (bytes.size() < h.bytes)
+    fail("truncated header: ", rank, " dimensions need ", h.bytes, " header bytes but the file has ", bytes.size());
   for (int i = 0; i < rank; ++i) {
     const std::uint8_t* q = bytes.data() + 4 + 4 * i;
     const std::int64_t d = std::int64_t(q[0]) << 24 | std::int64_t(q[1]) << 16 | std::int64_t(q[2]) << 8 | q[3];
-    a.dims.push_back(d);
-    dims_text += (i ? " x " : "") + std::to_string(d);
+    h.dims.push_back(d);
+    h.dims_text += (i ? " x " : "") + std::to_string(d);
     // 0 would make an empty data set, which no IDX file of a data set has;
     // the product of up to 8 uint32 extents can pass 2^63.
     if (d == 0) fail("dimension ", i, " has extent 0 (an empty array)");
-    if (__builtin_mul_overflow(n, d, &n)) fail("extents ", dims_text, "... have more elements than fit in 64 bits");
+    if (__builtin_mul_overflow(h.elements, std::uint64_t(d), &h.elements) ||
+        h.elements > std::uint64_t(std::numeric_limits<std::int64_t>::max()))
+      fail("extents ", h.dims_text, "... have more elements than fit in 64 bits");
   }
-  const std::size_t payload = bytes.size() - header;
-  if (std::uint64_t(n) > payload)
-    fail("truncated: the header says ", dims_text, " = ", n, " bytes of data but the file has ", payload,
-         " after the ", header, "-byte header");
-  if (std::uint64_t(n) < payload)
-    fail(payload - std::uint64_t(n), " trailing bytes: the header says ", dims_text, " = ", n, " bytes of data but the file has ",
-         payload, " after the ", header, "-byte header");
-  bytes.erase(bytes.begin(), bytes.begin() + std::ptrdiff_t(header));
+  return h;
+}
+
+}  // namespace detail
+
+/// Parses the bytes of an (uncompressed) IDX file; `name` names it in errors.
+/// Throws std::runtime_error for a bad magic number, an element type other
+/// than unsigned byte, no dimensions, a zero or too large extent, and data
+/// that is shorter (truncated) or longer (trailing bytes) than the header says.
+inline IdxArray parse_idx(std::vector<std::uint8_t> bytes, const std::string& name) {
+  detail::IdxHeader h = detail::parse_idx_header(bytes, name);
+  const std::size_t payload = bytes.size() - h.bytes;
+  if (h.elements > payload)
+    deft::detail::raise<std::runtime_error>(name, ": truncated: ", h.declares(), " but the file has ", payload);
+  if (h.elements < payload)
+    deft::detail::raise<std::runtime_error>(name, ": ", payload - h.elements, " trailing bytes: ", h.declares(),
+                                            " but the file has ", payload);
+  bytes.erase(bytes.begin(), bytes.begin() + std::ptrdiff_t(h.bytes));
+  IdxArray a;
+  a.dims = std::move(h.dims);
   a.data = std::move(bytes);
   return a;
 }
 
 /// Reads an IDX file of unsigned bytes, plain or gzipped. Every problem is a
 /// std::runtime_error whose message names the file and what is wrong (see parse_idx;
-/// also: no such file, not readable, corrupt or truncated gzip data).
+/// also: no such file, not readable, corrupt or truncated gzip data, gzip
+/// data that inflates to more than the IDX header declares).
 inline IdxArray read_idx(const std::filesystem::path& file) {
   std::vector<std::uint8_t> bytes = detail::read_file_bytes(file);
   if (!is_gzip(bytes)) return parse_idx(std::move(bytes), file.string());
   // Errors in the IDX data of a sound gzip file say so.
-  return parse_idx(gunzip(bytes, file.string()), file.string() + " (after gunzip)");
+  const std::string inflated = file.string() + " (after gunzip)";
+  // The header first, then no more data than it declares: a file of a few
+  // MB can inflate to gigabytes, which must be an error, not an allocation.
+  const std::size_t longest_header = 4 + 4 * std::size_t(max_rank);
+  const detail::Inflated head = detail::inflate_members(bytes, file.string(), longest_header);
+  const detail::IdxHeader h = detail::parse_idx_header(head.data, inflated);
+  const std::uint64_t declared = h.file_bytes();
+  detail::Inflated all = detail::inflate_members(
+      bytes, file.string(), std::size_t(std::min<std::uint64_t>(declared, std::numeric_limits<std::size_t>::max())));
+  if (all.passed_limit)
+    deft::detail::raise<std::runtime_error>(inflated, ": more data than the header declares (", h.declares(),
+                                            "); the gzip data holds more");
+  return parse_idx(std::move(all.data), inflated);
 }
 
 }  // namespace deft::data

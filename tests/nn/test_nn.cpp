@@ -810,6 +810,84 @@ BOOST_AUTO_TEST_CASE(parameters_of_the_same_name_are_refused) {
                         [](const std::invalid_argument& e) { return mentions(e, "two parameters named 'twins.w'"); });
 }
 
+// Building a network and loading its parameters before any forward pass
+// (to predict with saved weights): the extents a layer knows without an
+// input are checked at load; the ones the first input decides are checked by
+// that forward, and until then another file may still replace them.
+BOOST_AUTO_TEST_CASE(loading_before_the_first_forward_checks_the_declared_extents) {
+  random::seed(12);
+  struct Mlp {
+    std::shared_ptr<nn::Sequential> net = std::make_shared<nn::Sequential>();
+    std::shared_ptr<nn::Dense> hidden = std::make_shared<nn::Dense>(3, nn::Act::relu);
+    std::shared_ptr<nn::Dense> out = std::make_shared<nn::Dense>(2);
+    Mlp() {
+      net->add(hidden, out);
+      net->initialize();
+    }
+  };
+  const Mlp trained;
+  const auto& t_hidden = trained.hidden;
+  const auto& t_out = trained.out;
+  const Tensor<float> x = random::normal<float>(0, 1, {4, 5});
+  const auto expected = (*trained.net)(x).to_vector();
+  const Mlp fresh;  // other names, no values yet
+  const auto& net = fresh.net;
+  const auto& hidden = fresh.hidden;
+  const auto& out = fresh.out;
+  // A file for `net` holding `trained`'s values, with the hidden layer's
+  // weight as given.
+  const auto file = temp_file("early.bin");
+  auto write = [&](const Tensor<float>& hidden_weight) {
+    std::ofstream f(file, std::ios::binary | std::ios::trunc);
+    f.write("DEFTPRM1", 8);
+    auto put = [&](const auto& v) { f.write(reinterpret_cast<const char*>(&v), sizeof v); };
+    put(std::uint32_t(0x01020304));
+    put(std::uint64_t(4));
+    auto entry = [&](const nn::Parameter& p, const Tensor<float>& value) {
+      put(std::uint32_t(p.name().size()));
+      f.write(p.name().data(), std::streamsize(p.name().size()));
+      put(std::uint32_t(value.rank()));
+      for (int d = 0; d < value.rank(); ++d) put(std::int64_t(value.shape()[d]));
+      const auto v = value.to_vector();
+      f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
+    };
+    entry(hidden->weight(), hidden_weight);
+    entry(hidden->bias(), t_hidden->bias().data());
+    entry(out->weight(), t_out->weight().data());
+    entry(out->bias(), t_out->bias().data());
+  };
+  // 4 units where the layer has 3: refused at load, naming both shapes.
+  write(random::normal<float>(0, 1, {5, 4}));
+  BOOST_CHECK_EXCEPTION(nn::load_parameters(*net, file), std::runtime_error, [&](const std::runtime_error& e) {
+    return mentions(e, "'" + hidden->weight().name() + "' has shape (?, 3) (? is inferred from the first input)") &&
+           mentions(e, "(5, 4) in " + file.string());
+  });
+  BOOST_TEST(!hidden->weight().initialized());  // nothing loaded
+  // 7 input features where the data has 5: loads, and the forward says so.
+  write(random::normal<float>(0, 1, {7, 3}));
+  nn::load_parameters(*net, file);
+  BOOST_CHECK_EXCEPTION((*net)(x), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "was built for 7 input features"); });
+  // The right file still loads after that, and gives the trained outputs.
+  write(t_hidden->weight().data());
+  nn::load_parameters(*net, file);
+  const auto got = (*net)(x).to_vector();
+  for (std::size_t i = 0; i < expected.size(); ++i) BOOST_TEST(got[i] == expected[i]);
+  // Now the forward has fixed every shape: a file of other input features is refused.
+  write(random::normal<float>(0, 1, {7, 3}));
+  BOOST_CHECK_EXCEPTION(nn::load_parameters(*net, file), std::runtime_error,
+                        [&](const std::runtime_error& e) { return mentions(e, "has shape (5, 3) in the network but (7, 3)"); });
+  // A Conv2D's declared extents: channels and kernel, its input channels inferred.
+  nn::Conv2D conv(6, {3, 5});
+  conv.initialize();
+  BOOST_CHECK_EXCEPTION(conv.weight().set_data(random::normal<float>(0, 1, {6, 2, 5, 3})), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "has shape (6, ?, 3, 5)"); });
+  BOOST_CHECK_EXCEPTION(conv.bias().set_data(random::normal<float>(0, 1, {6, 1})), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "has shape (6,)"); });
+  BOOST_CHECK_NO_THROW(conv.weight().set_data(random::normal<float>(0, 1, {6, 2, 3, 5})));
+  std::filesystem::remove(file);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(learning)

@@ -45,14 +45,22 @@ Tensor<T> traced_result(Trace& trace, std::shared_ptr<Buffer> made, const Tensor
 
 namespace deft::nn {
 
+/// An extent of a parameter's shape that its block learns from the first
+/// input (a Dense layer's input features; Gluon writes 0).
+inline constexpr std::int64_t inferred_extent = -1;
+
 /// A trainable tensor with a name, an initializer and an attached gradient.
 /// It holds one copy per device it was initialized on (data parallelism:
 /// each device runs the network on its part of the batch with its own copy;
 /// the Trainer keeps the copies equal).
 class Parameter {
  public:
-  /// A parameter called `name` whose value `init` will draw once its shape is known.
-  Parameter(std::string name, Initializer init) : name_(std::move(name)), init_(std::move(init)) {}
+  /// A parameter called `name` whose value `init` will draw once its shape
+  /// is known; `declared` gives its extents as far as the block knows them
+  /// before the first input (inferred_extent for the others; empty when it
+  /// knows none), so that a value loaded before then is checked.
+  Parameter(std::string name, Initializer init, std::vector<std::int64_t> declared = {})
+      : name_(std::move(name)), init_(std::move(init)), declared_(std::move(declared)) {}
 
   /// The full name, e.g. "dense0.weight" (the key in parameter files).
   const std::string& name() const { return name_; }
@@ -87,6 +95,8 @@ class Parameter {
   }
   /// The value's shape; throws like data() before the first forward pass.
   Shape shape() const { return data().shape(); }
+  /// The extents the block declared (see the constructor); empty if none.
+  const std::vector<std::int64_t>& declared_extents() const { return declared_; }
   /// The devices holding a copy (cpu() unless set by Block::initialize).
   const std::vector<Device>& devices() const { return devices_; }
   /// Whether there is a copy on `device`.
@@ -116,11 +126,12 @@ class Parameter {
       if (!(values_.front().shape() == shape))
         detail::raise("parameter '", name_, "' has shape ", values_.front().shape().to_string(), " but the input now needs ",
                       shape.to_string());
-      return;
+    } else {
+      if (!init_)
+        detail::raise<std::logic_error>("parameter '", name_, "': the network was not initialized; call net.initialize() first");
+      spread(init_(shape));
     }
-    if (!init_)
-      detail::raise<std::logic_error>("parameter '", name_, "': the network was not initialized; call net.initialize() first");
-    spread(init_(shape));
+    if (!fixed_.load(std::memory_order_relaxed)) fixed_.store(true, std::memory_order_relaxed);
   }
   /// Replaces the value on every device (loading saved parameters); the shape must match once known.
   void set_data(const Tensor<float>& value) { commit(stage(value)); }
@@ -134,12 +145,22 @@ class Parameter {
     std::vector<Tensor<float>> copies;
   };
   /// The copies of `value` for every device; the parameter is unchanged.
-  /// std::invalid_argument where the shape differs from the value's.
+  /// std::invalid_argument where the shape differs from the value's once a
+  /// forward pass has fixed it, and before that where it differs from the
+  /// declared extents (a value loaded before the first forward may be
+  /// replaced by one of other inferred extents: the first forward checks).
   Staged stage(const Tensor<float>& value) const {
-    if (!values_.empty() && !(values_.front().shape() == value.shape()))
-      detail::raise("parameter '", name_, "' has shape ", values_.front().shape().to_string(), " but the value given has shape ",
-                    value.shape().to_string());
+    if (const std::string conflict = shape_conflict(value.shape()); !conflict.empty())
+      detail::raise("parameter '", name_, "' ", conflict, " but the value given has shape ", value.shape().to_string());
     return copies_of(value);
+  }
+  /// Empty where a value of `shape` may replace this one (see stage());
+  /// else what the parameter's shape is ("has shape (?, 10) (? is ...)").
+  std::string shape_conflict(const Shape& shape) const {
+    if (fixed_.load(std::memory_order_relaxed))
+      return values_.front().shape() == shape ? std::string() : "has shape " + values_.front().shape().to_string();
+    if (declared_.empty() || fits_declared(shape)) return {};
+    return "has shape " + declared_text() + " (? is inferred from the first input)";
   }
   /// Installs staged copies as the value.
   void commit(Staged&& staged) noexcept {
@@ -156,6 +177,18 @@ class Parameter {
     detail::raise("parameter '", name_, "' has no copy on ", device, "; it lives on ", detail::device_list(devices_),
                   " (initialize the network with that device, or move the input there)");
   }
+  bool fits_declared(const Shape& shape) const {
+    if (std::size_t(shape.rank()) != declared_.size()) return false;
+    for (std::size_t i = 0; i < declared_.size(); ++i)
+      if (declared_[i] != inferred_extent && declared_[i] != shape[int(i)]) return false;
+    return true;
+  }
+  std::string declared_text() const {
+    std::string text = "(";
+    for (std::size_t i = 0; i < declared_.size(); ++i)
+      text += (i ? ", " : "") + (declared_[i] == inferred_extent ? std::string("?") : std::to_string(declared_[i]));
+    return text + (declared_.size() == 1 ? ",)" : ")");
+  }
   // One fresh copy of `value` per device, each a variable of its own.
   Staged copies_of(const Tensor<float>& value) const {
     Staged staged;
@@ -170,9 +203,11 @@ class Parameter {
 
   std::string name_;
   Initializer init_;
+  std::vector<std::int64_t> declared_;  // extents known before the first input
   std::vector<Device> devices_{deft::cpu()};
   std::vector<Tensor<float>> values_;  // one per device, once initialized
   std::atomic<bool> ready_{false};     // values_ is set (read without the lock by initialized())
+  std::atomic<bool> fixed_{false};     // a forward pass has drawn or used values_'s shape
   std::mutex materialize_mutex_;
 };
 
@@ -280,9 +315,11 @@ class Block {
       else p->set_initializer(init::zeros());
     for (auto& c : children_) c->apply_initializer(weights);
   }
-  /// Declares a parameter named "<block name>.<short_name>" (for layers' constructors).
-  Parameter& add_parameter(const std::string& short_name) {
-    params_.push_back(std::make_unique<Parameter>(name_ + "." + short_name, nullptr));
+  /// Declares a parameter named "<block name>.<short_name>" (for layers'
+  /// constructors), with the extents known before the first input
+  /// (inferred_extent for the others), which a loaded value must have.
+  Parameter& add_parameter(const std::string& short_name, std::vector<std::int64_t> declared = {}) {
+    params_.push_back(std::make_unique<Parameter>(name_ + "." + short_name, nullptr, std::move(declared)));
     return *params_.back();
   }
   /// Adds a child block (its parameters become this block's too).

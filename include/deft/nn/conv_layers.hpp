@@ -16,7 +16,8 @@ class Conv2D : public Block {
   /// `channels` output channels, a kernel of kh x kw; std::invalid_argument for extents below 1.
   Conv2D(std::int64_t channels, Size2d kernel, Size2d stride = 1, Size2d padding = 0, Act act = Act::none)
       : Block(auto_name("conv")), channels_(channels), kernel_(kernel), stride_(stride), padding_(padding), act_(act),
-        weight_(add_parameter("weight")), bias_(add_parameter("bias")) {
+        weight_(add_parameter("weight", {channels, inferred_extent, kernel.h, kernel.w})),
+        bias_(add_parameter("bias", {channels})) {
     if (channels < 1 || kernel.h < 1 || kernel.w < 1)
       detail::raise("Conv2D: channels and kernel extents must be at least 1, got ", channels, " and ", kernel.to_string());
     if (stride.h < 1 || stride.w < 1 || padding.h < 0 || padding.w < 0)

@@ -48,7 +48,8 @@ class Dense : public Block {
   /// `units` outputs (at least 1), then `act`; std::invalid_argument for units < 1.
   explicit Dense(std::int64_t units, Act act = Act::none, bool use_bias = true)
       : Block(auto_name("dense")), units_(units), act_(act), use_bias_(use_bias),
-        weight_(add_parameter("weight")), bias_(use_bias ? &add_parameter("bias") : nullptr) {
+        weight_(add_parameter("weight", {inferred_extent, units})),
+        bias_(use_bias ? &add_parameter("bias", {units}) : nullptr) {
     if (units < 1) detail::raise("Dense: units must be at least 1, got ", units);
   }
   Tensor<float> forward(const Tensor<float>& x) override {

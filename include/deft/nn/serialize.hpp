@@ -173,9 +173,9 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
     auto it = loaded.find(p->name());
     if (it == loaded.end())
       deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has no parameter '", p->name(), "'");
-    if (p->initialized() && !(p->shape() == it->second.shape()))
-      deft::detail::raise<std::runtime_error>("load_parameters: parameter '", p->name(), "' has shape ", p->shape().to_string(),
-                                              " in the network but ", it->second.shape().to_string(), " in ", file.string());
+    if (const std::string conflict = p->shape_conflict(it->second.shape()); !conflict.empty())
+      deft::detail::raise<std::runtime_error>("load_parameters: parameter '", p->name(), "' ", conflict, " in the network but ",
+                                              it->second.shape().to_string(), " in ", file.string());
   }
   if (loaded.size() != params.size())
     for (const auto& [name, value] : loaded) {

@@ -211,7 +211,12 @@ class Parameter {
   std::mutex materialize_mutex_;
 };
 
-/// A network or a part of one (Gluon's Block): a forward function, its
+/// A parameter and its path in a network (Block::named_params).
+struct NamedParameter {
+  std::string path;      ///< e.g. "1.weight": child 1's parameter "weight"
+  Parameter* parameter;  ///< the parameter, whose name() is "dense1.weight"
+};
+
 /// How Block::hybridize() replays a traced forward.
 struct HybridizeOptions {
   /// On a GPU, record the traced kernels into one CUDA graph at the first
@@ -225,6 +230,7 @@ struct HybridizeOptions {
   std::size_t shapes = 4;
 };
 
+/// A network or a part of one (Gluon's Block): a forward function, its
 /// parameters and child blocks. Not copyable; hold blocks by shared_ptr.
 class Block {
  public:
@@ -284,11 +290,21 @@ class Block {
   /// its parameters where it first appears, so a Trainer updates them once
   /// and save_parameters writes them once.
   std::vector<Parameter*> collect_params() {
-    std::vector<Parameter*> all, out;
-    collect(all);
+    std::vector<Parameter*> out;
+    for (const NamedParameter& n : named_params()) out.push_back(n.parameter);
+    return out;
+  }
+  /// collect_params() with each parameter's path in this block: its short
+  /// name after the indices of the children that lead to it ("1.weight" is
+  /// the weight of the second child). Paths depend on the structure alone,
+  /// not on the blocks' names, so a file saved from one network loads into
+  /// another built the same way (Gluon's structural names).
+  std::vector<NamedParameter> named_params() {
+    std::vector<NamedParameter> all, out;
+    collect("", all);
     std::unordered_set<const Parameter*> seen;
-    for (Parameter* p : all)
-      if (seen.insert(p).second) out.push_back(p);
+    for (NamedParameter& n : all)
+      if (seen.insert(n.parameter).second) out.push_back(std::move(n));
     return out;
   }
   /// Sets how parameters start (default Xavier for weights; biases keep zeros);
@@ -303,10 +319,11 @@ class Block {
   }
 
  protected:
-  /// Appends this block's parameters, then its children's.
-  virtual void collect(std::vector<Parameter*>& out) {
-    for (auto& p : params_) out.push_back(p.get());
-    for (auto& c : children_) c->collect(out);
+  /// Appends this block's parameters, their paths `path` and their short
+  /// names, then its children's, child i's under `path` + "i.".
+  virtual void collect(const std::string& path, std::vector<NamedParameter>& out) {
+    for (auto& p : params_) out.push_back({path + p->name().substr(name_.size() + 1), p.get()});
+    for (std::size_t i = 0; i < children_.size(); ++i) children_[i]->collect(path + std::to_string(i) + ".", out);
   }
   /// Gives every ".weight" parameter `weights` and the others zeros, recursively.
   virtual void apply_initializer(const Initializer& weights) {

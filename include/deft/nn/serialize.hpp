@@ -2,6 +2,10 @@
 // load_parameters). The file: "DEFTPRM1", a byte-order mark (uint32
 // 0x01020304), the count (uint64), then per parameter its name (uint32
 // length + bytes), rank (uint32), extents (int64 each) and float32 values.
+// The names are the parameters' paths in the network ("1.weight",
+// Block::named_params), so that a file loads into any network built the
+// same way; files from before session 43 hold the global names
+// ("dense1.weight"), which load_parameters still matches.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -30,13 +34,20 @@ inline constexpr std::uint32_t max_name_bytes = 4096;
 // grows only as the values arrive, whatever the extents claim.
 inline constexpr std::size_t chunk_values = std::size_t(1) << 22;  // 16 MiB
 
-/// Where two of `params` share a name, that name: a file could not tell
-/// them apart.
-inline std::optional<std::string> repeated_name(const std::vector<Parameter*>& params) {
+/// Where two of `params` share a path (a block with two parameters of one
+/// name), the second: a file could not tell them apart.
+inline const NamedParameter* repeated_path(const std::vector<NamedParameter>& params) {
   std::set<std::string_view> seen;
-  for (const Parameter* p : params)
-    if (!seen.insert(p->name()).second) return p->name();
-  return std::nullopt;
+  for (const NamedParameter& p : params)
+    if (!seen.insert(p.path).second) return &p;
+  return nullptr;
+}
+
+/// Refuses a network that repeats a path; `who` names the caller.
+inline void require_unique_paths(const std::vector<NamedParameter>& params, const char* who, const char* why) {
+  if (const NamedParameter* p = repeated_path(params))
+    deft::detail::raise(who, ": the network has two parameters named '", p->parameter->name(), "' (both at '", p->path,
+                        "'); ", why);
 }
 
 template <class V>
@@ -76,24 +87,22 @@ struct Reader {
 
 /// Writes every parameter of `net` (all must have values) to `file`.
 inline void save_parameters(Block& net, const std::filesystem::path& file) {
-  const auto params = net.collect_params();
-  if (const auto name = detail_io::repeated_name(params))
-    deft::detail::raise("save_parameters: the network has two parameters named '", *name,
-                        "'; a parameter file names each once (give the blocks distinct names)");
-  for (const Parameter* p : params)
-    if (p->name().size() > detail_io::max_name_bytes)
-      deft::detail::raise("save_parameters: parameter name '", p->name().substr(0, 64), "...' is ", p->name().size(),
+  const auto params = net.named_params();
+  detail_io::require_unique_paths(params, "save_parameters", "a parameter file names each once (give them distinct names)");
+  for (const NamedParameter& p : params)
+    if (p.path.size() > detail_io::max_name_bytes)
+      deft::detail::raise("save_parameters: parameter path '", p.path.substr(0, 64), "...' is ", p.path.size(),
                           " bytes long; a parameter file holds names of up to ", detail_io::max_name_bytes);
   std::vector<std::vector<float>> values;
-  for (auto* p : params) values.push_back(p->data().to_vector());  // throws for a parameter without a value
+  for (const NamedParameter& p : params) values.push_back(p.parameter->data().to_vector());  // throws without a value
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
   if (!out) deft::detail::raise<std::runtime_error>("save_parameters: cannot open ", file.string(), " for writing");
   out.write(detail_io::magic, sizeof detail_io::magic);
   detail_io::put(out, detail_io::byte_order);
   detail_io::put(out, std::uint64_t(params.size()));
   for (std::size_t i = 0; i < params.size(); ++i) {
-    const std::string& name = params[i]->name();
-    const Shape s = params[i]->shape();
+    const std::string& name = params[i].path;
+    const Shape s = params[i].parameter->shape();
     detail_io::put(out, std::uint32_t(name.size()));
     out.write(name.data(), std::streamsize(name.size()));
     detail_io::put(out, std::uint32_t(s.rank()));
@@ -103,15 +112,15 @@ inline void save_parameters(Block& net, const std::filesystem::path& file) {
   if (!out.flush()) deft::detail::raise<std::runtime_error>("save_parameters: writing ", file.string(), " failed");
 }
 
-/// Reads `file` into the parameters of `net`, matching them by name. The
-/// whole file is checked, and every parameter's new copies made, before any
-/// parameter changes: a missing, extra, misshapen or truncated entry, or a
-/// failure while copying, leaves the network as it was.
+/// Reads `file` into the parameters of `net`, matching them by path
+/// (Block::named_params; a file of global names, as deft wrote before
+/// session 43, by name). The whole file is checked, and every parameter's
+/// new copies made, before any parameter changes: a missing, extra,
+/// misshapen or truncated entry, or a failure while copying, leaves the
+/// network as it was.
 inline void load_parameters(Block& net, const std::filesystem::path& file) {
-  const auto params = net.collect_params();
-  if (const auto name = detail_io::repeated_name(params))
-    deft::detail::raise("load_parameters: the network has two parameters named '", *name,
-                        "'; a parameter file cannot say which is which");
+  const auto params = net.named_params();
+  detail_io::require_unique_paths(params, "load_parameters", "a parameter file cannot say which is which");
   detail_io::Reader r{deft::detail::open_input(file, "load_parameters: "), file.string()};
   char m[8];
   r.bytes(m, sizeof m, "the header");
@@ -169,26 +178,31 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
   }
   if (r.in.peek() != std::char_traits<char>::eof())
     deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has trailing bytes after ", count, " parameters");
-  for (auto* p : params) {
-    auto it = loaded.find(p->name());
+  // Each parameter's key in the file: its path, or in an older file of
+  // global names (every one of them there), its name.
+  const bool by_name = !params.empty() && std::ranges::none_of(params, [&](const NamedParameter& p) { return loaded.contains(p.path); }) &&
+                       std::ranges::all_of(params, [&](const NamedParameter& p) { return loaded.contains(p.parameter->name()); });
+  const auto key = [&](const NamedParameter& p) -> const std::string& { return by_name ? p.parameter->name() : p.path; };
+  const auto label = [&](const NamedParameter& p) {
+    return by_name ? "'" + p.parameter->name() + "'" : "'" + p.path + "' (" + p.parameter->name() + ")";
+  };
+  for (const NamedParameter& p : params) {
+    auto it = loaded.find(key(p));
     if (it == loaded.end())
-      deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has no parameter '", p->name(), "'");
-    if (const std::string conflict = p->shape_conflict(it->second.shape()); !conflict.empty())
-      deft::detail::raise<std::runtime_error>("load_parameters: parameter '", p->name(), "' ", conflict, " in the network but ",
+      deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has no parameter ", label(p));
+    if (const std::string conflict = p.parameter->shape_conflict(it->second.shape()); !conflict.empty())
+      deft::detail::raise<std::runtime_error>("load_parameters: parameter ", label(p), " ", conflict, " in the network but ",
                                               it->second.shape().to_string(), " in ", file.string());
   }
   if (loaded.size() != params.size())
-    for (const auto& [name, value] : loaded) {
-      bool known = false;
-      for (auto* p : params) known = known || p->name() == name;
-      if (!known)
+    for (const auto& [name, value] : loaded)
+      if (std::ranges::none_of(params, [&](const NamedParameter& p) { return key(p) == name; }))
         deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has parameter '", name,
                                                 "', which the network does not have");
-    }
   std::vector<Parameter::Staged> staged;  // every copy made before any parameter changes
   staged.reserve(params.size());
-  for (auto* p : params) staged.push_back(p->stage(loaded.at(p->name())));
-  for (std::size_t i = 0; i < params.size(); ++i) params[i]->commit(std::move(staged[i]));
+  for (const NamedParameter& p : params) staged.push_back(p.parameter->stage(loaded.at(key(p))));
+  for (std::size_t i = 0; i < params.size(); ++i) params[i].parameter->commit(std::move(staged[i]));
 }
 
 }  // namespace deft::nn

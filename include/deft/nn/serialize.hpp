@@ -195,9 +195,9 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
                                               it->second.shape().to_string(), " in ", file.string());
   }
   if (loaded.size() != params.size())
-    for (const auto& [name, value] : loaded)
-      if (std::ranges::none_of(params, [&](const NamedParameter& p) { return key(p) == name; }))
-        deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has parameter '", name,
+    for (const auto& entry : loaded)  // (clang before 16 cannot capture a structured binding)
+      if (std::ranges::none_of(params, [&](const NamedParameter& p) { return key(p) == entry.first; }))
+        deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has parameter '", entry.first,
                                                 "', which the network does not have");
   std::vector<Parameter::Staged> staged;  // every copy made before any parameter changes
   staged.reserve(params.size());

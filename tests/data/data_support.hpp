@@ -120,8 +120,9 @@ class BitWriter {
 /// A sound gzip member of `prefix` then `zeros` zero bytes: one
 /// fixed-Huffman block whose zeros are 258-byte back-references, 13 bits
 /// each (about 160:1 here; DEFLATE allows 1032:1). How a file of a few MB
-/// inflates to gigabytes.
-inline Bytes gzip_zeros(std::span<const std::uint8_t> prefix, std::size_t zeros) {
+/// inflates to gigabytes. Without `checksum` the trailer's CRC-32 is 0
+/// (for data never inflated to its end).
+inline Bytes gzip_zeros(std::span<const std::uint8_t> prefix, std::size_t zeros, bool checksum = true) {
   BitWriter w;
   w.field(1, 1);  // BFINAL
   w.field(1, 2);  // BTYPE 01: fixed Huffman codes
@@ -140,8 +141,9 @@ inline Bytes gzip_zeros(std::span<const std::uint8_t> prefix, std::size_t zeros)
   g.insert(g.end(), body.begin(), body.end());
   std::uint32_t crc = deft::data::detail::crc32(prefix);
   const Bytes chunk(std::size_t(1) << 16, 0);
-  for (std::size_t k = zeros; k; k -= std::min(k, chunk.size()))
+  for (std::size_t k = checksum ? zeros : 0; k; k -= std::min(k, chunk.size()))
     crc = deft::data::detail::crc32(std::span(chunk).first(std::min(k, chunk.size())), crc);
+  if (!checksum) crc = 0;
   put_le32(g, crc);
   put_le32(g, std::uint32_t(prefix.size() + zeros));
   return g;

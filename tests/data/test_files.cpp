@@ -325,15 +325,21 @@ BOOST_AUTO_TEST_CASE(gzip_data_past_the_header_is_refused_before_it_is_inflated)
   check_within_memory_cap(
       std::size_t(128) << 20,
       [&] {
-        write_file(dir / "bomb.gz", gzip_zeros(header, std::size_t(1) << 30));
+        write_file(dir / "bomb.gz", gzip_zeros(header, std::size_t(1) << 30, false));
         data::read_idx(dir / "bomb.gz");
       },
       parts[0]);
-  // Exactly the declared size still reads, from a back-referencing block too.
+  // Exactly the declared size still reads: a short file (inflated whole with
+  // the header), and one whose last 258-byte back-reference ends at the limit.
   write_file(dir / "exact.gz", gzip_zeros(header, 6));
   const data::IdxArray exact = data::read_idx(dir / "exact.gz");
   BOOST_TEST((exact.data == Bytes(6, 0)));
   BOOST_TEST((exact.dims == std::vector<std::int64_t>{2, 3}));
+  write_file(dir / "run.gz", gzip_zeros(idx_bytes({259}, {}), 259));
+  BOOST_TEST((data::read_idx(dir / "run.gz").data == Bytes(259, 0)));
+  // One byte more than declared, in the same run: refused.
+  write_file(dir / "run.gz", gzip_zeros(idx_bytes({258}, {}), 259));
+  DD_CHECK_THROWS(data::read_idx(dir / "run.gz"), std::runtime_error, "more data than the header declares");
   write_file(dir / "wide.gz", gzip_zeros(idx_bytes({1000, 1000}, {}), 1000000));
   BOOST_TEST((data::read_idx(dir / "wide.gz").data == Bytes(1000000, 0)));
 }

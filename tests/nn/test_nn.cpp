@@ -816,11 +816,38 @@ class Twins : public nn::Block {
   }
   Tensor<float> forward(const Tensor<float>& x) override { return x; }
 };
+
+// A block of a fixed name with one parameter "w" of shape (2,).
+class Fixed : public nn::Block {
+ public:
+  explicit Fixed(const std::string& name) : Block(name) { add_parameter("w", {2}); }
+  Tensor<float> forward(const Tensor<float>& x) override { return x; }
+};
+
+// Writes a parameter file of the given (key, value) entries, as
+// save_parameters would (keys as given: paths, or the global names files
+// held before session 43).
+void write_parameter_file(const std::filesystem::path& file, const std::vector<std::pair<std::string, Tensor<float>>>& entries) {
+  std::ofstream f(file, std::ios::binary | std::ios::trunc);
+  f.write("DEFTPRM1", 8);
+  auto put = [&](const auto& v) { f.write(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(std::uint32_t(0x01020304));
+  put(std::uint64_t(entries.size()));
+  for (const auto& [key, value] : entries) {
+    put(std::uint32_t(key.size()));
+    f.write(key.data(), std::streamsize(key.size()));
+    put(std::uint32_t(value.rank()));
+    for (int d = 0; d < value.rank(); ++d) put(std::int64_t(value.shape()[d]));
+    const auto v = value.to_vector();
+    f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
+  }
+  BOOST_REQUIRE_MESSAGE(f.flush(), "could not write " << file);
+}
 }  // namespace
 
-// A file names each parameter once: a network with two of the same name
-// can be neither saved (the file would not load) nor loaded into (both
-// would get one value), and the save writes no file.
+// A file names each parameter once: a block with two parameters of one
+// name (one path) can be neither saved (the file would not load) nor loaded
+// into (both would get one value), and the save writes no file.
 BOOST_AUTO_TEST_CASE(parameters_of_the_same_name_are_refused) {
   Twins twins;
   twins.initialize();
@@ -831,6 +858,36 @@ BOOST_AUTO_TEST_CASE(parameters_of_the_same_name_are_refused) {
   BOOST_TEST(!std::filesystem::exists(file));
   BOOST_CHECK_EXCEPTION(nn::load_parameters(twins, file), std::invalid_argument,
                         [](const std::invalid_argument& e) { return mentions(e, "two parameters named 'twins.w'"); });
+}
+
+// Files of global names (before session 43): one that lacks an entry names
+// the entry it lacks; two blocks of one fixed name, which paths tell apart,
+// cannot be told apart by such a file and are refused, not given one value.
+BOOST_AUTO_TEST_CASE(files_of_global_names_name_what_they_lack_or_cannot_tell_apart) {
+  const auto file = temp_file("global.bin");
+  nn::Sequential pair;
+  pair.add(std::make_shared<Fixed>("enc"), std::make_shared<Fixed>("dec"));
+  const Tensor<float> a({1.0f, 2.0f}, {2}), b({3.0f, 4.0f}, {2});
+  write_parameter_file(file, {{"enc.w", a}});
+  BOOST_CHECK_EXCEPTION(nn::load_parameters(pair, file), std::runtime_error,
+                        [&](const std::runtime_error& e) { return mentions(e, file.string() + " has no parameter 'dec.w'"); });
+  write_parameter_file(file, {{"enc.w", a}, {"dec.w", b}});
+  nn::load_parameters(pair, file);
+  const auto params = pair.collect_params();
+  BOOST_TEST((params[0]->data().to_vector() == std::vector<float>{1, 2}));
+  BOOST_TEST((params[1]->data().to_vector() == std::vector<float>{3, 4}));
+  nn::Sequential same;
+  same.add(std::make_shared<Fixed>("enc"), std::make_shared<Fixed>("enc"));
+  write_parameter_file(file, {{"enc.w", a}});
+  BOOST_CHECK_EXCEPTION(nn::load_parameters(same, file), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "has two named 'enc.w'"); });
+  // By path they differ: saved and loaded like any network.
+  for (auto* p : same.collect_params()) p->set_data(b);
+  nn::save_parameters(same, file);
+  for (auto* p : same.collect_params()) p->set_data(a);
+  nn::load_parameters(same, file);
+  for (auto* p : same.collect_params()) BOOST_TEST((p->data().to_vector() == std::vector<float>{3, 4}));
+  std::filesystem::remove(file);
 }
 
 // Building a network and loading its parameters before any forward pass
@@ -862,23 +919,10 @@ BOOST_AUTO_TEST_CASE(loading_before_the_first_forward_checks_the_declared_extent
   // as deft wrote files before session 43: still matched.
   const auto file = temp_file("early.bin");
   auto write = [&](const Tensor<float>& hidden_weight) {
-    std::ofstream f(file, std::ios::binary | std::ios::trunc);
-    f.write("DEFTPRM1", 8);
-    auto put = [&](const auto& v) { f.write(reinterpret_cast<const char*>(&v), sizeof v); };
-    put(std::uint32_t(0x01020304));
-    put(std::uint64_t(4));
-    auto entry = [&](const nn::Parameter& p, const Tensor<float>& value) {
-      put(std::uint32_t(p.name().size()));
-      f.write(p.name().data(), std::streamsize(p.name().size()));
-      put(std::uint32_t(value.rank()));
-      for (int d = 0; d < value.rank(); ++d) put(std::int64_t(value.shape()[d]));
-      const auto v = value.to_vector();
-      f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
-    };
-    entry(hidden->weight(), hidden_weight);
-    entry(hidden->bias(), t_hidden->bias().data());
-    entry(out->weight(), t_out->weight().data());
-    entry(out->bias(), t_out->bias().data());
+    write_parameter_file(file, {{hidden->weight().name(), hidden_weight},
+                                {hidden->bias().name(), t_hidden->bias().data()},
+                                {out->weight().name(), t_out->weight().data()},
+                                {out->bias().name(), t_out->bias().data()}});
   };
   // 4 units where the layer has 3: refused at load, naming both shapes.
   write(random::normal<float>(0, 1, {5, 4}));

@@ -118,7 +118,9 @@ class Parameter {
 
   /// Draws the value for `shape` (once; later calls must agree on the shape).
   /// Safe from several threads: the first call of a block from two threads
-  /// at once draws the value once.
+  /// at once draws the value once. A block calls it on every forward, even
+  /// when the value exists (one loaded from a file): that call fixes the
+  /// shape, which later values must then have.
   void materialize(const Shape& shape) {
     std::unique_lock lock(materialize_mutex_, std::defer_lock);
     if (!ready_.load(std::memory_order_acquire)) lock.lock();  // every later call: no lock
@@ -131,7 +133,7 @@ class Parameter {
         detail::raise<std::logic_error>("parameter '", name_, "': the network was not initialized; call net.initialize() first");
       spread(init_(shape));
     }
-    if (!fixed_.load(std::memory_order_relaxed)) fixed_.store(true, std::memory_order_relaxed);
+    if (!fixed_.load(std::memory_order_acquire)) fixed_.store(true, std::memory_order_release);
   }
   /// Replaces the value on every device (loading saved parameters); the shape must match once known.
   void set_data(const Tensor<float>& value) { commit(stage(value)); }
@@ -157,7 +159,7 @@ class Parameter {
   /// Empty where a value of `shape` may replace this one (see stage());
   /// else what the parameter's shape is ("has shape (?, 10) (? is ...)").
   std::string shape_conflict(const Shape& shape) const {
-    if (fixed_.load(std::memory_order_relaxed))
+    if (fixed_.load(std::memory_order_acquire))
       return values_.front().shape() == shape ? std::string() : "has shape " + values_.front().shape().to_string();
     if (declared_.empty() || fits_declared(shape)) return {};
     return "has shape " + declared_text() + " (? is inferred from the first input)";

@@ -179,9 +179,17 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
   if (r.in.peek() != std::char_traits<char>::eof())
     deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " has trailing bytes after ", count, " parameters");
   // Each parameter's key in the file: its path, or in an older file of
-  // global names (every one of them there), its name.
-  const bool by_name = !params.empty() && std::ranges::none_of(params, [&](const NamedParameter& p) { return loaded.contains(p.path); }) &&
-                       std::ranges::all_of(params, [&](const NamedParameter& p) { return loaded.contains(p.parameter->name()); });
+  // global names (none of the paths there, some of the names), its name;
+  // the checks below then name what such a file lacks or has too much.
+  const bool by_name = std::ranges::none_of(params, [&](const NamedParameter& p) { return loaded.contains(p.path); }) &&
+                       std::ranges::any_of(params, [&](const NamedParameter& p) { return loaded.contains(p.parameter->name()); });
+  if (by_name) {  // two blocks of one fixed name have distinct paths but would share an entry
+    std::set<std::string_view> seen;
+    for (const NamedParameter& p : params)
+      if (!seen.insert(p.parameter->name()).second)
+        deft::detail::raise("load_parameters: ", file.string(), " names parameters globally (a file from before session 43), and the network has two named '",
+                            p.parameter->name(), "'; save it again from a network with distinct names");
+  }
   const auto key = [&](const NamedParameter& p) -> const std::string& { return by_name ? p.parameter->name() : p.path; };
   const auto label = [&](const NamedParameter& p) {
     return by_name ? "'" + p.parameter->name() + "'" : "'" + p.path + "' (" + p.parameter->name() + ")";

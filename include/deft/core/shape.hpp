@@ -18,6 +18,17 @@ namespace deft {
 /// The most extents a Shape holds.
 inline constexpr int max_rank = 8;
 
+namespace detail {
+/// Extents as numpy writes a shape: "(2, 3)", "(3,)", "()"; a negative
+/// extent (one not known yet) as "?".
+inline std::string extents_text(std::span<const std::int64_t> dims) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + (dims[i] < 0 ? std::string("?") : std::to_string(dims[i]));
+  if (dims.size() == 1) s += ",";
+  return s + ")";
+}
+}  // namespace detail
+
 /// The extents of a tensor, outermost first, rank 0 to max_rank; `{2, 3}` is 2 rows of 3.
 class Shape {
  public:
@@ -77,12 +88,7 @@ class Shape {
   }
 
   /// "(2, 3)" as numpy writes shapes; "()" for a scalar.
-  std::string to_string() const {
-    std::string s = "(";
-    for (int i = 0; i < rank_; ++i) s += (i ? ", " : "") + std::to_string(dims_[i]);
-    if (rank_ == 1) s += ",";
-    return s + ")";
-  }
+  std::string to_string() const { return detail::extents_text(std::span(dims_.data(), std::size_t(rank_))); }
   friend std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.to_string(); }
 
  private:

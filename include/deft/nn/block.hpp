@@ -162,7 +162,7 @@ class Parameter {
     if (fixed_.load(std::memory_order_acquire))
       return values_.front().shape() == shape ? std::string() : "has shape " + values_.front().shape().to_string();
     if (declared_.empty() || fits_declared(shape)) return {};
-    return "has shape " + declared_text() + " (? is inferred from the first input)";
+    return "has shape " + deft::detail::extents_text(declared_) + " (? is inferred from the first input)";
   }
   /// Installs staged copies as the value.
   void commit(Staged&& staged) noexcept {
@@ -184,12 +184,6 @@ class Parameter {
     for (std::size_t i = 0; i < declared_.size(); ++i)
       if (declared_[i] != inferred_extent && declared_[i] != shape[int(i)]) return false;
     return true;
-  }
-  std::string declared_text() const {
-    std::string text = "(";
-    for (std::size_t i = 0; i < declared_.size(); ++i)
-      text += (i ? ", " : "") + (declared_[i] == inferred_extent ? std::string("?") : std::to_string(declared_[i]));
-    return text + (declared_.size() == 1 ? ",)" : ")");
   }
   // One fresh copy of `value` per device, each a variable of its own.
   Staged copies_of(const Tensor<float>& value) const {

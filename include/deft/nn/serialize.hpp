@@ -34,18 +34,19 @@ inline constexpr std::uint32_t max_name_bytes = 4096;
 // grows only as the values arrive, whatever the extents claim.
 inline constexpr std::size_t chunk_values = std::size_t(1) << 22;  // 16 MiB
 
-/// Where two of `params` share a path (a block with two parameters of one
-/// name), the second: a file could not tell them apart.
-inline const NamedParameter* repeated_path(const std::vector<NamedParameter>& params) {
+/// The first of `params` whose key (its path, or its name) an earlier one
+/// has too: a file keyed so could not tell the two apart.
+template <class Key>
+const NamedParameter* first_repeat(const std::vector<NamedParameter>& params, Key key) {
   std::set<std::string_view> seen;
   for (const NamedParameter& p : params)
-    if (!seen.insert(p.path).second) return &p;
+    if (!seen.insert(key(p)).second) return &p;
   return nullptr;
 }
 
 /// Refuses a network that repeats a path; `who` names the caller.
 inline void require_unique_paths(const std::vector<NamedParameter>& params, const char* who, const char* why) {
-  if (const NamedParameter* p = repeated_path(params))
+  if (const NamedParameter* p = first_repeat(params, [](const NamedParameter& q) -> std::string_view { return q.path; }))
     deft::detail::raise(who, ": the network has two parameters named '", p->parameter->name(), "' (both at '", p->path,
                         "'); ", why);
 }
@@ -147,23 +148,18 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
     // The values must be in the file before anything is allocated for them:
     // a corrupt extent would otherwise ask for terabytes. (The count is
     // checked before a Shape is made, so that its error names the file.)
-    const auto extents = [&] {
-      std::string e;
-      for (const auto d : dims) e += (e.empty() ? "" : ", ") + std::to_string(d);
-      return "(" + e + ")";
-    };
     std::uint64_t n = 1;
     constexpr std::uint64_t most = std::uint64_t(std::numeric_limits<std::ptrdiff_t>::max()) / sizeof(float);
     for (const auto d : dims) {
       if (d != 0 && n > most / std::uint64_t(d))
         deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is corrupt (parameter '", name,
-                                                "' has extents ", extents(), ", more values than fit in memory)");
+                                                "' has extents ", deft::detail::extents_text(dims), ", more values than fit in memory)");
       n *= std::uint64_t(d);
     }
     const auto left = r.remaining();
     if (left && n > *left / sizeof(float))
       deft::detail::raise<std::runtime_error>("load_parameters: ", file.string(), " is truncated (parameter '", name,
-                                              "' has extents ", extents(), " but the file holds only ",
+                                              "' has extents ", deft::detail::extents_text(dims), " but the file holds only ",
                                               *left / sizeof(float), " more values)");
     std::vector<float> values;
     while (values.size() < n) {  // at once when the length is known, else chunk by chunk
@@ -183,13 +179,13 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
   // the checks below then name what such a file lacks or has too much.
   const bool by_name = std::ranges::none_of(params, [&](const NamedParameter& p) { return loaded.contains(p.path); }) &&
                        std::ranges::any_of(params, [&](const NamedParameter& p) { return loaded.contains(p.parameter->name()); });
-  if (by_name) {  // two blocks of one fixed name have distinct paths but would share an entry
-    std::set<std::string_view> seen;
-    for (const NamedParameter& p : params)
-      if (!seen.insert(p.parameter->name()).second)
-        deft::detail::raise("load_parameters: ", file.string(), " names parameters globally (a file from before session 43), and the network has two named '",
-                            p.parameter->name(), "'; save it again from a network with distinct names");
-  }
+  // Two blocks of one fixed name have distinct paths but would share an entry.
+  if (by_name)
+    if (const NamedParameter* p = detail_io::first_repeat(
+            params, [](const NamedParameter& q) -> std::string_view { return q.parameter->name(); }))
+      deft::detail::raise("load_parameters: ", file.string(),
+                          " names parameters globally (a file from before session 43), and the network has two named '",
+                          p->parameter->name(), "'; save it again from a network with distinct names");
   const auto key = [&](const NamedParameter& p) -> const std::string& { return by_name ? p.parameter->name() : p.path; };
   const auto label = [&](const NamedParameter& p) {
     return by_name ? "'" + p.parameter->name() + "'" : "'" + p.path + "' (" + p.parameter->name() + ")";

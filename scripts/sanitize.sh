@@ -20,11 +20,13 @@ build="build-${sanitizers//,/-}"
 # leaves them out): at -O0 that costs a fraction of the Release build's -O3,
 # and the CUDA ones (nvcc, not instrumented) still prove that they compile.
 # Their host code is built at -O0 without debug information (nvcc's
-# train_fashion_mnist_gpu.cu: 126 s at -O0, 150 s at -O1).
+# train_fashion_mnist_gpu.cu: 126 s at -O0, 150 s at -O1), their device code
+# unoptimized (-G: cicc took 118 s instead of 163 s over
+# tests/gpu/test_random_device.cu).
 if [ "$sanitizers" = thread ]; then
   extra=(-DDEFT_BUILD_EXAMPLES=OFF -DDEFT_CUDA=OFF)
 else
-  extra=(-DDEFT_BUILD_EXAMPLES=ON -DCMAKE_CUDA_FLAGS_DEBUG=-O0)
+  extra=(-DDEFT_BUILD_EXAMPLES=ON "-DCMAKE_CUDA_FLAGS_DEBUG=-O0 -G")
 fi
 cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -g1" \
   -DDEFT_SANITIZE="$sanitizers" "${extra[@]}" >/dev/null

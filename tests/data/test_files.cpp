@@ -344,6 +344,51 @@ BOOST_AUTO_TEST_CASE(gzip_data_past_the_header_is_refused_before_it_is_inflated)
   BOOST_TEST((data::read_idx(dir / "wide.gz").data == Bytes(1000000, 0)));
 }
 
+// `gzip a b > c` makes a file of several members: the header pass and the
+// limit on the data both carry across member boundaries.
+BOOST_AUTO_TEST_CASE(gzip_members_split_anywhere_read_and_a_bomb_in_a_later_member_is_refused) {
+  TempDir dir;
+  const auto members = [](std::span<const std::uint8_t> whole, std::vector<std::size_t> cuts) {
+    Bytes g;
+    std::size_t from = 0;
+    cuts.push_back(whole.size());
+    for (const std::size_t to : cuts) {
+      const Bytes m = gzip_stored(whole.subspan(from, to - from));
+      g.insert(g.end(), m.begin(), m.end());
+      from = to;
+    }
+    return g;
+  };
+  const Bytes big = idx_bytes({40, 3}, random_bytes(120, 7));  // past the 36 bytes of the header pass
+  for (const std::vector<std::size_t>& cuts : std::vector<std::vector<std::size_t>>{{3}, {12}, {20}, {36}, {37}, {5, 30, 90}}) {
+    write_file(dir / "m.gz", members(big, cuts));
+    const data::IdxArray a = data::read_idx(dir / "m.gz");
+    BOOST_TEST((a.dims == std::vector<std::int64_t>{40, 3}));
+    BOOST_TEST((a.data == Bytes(big.begin() + 12, big.end())), "cut at " << cuts.front());
+  }
+  const Bytes small = idx_bytes({2, 3}, random_bytes(6, 8));  // inflated whole by the header pass
+  write_file(dir / "s.gz", members(small, {7}));
+  BOOST_TEST((data::read_idx(dir / "s.gz").data == Bytes(small.begin() + 12, small.end())));
+  // The declared data whole in the first member, 1 MiB more in the second.
+  Bytes bomb = members(small, {});
+  const Bytes zeros = gzip_zeros({}, std::size_t(1) << 20);
+  bomb.insert(bomb.end(), zeros.begin(), zeros.end());
+  write_file(dir / "bomb.gz", bomb);
+  DD_CHECK_THROWS(data::read_idx(dir / "bomb.gz"), std::runtime_error, "more data than the header declares",
+                  "2 x 3 = 6 bytes of data");
+  // 1 GiB in the second member: allowed 128 MiB.
+  check_within_memory_cap(
+      std::size_t(128) << 20,
+      [&] {
+        Bytes huge = members(small, {});
+        const Bytes gigabyte = gzip_zeros({}, std::size_t(1) << 30, false);
+        huge.insert(huge.end(), gigabyte.begin(), gigabyte.end());
+        write_file(dir / "bomb.gz", huge);
+        data::read_idx(dir / "bomb.gz");
+      },
+      "more data than the header declares");
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // --- fashion_mnist (synthetic files) -------------------------------------------------

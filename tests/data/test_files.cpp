@@ -209,6 +209,29 @@ BOOST_AUTO_TEST_CASE(a_cut_file_is_refused_without_a_huge_allocation) {
   check_within_memory_cap(std::size_t(512) << 20, [&] { (void)data::gunzip(g, "f.gz"); }, "length mismatch");
 }
 
+BOOST_AUTO_TEST_CASE(a_limit_on_the_output_is_kept_across_members_and_within_memory) {
+  const Bytes a = random_bytes(700, 3), b = random_bytes(300, 4);
+  Bytes both = gzip_stored(a);
+  const Bytes gb = gzip_stored(b);
+  both.insert(both.end(), gb.begin(), gb.end());
+  Bytes ab = a;
+  ab.insert(ab.end(), b.begin(), b.end());
+  BOOST_TEST((data::gunzip(both, "f.gz", 1000) == ab));  // exactly the limit
+  DD_CHECK_THROWS(data::gunzip(both, "f.gz", 999), std::runtime_error,
+                  "f.gz: the gzip data inflates to more than 999 bytes, the most the caller allows");
+  DD_CHECK_THROWS(data::gunzip(gzip_zeros({}, std::size_t(1) << 20), "z.gz", 4096), std::runtime_error,
+                  "more than 4096 bytes");
+  // Limits and checks other than the limit still apply below it.
+  Bytes damaged = gzip_stored(a);
+  damaged[damaged.size() - 8] ^= 1;
+  DD_CHECK_THROWS(data::gunzip(damaged, "d.gz", 1000), std::runtime_error, "CRC-32 mismatch");
+  // 1 GiB of zeros from 6.6 MB, allowed 1 MiB: the memory stays far below 1 GiB.
+  check_within_memory_cap(
+      std::size_t(128) << 20,
+      [&] { (void)data::gunzip(gzip_zeros({}, std::size_t(1) << 30, false), "bomb.gz", std::size_t(1) << 20); },
+      "more than 1048576 bytes");
+}
+
 #ifdef DEFT_TEST_WITH_ZLIB
 BOOST_AUTO_TEST_CASE(agrees_with_zlib) {
   std::mt19937_64 r(2024);

@@ -412,4 +412,15 @@ inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, con
   return detail::inflate_members(bytes, name, std::numeric_limits<std::size_t>::max()).data;
 }
 
+/// As above, for data from anyone: std::runtime_error naming `name` once the
+/// output passes `max_bytes`, raised before much more than that is held (a
+/// few MB of gzip can inflate to gigabytes).
+inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, const std::string& name, std::size_t max_bytes) {
+  detail::Inflated inflated = detail::inflate_members(bytes, name, max_bytes);
+  if (inflated.passed_limit)
+    deft::detail::raise<std::runtime_error>(name, ": the gzip data inflates to more than ", max_bytes,
+                                            " bytes, the most the caller allows (or is damaged: its checksum comes after)");
+  return std::move(inflated.data);
+}
+
 }  // namespace deft::data

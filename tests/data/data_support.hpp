@@ -93,6 +93,20 @@ inline Bytes gzip_stored(std::span<const std::uint8_t> data, std::uint8_t flags 
   return g;
 }
 
+/// `whole` as consecutive gzip members of stored blocks, cut at `cuts`
+/// (ascending): what `gzip a b > c` makes.
+inline Bytes gzip_members(std::span<const std::uint8_t> whole, std::vector<std::size_t> cuts) {
+  Bytes g;
+  std::size_t from = 0;
+  cuts.push_back(whole.size());
+  for (const std::size_t to : cuts) {
+    const Bytes m = gzip_stored(whole.subspan(from, to - from));
+    g.insert(g.end(), m.begin(), m.end());
+    from = to;
+  }
+  return g;
+}
+
 /// DEFLATE's bit stream: fields least significant bit first, Huffman codes
 /// most significant bit first.
 class BitWriter {

@@ -371,21 +371,21 @@ BOOST_AUTO_TEST_CASE(gzip_members_split_anywhere_read_and_a_bomb_in_a_later_memb
   const Bytes small = idx_bytes({2, 3}, random_bytes(6, 8));  // inflated whole by the header pass
   write_file(dir / "s.gz", gzip_members(small, {7}));
   BOOST_TEST((data::read_idx(dir / "s.gz").data == Bytes(small.begin() + 12, small.end())));
-  // The declared data whole in the first member, 1 MiB more in the second.
-  Bytes bomb = gzip_members(small, {});
-  const Bytes zeros = gzip_zeros({}, std::size_t(1) << 20);
-  bomb.insert(bomb.end(), zeros.begin(), zeros.end());
-  write_file(dir / "bomb.gz", bomb);
+  // The declared data whole in the first member, `zeros` more in the second.
+  const auto write_bomb = [&](std::size_t zeros, bool checksum) {
+    Bytes bomb = gzip_members(small, {});
+    const Bytes more = gzip_zeros({}, zeros, checksum);
+    bomb.insert(bomb.end(), more.begin(), more.end());
+    write_file(dir / "bomb.gz", bomb);
+  };
+  write_bomb(std::size_t(1) << 20, true);
   DD_CHECK_THROWS(data::read_idx(dir / "bomb.gz"), std::runtime_error, "more data than the header declares",
                   "2 x 3 = 6 bytes of data");
   // 1 GiB in the second member: allowed 128 MiB.
   check_within_memory_cap(
       std::size_t(128) << 20,
       [&] {
-        Bytes huge = gzip_members(small, {});
-        const Bytes gigabyte = gzip_zeros({}, std::size_t(1) << 30, false);
-        huge.insert(huge.end(), gigabyte.begin(), gigabyte.end());
-        write_file(dir / "bomb.gz", huge);
+        write_bomb(std::size_t(1) << 30, false);
         data::read_idx(dir / "bomb.gz");
       },
       "more data than the header declares");

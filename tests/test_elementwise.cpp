@@ -320,6 +320,8 @@ BOOST_AUTO_TEST_CASE(same_bits_for_any_worker_count) {
   std::mt19937 g(181);
   const i64 c = 1001, r = 600;
   const i64 big = deft::thresholds::stream_store_min_bytes / i64(sizeof(double)) / c + 3;  // rows(1, big): streamed
+  BOOST_REQUIRE_MESSAGE(r * c * i64(sizeof(float)) < deft::thresholds::stream_store_min_bytes,
+                        "the float results must stay below the streaming threshold");
   const auto av = random_values<float>(g, std::size_t(r * c), 0.5, 2);
   const auto bv = random_values<float>(g, std::size_t(c), -1, 1);
   const auto colv = random_values<float>(g, std::size_t(r), 0, 1);

@@ -52,7 +52,13 @@ constexpr std::int64_t parallel_chunks(std::int64_t work, int workers) {
 // non-temporal stores (it would not stay in cache anyway): the writes then
 // skip reading each destination line first. Measured on the 2-core VM with
 // the fused 4-input expression at 2^24 floats: 18% faster on one thread.
-inline constexpr std::int64_t stream_store_min_bytes = std::int64_t(32) << 20;
+// DEFT_STREAM_STORE_MIN_BYTES overrides it (a machine whose last-level cache
+// holds far more; deft's sanitizer builds, whose tests cross it with arrays
+// of this size: see DEFT_SANITIZE in CMakeLists.txt).
+#ifndef DEFT_STREAM_STORE_MIN_BYTES
+#define DEFT_STREAM_STORE_MIN_BYTES (std::int64_t(32) << 20)
+#endif
+inline constexpr std::int64_t stream_store_min_bytes = DEFT_STREAM_STORE_MIN_BYTES;
 
 // --- reductions -----------------------------------------------------------
 // Reductions are cut into pieces of this many elements regardless of the
@@ -96,8 +102,12 @@ inline constexpr std::int64_t conv_min_blocks = 8;
 inline constexpr std::int64_t conv_partial_elements = std::int64_t(1) << 22;
 // GPU: images per im2col block, as many as keep its matrix within this many
 // elements (64 MiB of float; a LeNet batch of 256 takes one block). Bigger
-// blocks make fewer, larger GEMMs.
-inline constexpr std::int64_t gpu_conv_block_elements = std::int64_t(1) << 24;
+// blocks make fewer, larger GEMMs. DEFT_GPU_CONV_BLOCK_ELEMENTS overrides it
+// (smaller blocks hold less device memory; the sanitizer builds, as above).
+#ifndef DEFT_GPU_CONV_BLOCK_ELEMENTS
+#define DEFT_GPU_CONV_BLOCK_ELEMENTS (std::int64_t(1) << 24)
+#endif
+inline constexpr std::int64_t gpu_conv_block_elements = DEFT_GPU_CONV_BLOCK_ELEMENTS;
 
 // --- GPU memory (eval/gpu/runtime.hpp; the emulated GPUs' pools alike) ----
 // Device blocks of every size are cached (a steady training loop then calls

@@ -125,12 +125,13 @@ void reduce_all(Mem& mem) {
 
 /// Reductions along each axis of 3-D expressions: short axes (one pass),
 /// and long axes with few outputs, which AxisPlan cuts into parts merged by
-/// a second pass (the parts' lengths do not divide the axis; along the last
-/// axis the parts interleave).
+/// later passes (the parts' lengths do not divide the axis; along the last
+/// axis the parts interleave; where the partials are many, their merge is
+/// split again).
 template <class Mem>
 void reduce_axes(Mem& mem) {
   deft::random::seed(10);
-  int split = 0;
+  int split = 0, deep = 0;
   for (const Shape& shape : {Shape{4, 33, 20}, Shape{3, 2000, 5}, Shape{5001, 3, 1}, Shape{2, 1, 4099},
                             Shape{1, 200003, 1}}) {
     auto x = deft::random::uniform<float>(-1, 1, shape);
@@ -140,6 +141,7 @@ void reduce_axes(Mem& mem) {
       const deft::detail::AxisSplit g(shape, axis);
       const gk::AxisPlan plan(g);
       split += plan.chunks > 1;
+      deep += plan.chunks > 1 && gk::AxisPlan(plan.merge_split()).chunks > 1;
       BOOST_TEST((plan.chunks - 1) * plan.step() < g.len);  // no empty part
       const i64 outputs = g.outer * g.inner;
       std::vector<double> sum(outputs, 0), mean(outputs), norm(outputs, 0), mx(outputs, -INFINITY);
@@ -171,6 +173,7 @@ void reduce_axes(Mem& mem) {
     }
   }
   BOOST_TEST(split == 4);  // the axes 2000, 5001, 4099 and 200003 long
+  BOOST_TEST(deep == 2);   // 5001 (3 outputs) and 200003 (one output): partials merged in more than one pass
 }
 
 /// Marks the room past a kernel's scratch, to see that nothing lands there.
@@ -216,7 +219,7 @@ void argmax(Mem& mem) {
   BOOST_TEST(mem.get(out, 1)[0] == 123456);
   for (const auto& past : mem.get(scratch + room, guard)) BOOST_TEST(past.index == -7);
 
-  int split = 0;
+  int split = 0, deep = 0;
   for (const Shape& shape : {Shape{5, 40, 3}, Shape{3, 5001, 1}, Shape{2, 3000, 3}, Shape{4099, 2, 1}}) {
     std::vector<float> vx(shape.size());
     for (auto& x : vx) x = float(pick(gen));
@@ -227,6 +230,7 @@ void argmax(Mem& mem) {
       const deft::detail::AxisSplit g(shape, axis);
       const gk::AxisPlan plan(g);
       split += plan.chunks > 1;
+      deep += plan.chunks > 1 && gk::AxisPlan(plan.merge_split()).chunks > 1;
       auto* idx = mem.template make<i64>(g.outer * g.inner);
       auto* parts = mem.template make<gk::ArgBest<float>>(std::max<i64>(plan.scratch(), 1));
       gk::argmax_axis_elements(mem.policy(), elements_in(mem, x * 1.0f), g, idx, parts);
@@ -239,6 +243,7 @@ void argmax(Mem& mem) {
     }
   }
   BOOST_TEST(split == 3);  // the axes 5001, 3000 and 4099 long
+  BOOST_TEST(deep == 1);   // 5001 along the last axis: partials merged in more than one pass
 }
 
 /// Axis permutation of a 3-D tensor.

@@ -156,6 +156,8 @@ struct AxisSplit {
   AxisSplit(const Shape& s, int axis) {
     for (int d = 0; d < s.rank(); ++d) (d < axis ? outer : d == axis ? len : inner) *= s[d];
   }
+  /// [outer, len, inner] given directly.
+  AxisSplit(std::int64_t outer_, std::int64_t len_, std::int64_t inner_) : outer(outer_), len(len_), inner(inner_) {}
 };
 }  // namespace detail
 

@@ -115,17 +115,34 @@ void evaluate(const Policy& policy, const Expr& e, T* out) {
 
 // --- reductions ----------------------------------------------------------------
 
+/// R over elem(base + j * inner) for j = first, first + stride, ... below
+/// end, in four accumulators merged at the end. A single chain compiles to
+/// one load per loop turn (nvcc does not unroll it: the trip count and
+/// stride are run-time values), so each thread had one load in flight: on an
+/// H100, 65536 threads reached 271 GB/s of its 3 TB/s. Four chains keep four
+/// loads in flight; the order of the steps is fixed, so the bits are too.
+template <class R, class Acc, class Elem>
+DEFT_HD Acc reduce_run(const Elem& elem, std::int64_t base, std::int64_t inner, std::int64_t first, std::int64_t end,
+                       std::int64_t stride) {
+  Acc a0 = R::identity(), a1 = a0, a2 = a0, a3 = a0;
+  std::int64_t j = first;
+  for (; j + 3 * stride < end; j += 4 * stride) {
+    a0 = R::step(a0, elem(base + j * inner));
+    a1 = R::step(a1, elem(base + (j + stride) * inner));
+    a2 = R::step(a2, elem(base + (j + 2 * stride) * inner));
+    a3 = R::step(a3, elem(base + (j + 3 * stride) * inner));
+  }
+  for (; j < end; j += stride) a0 = R::step(a0, elem(base + j * inner));
+  return R::merge(R::merge(a0, a1), R::merge(a2, a3));
+}
+
 /// Partial p of a full reduction: elements p, p + parts, p + 2 parts, ...
 /// (neighbouring threads read neighbouring elements).
 template <class R, class Elem, class T>
 struct StridedPartial {
   Elem elem;
   std::int64_t n, parts;
-  DEFT_HD T operator()(std::int64_t p) const {
-    T acc = R::identity();
-    for (std::int64_t i = p; i < n; i += parts) acc = R::step(acc, elem(i));
-    return acc;
-  }
+  DEFT_HD T operator()(std::int64_t p) const { return reduce_run<R, T>(elem, 0, 1, p, n, parts); }
 };
 
 /// Merges partials q, q + parts, ... of an earlier pass; the last pass
@@ -181,10 +198,15 @@ struct AxisRun {
 /// One thread per output runs `len` steps alone; with few outputs and long
 /// ones (a bias gradient is a sum over the batch) most of the GPU would
 /// idle, so each output is cut into `chunks` parts of at least min_chunk
-/// elements whose partials a second pass merges. (The figures are not yet
-/// measured on a GPU.)
+/// elements. The partials are then reduced the same way (merge_split(), a
+/// plan of its own), so no thread merges thousands of them one by one.
+/// On an H100 (deft_bench_gpu, sum along axis 0, session 46) the earlier
+/// plan (65536 threads, parts of 128 or more merged in one pass, one load
+/// in flight per thread) reached 271 GB/s on 1048576x16 where cuBLAS's gemv
+/// reached 1965: 16 threads then merged 4096 partials each, one by one.
+/// These figures (2^18 threads, parts of 32 or more) are not yet measured.
 struct AxisPlan {
-  static constexpr std::int64_t enough_threads = 65536, min_chunk = 128;
+  static constexpr std::int64_t enough_threads = std::int64_t(1) << 18, min_chunk = 32;
   std::int64_t outputs, len, inner, chunks = 1;
   explicit AxisPlan(const AxisSplit& g) : outputs(g.outer * g.inner), len(g.len), inner(g.inner) {
     if (outputs > 0 && outputs < enough_threads && len >= 4 * min_chunk) {
@@ -194,17 +216,18 @@ struct AxisPlan {
   }
   /// Elements of each part (the last may have fewer).
   DEFT_HD std::int64_t step() const { return (len + chunks - 1) / chunks; }
-  /// Scratch elements the partials need (0: one pass, no scratch).
-  std::int64_t scratch() const { return chunks > 1 ? outputs * chunks : 0; }
-  /// Thread (and partial) number of part c of output s. Neighbouring
-  /// threads read neighbouring elements: along an inner axis the parts c
-  /// of neighbouring outputs (t = c * outputs + s), along the last axis
-  /// interleaved parts of one output (t = s * chunks + c; part c takes its
-  /// elements c, c + chunks, ...). With one part, t = s.
-  DEFT_HD std::int64_t slot(std::int64_t s, std::int64_t c) const {
-    return inner == 1 ? s * chunks + c : c * outputs + s;
-  }
-  /// The elements of thread t.
+  /// The partials as an axis to reduce in turn, in the order of the threads
+  /// that wrote them (run()): [chunks, outputs] along an inner axis,
+  /// [outputs, chunks] along the last one. Its outputs come out in this
+  /// plan's order.
+  AxisSplit merge_split() const { return inner == 1 ? AxisSplit(outputs, chunks, 1) : AxisSplit(1, chunks, outputs); }
+  /// Scratch elements the partials need, the merge's own included (0: one pass, no scratch).
+  std::int64_t scratch() const { return chunks > 1 ? outputs * chunks + AxisPlan(merge_split()).scratch() : 0; }
+  /// The elements of thread t, which computes part c of output s.
+  /// Neighbouring threads read neighbouring elements: along an inner axis
+  /// the parts c of neighbouring outputs (t = c * outputs + s), along the
+  /// last axis interleaved parts of one output (t = s * chunks + c; part c
+  /// takes its elements c, c + chunks, ...). With one part, t = s.
   DEFT_HD AxisRun run(std::int64_t t) const {
     const std::int64_t s = inner == 1 ? t / chunks : t % outputs, c = inner == 1 ? t % chunks : t / outputs;
     const std::int64_t base = (s / inner) * len * inner + s % inner;
@@ -214,41 +237,66 @@ struct AxisPlan {
   }
 };
 
-/// Thread t of an AxisPlan: R over its run; `finish` (one part per output)
-/// also applies R::finish.
-template <class R, class Elem, class T>
+/// Thread t of an AxisPlan: R over its run. Finish: one part per output,
+/// so the result is R::finish with the count of the whole axis.
+template <class R, class Elem, class Acc, bool Finish>
 struct AxisPartial {
   Elem elem;
   AxisPlan plan;
-  bool finish;
-  DEFT_HD T operator()(std::int64_t t) const {
+  std::int64_t count;
+  DEFT_HD auto operator()(std::int64_t t) const {
     const AxisRun r = plan.run(t);
-    T acc = R::identity();
-    for (std::int64_t j = r.first; j < r.end; j += r.stride) acc = R::step(acc, elem(r.base + j * r.inner));
-    return finish ? R::finish(acc, plan.len) : acc;
+    const Acc acc = reduce_run<R, Acc>(elem, r.base, r.inner, r.first, r.end, r.stride);
+    if constexpr (Finish)
+      return R::finish(acc, count);
+    else
+      return acc;
   }
 };
 
-/// Output s of an AxisPlan: its parts' partials merged, then R::finish.
-template <class R, class T>
-struct MergeAxisPartials {
-  const T* in;
-  AxisPlan plan;
-  DEFT_HD auto operator()(std::int64_t s) const {
-    T acc = R::identity();
-    for (std::int64_t c = 0; c < plan.chunks; ++c) acc = R::merge(acc, in[plan.slot(s, c)]);
-    return R::finish(acc, plan.len);
-  }
+/// R's partials as the elements of a further reduction: their steps are
+/// R::merge, and the last pass finishes as R would.
+template <class R>
+struct MergeOf {
+  DEFT_HD static auto identity() { return R::identity(); }
+  template <class A>
+  DEFT_HD static A step(const A& acc, const A& x) { return R::merge(acc, x); }
+  template <class A>
+  DEFT_HD static A merge(const A& a, const A& b) { return R::merge(a, b); }
+  template <class A>
+  DEFT_HD static auto finish(const A& acc, std::int64_t n) { return R::finish(acc, n); }
 };
+
+/// An earlier pass's partials, read as elements.
+template <class T>
+struct Partials {
+  const T* in;
+  DEFT_HD T operator()(std::int64_t i) const { return in[i]; }
+};
+
+/// The passes after the first: `partials` (plan's, in slot order) reduced
+/// with R::merge into out, through further partials where plan.merge_split()
+/// splits again. `scratch` holds AxisPlan(plan.merge_split()).scratch() values.
+template <class R, class Policy, class Acc, class Out>
+void merge_axis_partials(const Policy& policy, const Acc* partials, const AxisPlan& plan, std::int64_t count, Out* out,
+                         Acc* scratch) {
+  const AxisPlan merge(plan.merge_split());
+  using M = MergeOf<R>;
+  if (merge.chunks == 1)
+    return for_each_output(policy, merge.outputs, AxisPartial<M, Partials<Acc>, Acc, true>{{partials}, merge, count}, out);
+  for_each_output(policy, merge.outputs * merge.chunks, AxisPartial<M, Partials<Acc>, Acc, false>{{partials}, merge, count},
+                  scratch);
+  merge_axis_partials<R>(policy, static_cast<const Acc*>(scratch), merge, count, out, scratch + merge.outputs * merge.chunks);
+}
 
 /// out[o * inner + i] = R over j of e[o, j, i] (axis `axis` is j); `scratch`
 /// holds AxisPlan(g).scratch() values (none when that is 0).
 template <class R, class Policy, class Elem, class T>
 void reduce_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, T* out, T* scratch) {
   const AxisPlan plan(g);
-  if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisPartial<R, Elem, T>{elem, plan, true}, out);
-  for_each_output(policy, plan.outputs * plan.chunks, AxisPartial<R, Elem, T>{elem, plan, false}, scratch);
-  for_each_output(policy, plan.outputs, MergeAxisPartials<R, T>{scratch, plan}, out);
+  if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisPartial<R, Elem, T, true>{elem, plan, g.len}, out);
+  for_each_output(policy, plan.outputs * plan.chunks, AxisPartial<R, Elem, T, false>{elem, plan, g.len}, scratch);
+  merge_axis_partials<R>(policy, static_cast<const T*>(scratch), plan, g.len, out, scratch + plan.outputs * plan.chunks);
 }
 template <class R, class Policy, class Expr, class T>
 void reduce_axis(const Policy& policy, const Expr& e, int axis, T* out, T* scratch) {
@@ -296,7 +344,7 @@ struct AxisArgmax {
   DEFT_HD std::int64_t operator()(std::int64_t s) const { return part(s).index; }
 };
 
-/// Merges an AxisPlan's argmax partials (MergeAxisPartials' R).
+/// Merges an AxisPlan's argmax partials (merge_axis_partials' R).
 template <class T>
 struct ArgmaxMerge {
   static DEFT_HD ArgBest<T> identity() { return {T(0), -1}; }
@@ -361,7 +409,8 @@ void argmax_axis_elements(const Policy& policy, const Elem& elem, const AxisSpli
   const AxisArgmaxPartial<Elem, T> part{elem, plan};
   if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisArgmax<Elem, T>{part}, out);
   for_each_output(policy, plan.outputs * plan.chunks, part, scratch);
-  for_each_output(policy, plan.outputs, MergeAxisPartials<ArgmaxMerge<T>, ArgBest<T>>{scratch, plan}, out);
+  merge_axis_partials<ArgmaxMerge<T>>(policy, static_cast<const ArgBest<T>*>(scratch), plan, g.len, out,
+                                      scratch + plan.outputs * plan.chunks);
 }
 template <class Policy, class Expr, class T = value_t<Expr>>
 void argmax_axis(const Policy& policy, const Expr& e, int axis, std::int64_t* out, ArgBest<T>* scratch) {

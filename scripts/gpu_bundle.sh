@@ -41,7 +41,12 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-./gpu-out}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for z in "$here"/*.gz; do gzip -dkf "$z"; done
+bin="$(mktemp -d)"  # unpacked here, so the bundle stays small enough to carry
+trap 'rm -rf "$bin"' EXIT
+for z in "$here"/*.gz; do
+  gzip -dc "$z" >"$bin/$(basename "${z%.gz}")"
+  chmod +x "$bin/$(basename "${z%.gz}")"
+done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
 summary=()
 # name, seconds, command...: runs it (killed after that long), records its
@@ -56,21 +61,21 @@ step() {
   local rc=$?  # 124: it ran past its limit
   summary+=("$(printf '%-26s exit %3d  %4d s' "$name" "$rc" $((SECONDS - start)))")
 }
-step gpu_kernels 180 "$here/deft_gpu_kernels_device" --log_level=test_suite
-step auto_parallel_gpu 45 "$here/auto_parallel_gpu"
-step bench_gpu 120 "$here/deft_bench_gpu" --csv "$out/gpu_bench.csv" --torch-script "$here/gpu_torch_step.py"
+step gpu_kernels 180 "$bin/deft_gpu_kernels_device" --log_level=test_suite
+step auto_parallel_gpu 45 "$bin/auto_parallel_gpu"
+step bench_gpu 120 "$bin/deft_bench_gpu" --csv "$out/gpu_bench.csv" --torch-script "$here/gpu_torch_step.py"
 for data in "$here/fashion-mnist" /usr/share/datasets/fashion-mnist; do
   if [ -n "$data" ] && [ -d "$data" ]; then
-    step train:gpu0 45 "$here/train_fashion_mnist_gpu" --device gpu0 --epochs 1 --data "$data"
-    step train:cpu,gpu0 45 "$here/train_fashion_mnist_gpu" --device cpu,gpu0 --epochs 1 --data "$data"
-    step train:cpu,gpu0,shares 45 "$here/train_fashion_mnist_gpu" --device cpu,gpu0 --shares auto --epochs 1 --data "$data"
+    step train:gpu0 45 "$bin/train_fashion_mnist_gpu" --device gpu0 --epochs 1 --data "$data"
+    step train:cpu,gpu0 45 "$bin/train_fashion_mnist_gpu" --device cpu,gpu0 --epochs 1 --data "$data"
+    step train:cpu,gpu0,shares 45 "$bin/train_fashion_mnist_gpu" --device cpu,gpu0 --shares auto --epochs 1 --data "$data"
     break
   fi
 done
 # Out-of-bounds and misaligned accesses in deft's kernels (within a pool
 # block it cannot see them: the pool cuts blocks from larger allocations).
 sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-step memcheck 150 "$sanitizer" --tool memcheck --error-exitcode 99 "$here/deft_gpu_kernels_device" --log_level=test_suite
+step memcheck 150 "$sanitizer" --tool memcheck --error-exitcode 99 "$bin/deft_gpu_kernels_device" --log_level=test_suite
 echo "GPU: $(cat "$out/gpu.txt")"
 grep -E "ERROR SUMMARY|Invalid|No errors|failure" "$out/memcheck.log" | head -5
 grep -E "Running|No errors|failure|error" "$out/gpu_kernels.log" | tail -5

@@ -275,7 +275,7 @@ struct Partials {
   DEFT_HD T operator()(std::int64_t i) const { return in[i]; }
 };
 
-/// The passes after the first: `partials` (plan's, in slot order) reduced
+/// The passes after the first: `partials` (plan's, in the order of the threads that wrote them) reduced
 /// with R::merge into out, through further partials where plan.merge_split()
 /// splits again. `scratch` holds AxisPlan(plan.merge_split()).scratch() values.
 template <class R, class Policy, class Acc, class Out>

@@ -114,6 +114,22 @@ void evaluate(const Policy& policy, const Expr& e, T* out) {
 }
 
 // --- reductions ----------------------------------------------------------------
+//
+// A reducer R has identity(), step(acc, x), merge(a, b) and finish(acc, n)
+// (expr/reducers.hpp); argmax's (ArgmaxReducer below) steps with the
+// element's index too. Every pass is R over a run of elements, so the sums,
+// the means, the norms, max, min and argmax share one code path, full or
+// along an axis.
+
+/// acc after stepping R over x, element j of its run (j: the index along the
+/// reduced axis, or in the whole input).
+template <class R, class Acc, class X>
+DEFT_HD Acc step_at(const Acc& acc, const X& x, std::int64_t j) {
+  if constexpr (requires { R::step(acc, x, j); })
+    return R::step(acc, x, j);
+  else
+    return R::step(acc, x);
+}
 
 /// R over elem(base + j * inner) for j = first, first + stride, ... below
 /// end, in four accumulators merged at the end. A single chain compiles to
@@ -128,35 +144,60 @@ DEFT_HD Acc reduce_run(const Elem& elem, std::int64_t base, std::int64_t inner, 
   Acc a0 = R::identity(), a1 = a0, a2 = a0, a3 = a0;
   std::int64_t j = first;
   for (; j + 3 * stride < end; j += 4 * stride) {
-    a0 = R::step(a0, elem(base + j * inner));
-    a1 = R::step(a1, elem(base + (j + stride) * inner));
-    a2 = R::step(a2, elem(base + (j + 2 * stride) * inner));
-    a3 = R::step(a3, elem(base + (j + 3 * stride) * inner));
+    a0 = step_at<R>(a0, elem(base + j * inner), j);
+    a1 = step_at<R>(a1, elem(base + (j + stride) * inner), j + stride);
+    a2 = step_at<R>(a2, elem(base + (j + 2 * stride) * inner), j + 2 * stride);
+    a3 = step_at<R>(a3, elem(base + (j + 3 * stride) * inner), j + 3 * stride);
   }
-  for (; j < end; j += stride) a0 = R::step(a0, elem(base + j * inner));
+  for (; j < end; j += stride) a0 = step_at<R>(a0, elem(base + j * inner), j);
   return R::merge(R::merge(a0, a1), R::merge(a2, a3));
 }
 
-/// Partial p of a full reduction: elements p, p + parts, p + 2 parts, ...
-/// (neighbouring threads read neighbouring elements).
-template <class R, class Elem, class T>
-struct StridedPartial {
-  Elem elem;
-  std::int64_t n, parts;
-  DEFT_HD T operator()(std::int64_t p) const { return reduce_run<R, T>(elem, 0, 1, p, n, parts); }
+/// R's partials as the elements of a further pass: their steps are
+/// R::merge, and the last pass finishes as R would. MergeOf<MergeOf<R>> is
+/// MergeOf<R> (merge_of_t), so a pass over partials of partials is the same
+/// kernel and the recursion of reduce_axis_elements ends.
+template <class R>
+struct MergeOf {
+  DEFT_HD static auto identity() { return R::identity(); }
+  template <class A>
+  DEFT_HD static A step(const A& acc, const A& x) { return R::merge(acc, x); }
+  template <class A>
+  DEFT_HD static A merge(const A& a, const A& b) { return R::merge(a, b); }
+  template <class A>
+  DEFT_HD static auto finish(const A& acc, std::int64_t n) { return R::finish(acc, n); }
+};
+template <class R>
+struct MergeOfTrait {
+  using type = MergeOf<R>;
+};
+template <class R>
+struct MergeOfTrait<MergeOf<R>> {
+  using type = MergeOf<R>;
+};
+template <class R>
+using merge_of_t = typename MergeOfTrait<R>::type;
+
+/// An earlier pass's partials, read as elements.
+template <class T>
+struct Partials {
+  const T* in;
+  DEFT_HD T operator()(std::int64_t i) const { return in[i]; }
 };
 
-/// Merges partials q, q + parts, ... of an earlier pass; the last pass
-/// (one output) also applies R::finish with the count of the whole input.
-template <class R, class T>
-struct MergePartials {
-  const T* in;
-  std::int64_t n, parts, total;
-  bool last;
-  DEFT_HD T operator()(std::int64_t q) const {
-    T acc = R::identity();
-    for (std::int64_t i = q; i < n; i += parts) acc = R::merge(acc, in[i]);
-    return last ? R::finish(acc, total) : acc;
+/// Partial p of a full reduction: elements p, p + parts, p + 2 parts, ...
+/// below n (neighbouring threads read neighbouring elements). Finish: the
+/// last pass, whose value is R::finish with the count of the whole input.
+template <class R, class Elem, class Acc, bool Finish>
+struct StridedPartial {
+  Elem elem;
+  std::int64_t n, parts, count;
+  DEFT_HD auto operator()(std::int64_t p) const {
+    const Acc acc = reduce_run<R, Acc>(elem, 0, 1, p, n, parts);
+    if constexpr (Finish)
+      return R::finish(acc, count);
+    else
+      return acc;
   }
 };
 
@@ -172,15 +213,18 @@ struct ReducePlan {
   std::int64_t scratch() const { return first + second; }
 };
 
-/// out[0] = R over elem(0 .. n-1); `scratch` holds ReducePlan(n).scratch() values.
-template <class R, class Policy, class Elem, class T>
-void reduce_elements(const Policy& policy, const Elem& elem, std::int64_t n, T* out, T* scratch) {
+/// out[0] = R over elem(0 .. n-1); `scratch` holds ReducePlan(n).scratch()
+/// accumulators.
+template <class R, class Policy, class Elem, class Out, class Acc>
+void reduce_elements(const Policy& policy, const Elem& elem, std::int64_t n, Out* out, Acc* scratch) {
   const ReducePlan plan(n);
-  T* first = scratch;
-  T* second = scratch + plan.first;
-  for_each_output(policy, plan.first, StridedPartial<R, Elem, T>{elem, plan.n, plan.first}, first);
-  for_each_output(policy, plan.second, MergePartials<R, T>{first, plan.first, plan.second, plan.n, false}, second);
-  for_each_output(policy, 1, MergePartials<R, T>{second, plan.second, 1, plan.n, true}, out);
+  Acc* first = scratch;
+  Acc* second = scratch + plan.first;
+  using M = MergeOf<R>;
+  for_each_output(policy, plan.first, StridedPartial<R, Elem, Acc, false>{elem, plan.n, plan.first, n}, first);
+  for_each_output(policy, plan.second, StridedPartial<M, Partials<Acc>, Acc, false>{{first}, plan.first, plan.second, n},
+                  second);
+  for_each_output(policy, 1, StridedPartial<M, Partials<Acc>, Acc, true>{{second}, plan.second, 1, n}, out);
 }
 
 /// out[0] = R over every element of e; `scratch` holds ReducePlan::scratch() values.
@@ -205,7 +249,8 @@ struct AxisRun {
 /// plan (65536 threads, parts of 128 or more merged in one pass, one load
 /// in flight per thread) reached 271 GB/s on 1048576x16 where cuBLAS's gemv
 /// reached 1965: 16 threads then merged 4096 partials each, one by one.
-/// These figures (2^18 threads, parts of 32 or more) are not yet measured.
+/// With these figures (2^18 threads, parts of 32 or more) an H200 took
+/// 1.05x cuBLAS's time there (session 47).
 struct AxisPlan {
   static constexpr std::int64_t enough_threads = std::int64_t(1) << 18, min_chunk = 32;
   std::int64_t outputs, len, inner, chunks = 1;
@@ -255,49 +300,23 @@ struct AxisPartial {
   }
 };
 
-/// R's partials as the elements of a further reduction: their steps are
-/// R::merge, and the last pass finishes as R would.
-template <class R>
-struct MergeOf {
-  DEFT_HD static auto identity() { return R::identity(); }
-  template <class A>
-  DEFT_HD static A step(const A& acc, const A& x) { return R::merge(acc, x); }
-  template <class A>
-  DEFT_HD static A merge(const A& a, const A& b) { return R::merge(a, b); }
-  template <class A>
-  DEFT_HD static auto finish(const A& acc, std::int64_t n) { return R::finish(acc, n); }
-};
-
-/// An earlier pass's partials, read as elements.
-template <class T>
-struct Partials {
-  const T* in;
-  DEFT_HD T operator()(std::int64_t i) const { return in[i]; }
-};
-
-/// The passes after the first: `partials` (plan's, in the order of the threads that wrote them) reduced
-/// with R::merge into out, through further partials where plan.merge_split()
-/// splits again. `scratch` holds AxisPlan(plan.merge_split()).scratch() values.
-template <class R, class Policy, class Acc, class Out>
-void merge_axis_partials(const Policy& policy, const Acc* partials, const AxisPlan& plan, std::int64_t count, Out* out,
-                         Acc* scratch) {
-  const AxisPlan merge(plan.merge_split());
-  using M = MergeOf<R>;
-  if (merge.chunks == 1)
-    return for_each_output(policy, merge.outputs, AxisPartial<M, Partials<Acc>, Acc, true>{{partials}, merge, count}, out);
-  for_each_output(policy, merge.outputs * merge.chunks, AxisPartial<M, Partials<Acc>, Acc, false>{{partials}, merge, count},
-                  scratch);
-  merge_axis_partials<R>(policy, static_cast<const Acc*>(scratch), merge, count, out, scratch + merge.outputs * merge.chunks);
-}
-
-/// out[o * inner + i] = R over j of e[o, j, i] (axis `axis` is j); `scratch`
-/// holds AxisPlan(g).scratch() values (none when that is 0).
-template <class R, class Policy, class Elem, class T>
-void reduce_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, T* out, T* scratch) {
+/// out[o * inner + i] = R over j of elem(o, j, i) for g = [outer, len,
+/// inner], finished with `count` elements per output (the original axis's
+/// length, where elem are an earlier pass's partials). `scratch` holds
+/// AxisPlan(g).scratch() accumulators (none when that is 0): the partials,
+/// then what their own pass (merge_split()) needs.
+template <class R, class Policy, class Elem, class Out, class Acc>
+void reduce_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, std::int64_t count, Out* out,
+                          Acc* scratch) {
   const AxisPlan plan(g);
-  if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisPartial<R, Elem, T, true>{elem, plan, g.len}, out);
-  for_each_output(policy, plan.outputs * plan.chunks, AxisPartial<R, Elem, T, false>{elem, plan, g.len}, scratch);
-  merge_axis_partials<R>(policy, static_cast<const T*>(scratch), plan, g.len, out, scratch + plan.outputs * plan.chunks);
+  if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisPartial<R, Elem, Acc, true>{elem, plan, count}, out);
+  for_each_output(policy, plan.outputs * plan.chunks, AxisPartial<R, Elem, Acc, false>{elem, plan, count}, scratch);
+  reduce_axis_elements<merge_of_t<R>>(policy, Partials<Acc>{scratch}, plan.merge_split(), count, out,
+                                      scratch + plan.outputs * plan.chunks);
+}
+template <class R, class Policy, class Elem, class Out, class Acc>
+void reduce_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, Out* out, Acc* scratch) {
+  reduce_axis_elements<R>(policy, elem, g, g.len, out, scratch);
 }
 template <class R, class Policy, class Expr, class T>
 void reduce_axis(const Policy& policy, const Expr& e, int axis, T* out, T* scratch) {
@@ -325,76 +344,24 @@ DEFT_HD ArgBest<T> better(const ArgBest<T>& a, const ArgBest<T>& b) {
   return a.index < b.index ? a : b;
 }
 
-/// Thread t of an AxisPlan: the best of its run (indices along the axis).
-template <class Elem, class T>
-struct AxisArgmaxPartial {
-  Elem elem;
-  AxisPlan plan;
-  DEFT_HD ArgBest<T> operator()(std::int64_t t) const {
-    const AxisRun r = plan.run(t);
-    ArgBest<T> best{T(0), -1};
-    for (std::int64_t j = r.first; j < r.end; j += r.stride) best = better(best, ArgBest<T>{elem(r.base + j * r.inner), j});
-    return best;
-  }
-};
-
-/// Output s when an AxisPlan has one part per output.
-template <class Elem, class T>
-struct AxisArgmax {
-  AxisArgmaxPartial<Elem, T> part;
-  DEFT_HD std::int64_t operator()(std::int64_t s) const { return part(s).index; }
-};
-
-/// Merges an AxisPlan's argmax partials (merge_axis_partials' R).
+/// argmax as a reducer: the accumulator is the best (value, index) so far,
+/// and the result its index.
 template <class T>
-struct ArgmaxMerge {
-  static DEFT_HD ArgBest<T> identity() { return {T(0), -1}; }
-  static DEFT_HD ArgBest<T> merge(const ArgBest<T>& a, const ArgBest<T>& b) { return better(a, b); }
-  static DEFT_HD std::int64_t finish(const ArgBest<T>& a, std::int64_t) { return a.index; }
+struct ArgmaxReducer {
+  DEFT_HD static ArgBest<T> identity() { return {T(0), -1}; }
+  DEFT_HD static ArgBest<T> step(const ArgBest<T>& acc, T x, std::int64_t j) { return better(acc, ArgBest<T>{x, j}); }
+  DEFT_HD static ArgBest<T> merge(const ArgBest<T>& a, const ArgBest<T>& b) { return better(a, b); }
+  DEFT_HD static std::int64_t finish(const ArgBest<T>& a, std::int64_t) { return a.index; }
 };
 
-template <class Elem, class T>
-struct StridedArgmax {
-  Elem elem;
-  std::int64_t n, parts;
-  DEFT_HD ArgBest<T> operator()(std::int64_t p) const {
-    ArgBest<T> best{T(0), -1};
-    for (std::int64_t i = p; i < n; i += parts) best = better(best, ArgBest<T>{elem(i), i});
-    return best;
-  }
-};
-
-template <class T>
-struct MergeArgmax {
-  const ArgBest<T>* in;
-  std::int64_t n, parts;
-  DEFT_HD ArgBest<T> operator()(std::int64_t q) const {
-    ArgBest<T> best{T(0), -1};
-    for (std::int64_t i = q; i < n; i += parts) best = better(best, in[i]);
-    return best;
-  }
-};
-
-struct IndexOf {
-  template <class T>
-  DEFT_HD std::int64_t operator()(const ArgBest<T>& b) const { return b.index; }
-};
-
-/// Scratch values argmax_elements needs: the passes' partials and the last pair.
-inline std::int64_t argmax_scratch(std::int64_t n) { return ReducePlan(n).scratch() + 1; }
+/// Scratch values argmax_elements needs.
+inline std::int64_t argmax_scratch(std::int64_t n) { return ReducePlan(n).scratch(); }
 
 /// out[0] = index of the first largest of elem(0 .. n-1); `scratch` holds
 /// argmax_scratch(n) values.
 template <class Policy, class Elem, class T = typename Elem::value_type>
 void argmax_elements(const Policy& policy, const Elem& elem, std::int64_t n, std::int64_t* out, ArgBest<T>* scratch) {
-  const ReducePlan plan(n);
-  ArgBest<T>* first = scratch;
-  ArgBest<T>* second = scratch + plan.first;
-  ArgBest<T>* last = second + plan.second;
-  for_each_output(policy, plan.first, StridedArgmax<Elem, T>{elem, plan.n, plan.first}, first);
-  for_each_output(policy, plan.second, MergeArgmax<T>{first, plan.first, plan.second}, second);
-  for_each_output(policy, 1, MergeArgmax<T>{second, plan.second, 1}, last);
-  thrust::transform(policy, last, last + 1, out, IndexOf{});
+  reduce_elements<ArgmaxReducer<T>>(policy, elem, n, out, scratch);
 }
 template <class Policy, class Expr, class T = value_t<Expr>>
 void argmax_all(const Policy& policy, const Expr& e, std::int64_t* out, ArgBest<T>* scratch) {
@@ -406,12 +373,7 @@ void argmax_all(const Policy& policy, const Expr& e, std::int64_t* out, ArgBest<
 template <class Policy, class Elem, class T = typename Elem::value_type>
 void argmax_axis_elements(const Policy& policy, const Elem& elem, const AxisSplit& g, std::int64_t* out,
                           ArgBest<T>* scratch) {
-  const AxisPlan plan(g);
-  const AxisArgmaxPartial<Elem, T> part{elem, plan};
-  if (plan.chunks == 1) return for_each_output(policy, plan.outputs, AxisArgmax<Elem, T>{part}, out);
-  for_each_output(policy, plan.outputs * plan.chunks, part, scratch);
-  merge_axis_partials<ArgmaxMerge<T>>(policy, static_cast<const ArgBest<T>*>(scratch), plan, g.len, out,
-                                      scratch + plan.outputs * plan.chunks);
+  reduce_axis_elements<ArgmaxReducer<T>>(policy, elem, g, out, scratch);
 }
 template <class Policy, class Expr, class T = value_t<Expr>>
 void argmax_axis(const Policy& policy, const Expr& e, int axis, std::int64_t* out, ArgBest<T>* scratch) {

@@ -74,8 +74,12 @@ for data in "$here/fashion-mnist" /usr/share/datasets/fashion-mnist; do
 done
 # Out-of-bounds and misaligned accesses in deft's kernels (within a pool
 # block it cannot see them: the pool cuts blocks from larger allocations).
+# Failed API calls are not counted: the tests provoke out-of-memory on
+# purpose, and NCCL probes kernels this GPU has no image for (session 47:
+# those were all 8 of the errors reported).
 sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-step memcheck 150 "$sanitizer" --tool memcheck --error-exitcode 99 "$bin/deft_gpu_kernels_device" --log_level=test_suite
+step memcheck 150 "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 99 \
+  "$bin/deft_gpu_kernels_device" --log_level=test_suite
 echo "GPU: $(cat "$out/gpu.txt")"
 grep -E "ERROR SUMMARY|Invalid|No errors|failure" "$out/memcheck.log" | head -5
 grep -E "Running|No errors|failure|error" "$out/gpu_kernels.log" | tail -5

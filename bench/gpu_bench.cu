@@ -24,6 +24,7 @@
 #include <deft/deft.hpp>
 #include <deft/nn.hpp>
 
+#include <cub/device/device_reduce.cuh>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <thrust/execution_policy.h>
@@ -261,6 +262,37 @@ void reduce_rows() {
     add(g, "sum along axis 0", "deft", 1, size, "GB/s", bytes / d.median / 1e9, bytes / d.min / 1e9);
     std::printf("%-12s %s: deft/cublas gemv time %.2f\n", g, size.c_str(), d.median / direct.median);
   }
+  // argmax of all elements: cub::DeviceReduce::ArgMax (first largest, as deft; queued, no wait) is its peer.
+  const std::int64_t n = std::int64_t(1) << 24;
+  const auto vx = random_floats(std::size_t(n), 7);
+  DeviceFloats x{std::size_t(n)}, best{1};
+  x.upload(vx);
+  std::int64_t* best_index = nullptr;
+  cuda_check(cudaMalloc(&best_index, sizeof(std::int64_t)), "cudaMalloc");
+  std::size_t temp_bytes = 0;
+  cuda_check(cub::DeviceReduce::ArgMax(nullptr, temp_bytes, x.p, best.p, best_index, n, s), "cub ArgMax");
+  void* temp = nullptr;
+  cuda_check(cudaMalloc(&temp, temp_bytes), "cudaMalloc");
+  const Summary direct = measure([&] {
+    for (int i = 0; i < calls; ++i) cub::DeviceReduce::ArgMax(temp, temp_bytes, x.p, best.p, best_index, n, s);
+    cuda_check(cudaStreamSynchronize(s), "cub ArgMax");
+  });
+  std::int64_t peer_index = -1;
+  cuda_check(cudaMemcpy(&peer_index, best_index, sizeof peer_index, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cudaFree(temp), cudaFree(best_index);
+  const Tensor<float> tx = Tensor<float>(vx, {n}, gpu(0));
+  std::vector<Tensor<std::int64_t>> outs(static_cast<std::size_t>(calls));
+  const Summary d = measure([&] {
+    for (auto& o : outs) o = argmax(tx);
+    wait_all();
+  });
+  const std::int64_t index = outs.back().item();
+  std::printf("%-12s argmax of 2^24: deft index %lld, cub ArgMax %lld%s\n", g, static_cast<long long>(index),
+              static_cast<long long>(peer_index), index == peer_index ? "" : " (DIFFERENT)");
+  const double bytes = 4.0 * double(n) * calls;
+  add(g, "argmax of all", "cub", 1, "2^24", "GB/s", bytes / direct.median / 1e9, bytes / direct.min / 1e9);
+  add(g, "argmax of all", "deft", 1, "2^24", "GB/s", bytes / d.median / 1e9, bytes / d.min / 1e9);
+  std::printf("%-12s argmax of 2^24: deft/cub ArgMax time %.2f\n", g, d.median / direct.median);
 }
 
 // --- copies between the host and the GPU -----------------------------------------

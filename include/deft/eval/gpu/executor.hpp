@@ -59,7 +59,7 @@ struct Executor<DeviceType::gpu> {
   template <class R, class E, class T>
   void reduce_all(const E& e, T* out) const {
     gpu::Launch on(device, gpu::uses_of(e, out));
-    gpu::Scratch<T> scratch(device, gpu::ReducePlan(e.shape().size()).scratch());
+    gpu::Scratch<T> scratch(device, gpu::reduce_scratch(e.shape().size()));  // none for short inputs
     gpu::reduce_all<R>(on.policy(), e, out, scratch.get());
   }
   template <class R, class E, class T>
@@ -72,7 +72,7 @@ struct Executor<DeviceType::gpu> {
   template <class E>
   void argmax_all(const E& e, std::int64_t* out) const {
     gpu::Launch on(device, gpu::uses_of(e, out));
-    gpu::Scratch<gpu::ArgBest<value_t<E>>> scratch(device, gpu::argmax_scratch(e.shape().size()));
+    gpu::Scratch<gpu::ArgBest<value_t<E>>> scratch(device, gpu::reduce_scratch(e.shape().size()));
     gpu::argmax_all(on.policy(), e, out, scratch.get());
   }
   template <class E>

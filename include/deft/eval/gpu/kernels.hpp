@@ -6,9 +6,9 @@
 // reduction order) on machines without a GPU.
 //
 // Reductions write their result into device memory (no copy back, nothing
-// waits): a pass of one thread per output, or for a full reduction three
-// passes over interleaved partials, whose reads are coalesced and whose
-// order is fixed (the same bits on every run).
+// waits): a pass of one thread per output, or passes over partials where
+// outputs are few and long (a full reduction is one output), whose reads
+// are coalesced and whose order is fixed (the same bits on every run).
 #pragma once
 #include <algorithm>
 #include <array>
@@ -185,54 +185,6 @@ struct Partials {
   DEFT_HD T operator()(std::int64_t i) const { return in[i]; }
 };
 
-/// Partial p of a full reduction: elements p, p + parts, p + 2 parts, ...
-/// below n (neighbouring threads read neighbouring elements). Finish: the
-/// last pass, whose value is R::finish with the count of the whole input.
-template <class R, class Elem, class Acc, bool Finish>
-struct StridedPartial {
-  Elem elem;
-  std::int64_t n, parts, count;
-  DEFT_HD auto operator()(std::int64_t p) const {
-    const Acc acc = reduce_run<R, Acc>(elem, 0, 1, p, n, parts);
-    if constexpr (Finish)
-      return R::finish(acc, count);
-    else
-      return acc;
-  }
-};
-
-/// How a full reduction of n elements is cut: partials of the first and
-/// second pass (the third merges the second's into one value).
-struct ReducePlan {
-  static constexpr std::int64_t first_parts = 65536, second_parts = 256;
-  std::int64_t n, first, second;
-  explicit ReducePlan(std::int64_t n_)
-      : n(n_), first(n_ < first_parts ? (n_ > 0 ? n_ : 1) : first_parts),
-        second(first < second_parts ? first : second_parts) {}
-  /// Scratch elements the partials need.
-  std::int64_t scratch() const { return first + second; }
-};
-
-/// out[0] = R over elem(0 .. n-1); `scratch` holds ReducePlan(n).scratch()
-/// accumulators.
-template <class R, class Policy, class Elem, class Out, class Acc>
-void reduce_elements(const Policy& policy, const Elem& elem, std::int64_t n, Out* out, Acc* scratch) {
-  const ReducePlan plan(n);
-  Acc* first = scratch;
-  Acc* second = scratch + plan.first;
-  using M = MergeOf<R>;
-  for_each_output(policy, plan.first, StridedPartial<R, Elem, Acc, false>{elem, plan.n, plan.first, n}, first);
-  for_each_output(policy, plan.second, StridedPartial<M, Partials<Acc>, Acc, false>{{first}, plan.first, plan.second, n},
-                  second);
-  for_each_output(policy, 1, StridedPartial<M, Partials<Acc>, Acc, true>{{second}, plan.second, 1, n}, out);
-}
-
-/// out[0] = R over every element of e; `scratch` holds ReducePlan::scratch() values.
-template <class R, class Policy, class Expr, class T>
-void reduce_all(const Policy& policy, const Expr& e, T* out, T* scratch) {
-  with_element_at(e, [&](const auto& el) { reduce_elements<R>(policy, el, e.shape().size(), out, scratch); });
-}
-
 /// The elements one thread of an AxisPlan visits: positions base + j * inner
 /// for j = first, first + stride, ... below end.
 struct AxisRun {
@@ -323,6 +275,27 @@ void reduce_axis(const Policy& policy, const Expr& e, int axis, T* out, T* scrat
   with_element_at(e, [&](const auto& el) { reduce_axis_elements<R>(policy, el, AxisSplit(e.shape(), axis), out, scratch); });
 }
 
+/// A full reduction is one along the single axis of [1, n, 1]: 2^18
+/// threads, each over interleaved elements (neighbours read neighbours),
+/// then the partials' own passes. The three fixed passes before session 47
+/// (65536 threads, then 256, then 1) kept a quarter of the loads in flight
+/// and had 256 threads walk 256 partials each: argmax of 2^24 floats took
+/// 5.3x cub's time on an H200.
+inline AxisSplit whole(std::int64_t n) { return AxisSplit(1, n, 1); }
+/// Scratch accumulators a full reduction of n elements needs (0: none).
+inline std::int64_t reduce_scratch(std::int64_t n) { return AxisPlan(whole(n)).scratch(); }
+
+/// out[0] = R over elem(0 .. n-1); `scratch` holds reduce_scratch(n) accumulators.
+template <class R, class Policy, class Elem, class Out, class Acc>
+void reduce_elements(const Policy& policy, const Elem& elem, std::int64_t n, Out* out, Acc* scratch) {
+  reduce_axis_elements<R>(policy, elem, whole(n), out, scratch);
+}
+/// out[0] = R over every element of e; `scratch` holds reduce_scratch(e's size) values.
+template <class R, class Policy, class Expr, class T>
+void reduce_all(const Policy& policy, const Expr& e, T* out, T* scratch) {
+  with_element_at(e, [&](const auto& el) { reduce_elements<R>(policy, el, e.shape().size(), out, scratch); });
+}
+
 // --- argmax: index of the first largest value (the first NaN wins, as numpy) ---
 
 template <class T>
@@ -354,11 +327,8 @@ struct ArgmaxReducer {
   DEFT_HD static std::int64_t finish(const ArgBest<T>& a, std::int64_t) { return a.index; }
 };
 
-/// Scratch values argmax_elements needs.
-inline std::int64_t argmax_scratch(std::int64_t n) { return ReducePlan(n).scratch(); }
-
 /// out[0] = index of the first largest of elem(0 .. n-1); `scratch` holds
-/// argmax_scratch(n) values.
+/// reduce_scratch(n) values.
 template <class Policy, class Elem, class T = typename Elem::value_type>
 void argmax_elements(const Policy& policy, const Elem& elem, std::int64_t n, std::int64_t* out, ArgBest<T>* scratch) {
   reduce_elements<ArgmaxReducer<T>>(policy, elem, n, out, scratch);

@@ -144,10 +144,15 @@ DEFT_HD Acc reduce_run(const Elem& elem, std::int64_t base, std::int64_t inner, 
   Acc a0 = R::identity(), a1 = a0, a2 = a0, a3 = a0;
   std::int64_t j = first;
   for (; j + 3 * stride < end; j += 4 * stride) {
-    a0 = step_at<R>(a0, elem(base + j * inner), j);
-    a1 = step_at<R>(a1, elem(base + (j + stride) * inner), j + stride);
-    a2 = step_at<R>(a2, elem(base + (j + 2 * stride) * inner), j + 2 * stride);
-    a3 = step_at<R>(a3, elem(base + (j + 3 * stride) * inner), j + 3 * stride);
+    // All four reads first: a step that branches on its element (argmax,
+    // max with NaN) would otherwise put each read behind the previous
+    // step's branches, one load in flight again (seen in the PTX).
+    const auto x0 = elem(base + j * inner), x1 = elem(base + (j + stride) * inner),
+               x2 = elem(base + (j + 2 * stride) * inner), x3 = elem(base + (j + 3 * stride) * inner);
+    a0 = step_at<R>(a0, x0, j);
+    a1 = step_at<R>(a1, x1, j + stride);
+    a2 = step_at<R>(a2, x2, j + 2 * stride);
+    a3 = step_at<R>(a3, x3, j + 3 * stride);
   }
   for (; j < end; j += stride) a0 = step_at<R>(a0, elem(base + j * inner), j);
   return R::merge(R::merge(a0, a1), R::merge(a2, a3));

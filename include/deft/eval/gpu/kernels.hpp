@@ -134,10 +134,10 @@ DEFT_HD Acc step_at(const Acc& acc, const X& x, std::int64_t j) {
 /// R over elem(base + j * inner) for j = first, first + stride, ... below
 /// end, in four accumulators merged at the end. A single chain compiles to
 /// one load per loop turn (nvcc does not unroll it: the trip count and
-/// stride are run-time values), so each thread has one load in flight, and
-/// 65536 threads keep about 256 KB in flight where an H100 needs MBs for
-/// its 3 TB/s. Four chains keep four loads in flight; the order of the
-/// steps is fixed, so the bits are too.
+/// stride are run-time values), so each thread has one load in flight
+/// (session 46: 65536 threads then kept about 256 KB in flight, where an
+/// H100 needs MBs for its 3 TB/s). Four chains keep four loads in flight;
+/// the order of the steps is fixed, so the bits are too.
 template <class R, class Acc, class Elem>
 DEFT_HD Acc reduce_run(const Elem& elem, std::int64_t base, std::int64_t inner, std::int64_t first, std::int64_t end,
                        std::int64_t stride) {

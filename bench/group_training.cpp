@@ -16,7 +16,7 @@
 //   - one Fashion-MNIST epoch of the example's MLP (784 -> 256 -> 10, SGD
 //     with momentum, batch 256, the same batches in the same order): seconds
 //     per epoch and samples per second.
-#include <deft/data/fashion_mnist.hpp>
+#include <deft/data.hpp>
 #include <deft/nn.hpp>
 
 #include <algorithm>

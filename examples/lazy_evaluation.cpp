@@ -10,6 +10,7 @@
 // `--graph FILE` also writes the task graph behind `c = a * b + 2` (Graphviz DOT).
 // docs/tutorial.md walks through this program and its output.
 #include <deft/deft.hpp>
+#include <deft/engine/graph_dump.hpp>
 
 #include <chrono>
 #include <cstdio>

@@ -39,6 +39,7 @@
 // scripts/plot_training.py). The last line is `test accuracy: 0.xxxx`.
 // Nothing inside a batch synchronises: the loss and the number of correct
 // predictions are summed as deferred tensors and read every few batches.
+#include <deft/data.hpp>
 #include <deft/nn.hpp>
 
 #include <algorithm>

@@ -1,15 +1,18 @@
-// deft: deferred tensors. One header for everything.
+// deft: deferred tensors. Tensors, their operations, autograd and the engine.
+// What fewer programs use has its own header, so that the others do not
+// parse it: deft/nn.hpp (networks), deft/data.hpp (IDX files,
+// Fashion-MNIST, the DataLoader), deft/engine/graph_dump.hpp (the pending
+// task graph as DOT).
 //
 //   core/    shapes, dtypes, devices, errors
 //   expr/    expression nodes (what), element functors, kernel views
 //   eval/    evaluators per device (how): eval/cpu/ runs on xsimd
 //   engine/  tasks, the scheduler and its thread pool (where and when),
-//            the profiler (Chrome traces) and the task-graph dump (DOT)
+//            the profiler (Chrome traces)
 //   ops/     the public vocabulary: creation, random, reductions, linalg,
 //            convolutions, several devices (split_and_load, allreduce)
 //   io/      printing
 //   autograd/ recording, derivatives of every operation, backward()
-//   data/    IDX files (gunzip included), Fashion-MNIST, the DataLoader
 #pragma once
 
 #include "autograd/graph.hpp"
@@ -17,11 +20,7 @@
 #include "core/device.hpp"
 #include "core/dtype.hpp"
 #include "core/shape.hpp"
-#include "data/fashion_mnist.hpp"
-#include "data/idx.hpp"
-#include "data/loader.hpp"
 #include "engine/engine.hpp"
-#include "engine/graph_dump.hpp"
 #include "engine/profiler.hpp"
 #include "expr/operators.hpp"
 #include "io/print.hpp"

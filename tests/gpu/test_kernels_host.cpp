@@ -26,6 +26,8 @@
 
 #include <thrust/system/cpp/execution_policy.h>
 
+#include <deft/engine/graph_dump.hpp>
+
 #include "kernel_checks.hpp"
 #include "random_checks.hpp"
 #include "tensor_checks.hpp"

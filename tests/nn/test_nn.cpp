@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <deft/engine/graph_dump.hpp>
 #include <deft/nn.hpp>
 
 using namespace deft;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <deft/deft.hpp>
+#include <deft/engine/graph_dump.hpp>
 
 namespace obs {
 

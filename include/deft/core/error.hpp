@@ -6,8 +6,11 @@
 
 namespace deft::detail {
 
+// Both are cold and never inlined: every checked operation calls raise,
+// and inlining its string stream into each caller cost every translation
+// unit optimizer time for paths that run only on bad input.
 template <class... Parts>
-std::string message(const Parts&... parts) {
+[[gnu::cold, gnu::noinline]] std::string message(const Parts&... parts) {
   std::ostringstream os;
   os << "deft: ";
   (os << ... << parts);
@@ -15,7 +18,7 @@ std::string message(const Parts&... parts) {
 }
 
 template <class Exception = std::invalid_argument, class... Parts>
-[[noreturn]] void raise(const Parts&... parts) {
+[[noreturn, gnu::cold, gnu::noinline]] void raise(const Parts&... parts) {
   throw Exception(message(parts...));
 }
 

@@ -66,6 +66,19 @@ struct Placement {
   Placement(Device d, bool pinned = false) : device(d), pinned_host(pinned) {}  // NOLINT: implicit on purpose
 };
 
+/// Records `task`, whose reads are declared, as the producer of a new
+/// buffer of task->bytes at `where`, and returns that buffer. One function
+/// for every kernel type: only the task's construction depends on it.
+DEFT_NOINLINE inline std::shared_ptr<Buffer> record_with_new_output(std::shared_ptr<Task> task, Placement where) {
+  auto buf = std::make_shared<Buffer>(task->bytes, where.device);
+  buf->pinned_host = where.pinned_host;
+  if (where.device.type != DeviceType::cpu) task->hand_off = true;
+  task->output = buf;
+  buf->producer = task;
+  Engine::get().record(std::move(task));
+  return buf;
+}
+
 /// Records a task that writes a new tensor of `shape`: its kernel, built in
 /// place from kernel_args, fills it (kernel(Buffer&)); add_inputs(Task&)
 /// declares what it reads. add_inputs is handed the task itself, so it may
@@ -73,17 +86,10 @@ struct Placement {
 template <Element T, class Kernel, class AddInputs, class... KernelArgs>
 Tensor<T> record_new_emplaced(const char* name, const Shape& shape, Placement where, AddInputs&& add_inputs,
                               KernelArgs&&... kernel_args) {
-  const Device dev = where.device;
-  require_backend(dev, name);
-  auto buf = std::make_shared<Buffer>(bytes_for<T>(shape), dev);
-  buf->pinned_host = where.pinned_host;
-  auto task = emplace_task<Kernel>(name, buf->bytes, std::forward<KernelArgs>(kernel_args)...);
-  task->hand_off = dev.type != DeviceType::cpu;
+  require_backend(where.device, name);
+  auto task = emplace_task<Kernel>(name, bytes_for<T>(shape), std::forward<KernelArgs>(kernel_args)...);
   add_inputs(*task);
-  task->output = buf;
-  buf->producer = task;
-  Engine::get().record(std::move(task));
-  return tensor_from_buffer<T>(std::move(buf), shape);
+  return tensor_from_buffer<T>(record_with_new_output(std::move(task), where), shape);
 }
 
 /// record_new_emplaced with a kernel object.
@@ -140,6 +146,54 @@ void add_leaf_inputs(TaskImpl<EvaluateInto<E>>& t) {
   });
   if constexpr (E::calls_user_code) t.hand_off = true;
 }
+/// add_leaf_inputs as an add_inputs argument of record_new_emplaced.
+struct DeclareLeafInputs {
+  template <class E>
+  void operator()(TaskImpl<EvaluateInto<E>>& t) const { add_leaf_inputs(t); }
+};
+
+// The parts of Tensor::write that do not depend on the expression's type,
+// called with the storage's lock held.
+/// Raises for a write of a value of `shape` on `device` into a tensor of
+/// `target` shape on `target_device`, or into a value autograd records.
+DEFT_NOINLINE inline void check_write(const char* op, const Shape& shape, const Shape& target, Device device,
+                                      Device target_device, bool recorded) {
+  if (!(shape == target))
+    raise(op, ": the result has shape ", shape.to_string(), " but the tensor being written has shape ", target.to_string());
+  require_backend(target_device, op);
+  if (recorded)
+    raise<std::logic_error>(op, ": in-place update of a value autograd is recording (shape ", target.to_string(),
+                            "); write `y = y + x` instead of `y += x` inside autograd::record");
+  if (!(device == target_device)) raise(op, ": cannot write a value on ", device, " into a tensor on ", target_device);
+}
+/// Writing in place:
+/// Records `t`, whose reads are declared, as the new writer of `cur` itself.
+/// With `cancels` it overwrites the whole value and cancels the still-recorded
+/// writer before it.
+DEFT_NOINLINE inline void record_in_place(std::shared_ptr<Task> t, const std::shared_ptr<Buffer>& cur, bool cancels) {
+  const auto& p = cur->producer;
+  // The bounds on deferred work count the storage a task allocates
+  // (Task::bytes). Writing in place allocates none, unless this overwrite
+  // cancels the still-recorded writer `p` that would have allocated it.
+  if (!(cancels && p && p->state.load(std::memory_order_relaxed) == Task::State::recorded)) t->bytes = 0;
+  t->output = cur;
+  // Recorded before the storage's lock is released: once another thread
+  // can see it as the producer it must be recorded, or that thread's
+  // overwrite could cancel it first and count its bytes out before in.
+  if (cancels) Engine::get().record(t, p);
+  else Engine::get().record(t);
+  cur->producer = std::move(t);
+}
+/// Copy-on-write: records `t`, whose reads are declared, as the writer of a
+/// fresh version of `current`'s storage, which becomes `current`.
+DEFT_NOINLINE inline void record_copy_on_write(std::shared_ptr<Task> t, std::shared_ptr<Buffer>& current) {
+  auto fresh = std::make_shared<Buffer>(current->bytes, current->device);
+  t->output = fresh;
+  fresh->producer = t;
+  if (current->device.type != DeviceType::cpu) t->hand_off = true;
+  current = std::move(fresh);
+  Engine::get().record(std::move(t));
+}
 
 /// Records the evaluation of an elementwise expression into a new tensor.
 /// Track = false for autograd's own backward work, which is never recorded
@@ -149,15 +203,20 @@ Tensor<value_t<E>> record_expression(E e) {
   using T = value_t<E>;
   const Shape shape = e.shape();
   const Device dev = e.device();
+  // Both branches, and Tensor::write, build the task from the same argument
+  // types, so each expression compiles one task constructor.
+  const auto record = [&](E&& x) {
+    return record_new_emplaced<T, EvaluateInto<E>>("elementwise", shape, dev, DeclareLeafInputs{}, std::move(x),
+                                                   std::int64_t{0}, std::shared_ptr<Buffer>(), false);
+  };
   if constexpr (Track) {
     if (tracked(e)) {  // autograd keeps the expression to differentiate it
-      auto out = record_new_emplaced<T, EvaluateInto<E>>("elementwise", shape, dev, [](auto& t) { add_leaf_inputs(t); }, e);
+      auto out = record(E(e));
       autograd::detail::track_elementwise(out, std::move(e));
       return out;
     }
   }
-  return record_new_emplaced<T, EvaluateInto<E>>("elementwise", shape, dev, [](auto& t) { add_leaf_inputs(t); },
-                                                  std::move(e));
+  return record(std::move(e));
 }
 
 }  // namespace detail
@@ -454,15 +513,8 @@ class Tensor {
     // `cur` never do (see Leaf), it is ordered after cur's producer and keeps
     // cur alive itself.
     auto&& e = build(detail::Leaf<T>(cur.get(), offset_, shape_));  // a node, or a reference to one we may consume
-    if (!(e.shape() == shape_))
-      detail::raise(op, ": the result has shape ", e.shape().to_string(), " but the tensor being written has shape ",
-                    shape_.to_string());
-    detail::require_backend(cur->device, op);
-    if (autograd::is_recording() && (grad_meta_ || detail::tracked(e)))
-      detail::raise<std::logic_error>(op, ": in-place update of a value autograd is recording (shape ",
-                                      shape_.to_string(), "); write `y = y + x` instead of `y += x` inside autograd::record");
-    if (!(e.device() == cur->device))
-      detail::raise(op, ": cannot write a value on ", e.device(), " into a tensor on ", cur->device);
+    detail::check_write(op, e.shape(), shape_, e.device(), cur->device,
+                        autograd::is_recording() && (grad_meta_ || detail::tracked(e)));
     // Other leaves reading `cur` (the caller's snapshots) stop owning it too,
     // so that they do not count as foreign readers of the next version.
     bool reads_cur = false, overlaps = false;
@@ -507,32 +559,19 @@ class Tensor {
             declare(t);
           }))
         return;
-      auto t = detail::emplace_task<Kernel>(op, bytes, std::move(e), offset_);
-      // The bounds on deferred work count the storage a task allocates
-      // (Task::bytes). Writing in place allocates none, unless this overwrite
-      // cancels the still-recorded writer `p` that would have allocated it.
-      if (!(cancels && p && p->state.load(std::memory_order_relaxed) == detail::Task::State::recorded)) t->bytes = 0;
-      t->output = cur;
+      // The argument types of record_expression's tasks: one constructor per expression.
+      auto t = detail::emplace_task<Kernel>(op, bytes, std::move(e), std::int64_t{offset_}, std::shared_ptr<detail::Buffer>(), false);
       declare(*t);
-      // Recorded before the storage's lock is released: once another thread
-      // can see it as the producer it must be recorded, or that thread's
-      // overwrite could cancel it first and count its bytes out before in.
-      if (cancels) detail::Engine::get().record(t, p);
-      else detail::Engine::get().record(t);
-      cur->producer = std::move(t);
+      detail::record_in_place(std::move(t), cur, cancels);
     } else {
       // Copy-on-write: pending readers keep the old version; a task still
       // reading it (or copying the part it does not write) keeps it alive.
-      auto fresh = std::make_shared<detail::Buffer>(cur->bytes, cur->device);
       const bool keeps_cur = reads_cur || !whole;
-      auto t = detail::emplace_task<Kernel>(op, cur->bytes, std::move(e), offset_, keeps_cur ? cur : nullptr, !whole);
+      auto t = detail::emplace_task<Kernel>(op, cur->bytes, std::move(e), std::int64_t{offset_},
+                                            keeps_cur ? cur : std::shared_ptr<detail::Buffer>(), bool(!whole));
       if (keeps_cur) t->add_input(cur);
-      t->output = fresh;
-      fresh->producer = t;
       detail::add_leaf_inputs(*t);
-      if (cur->device.type != DeviceType::cpu) t->hand_off = true;
-      v.current = std::move(fresh);  // `cur` now refers to the new version
-      detail::Engine::get().record(std::move(t));
+      detail::record_copy_on_write(std::move(t), v.current);  // `cur` now refers to the new version
     }
   }
 

@@ -117,6 +117,10 @@ class Engine {
   /// shared, or a trace or synchronous mode wants the plain record()).
   template <class Rebuild>
   bool record_again(const std::shared_ptr<Task>& t, Rebuild&& rebuild) {
+    // One function for every caller: only the rebuild is the caller's type.
+    return record_again_with(t, &rebuild, [](void* f, Task& task) { (*static_cast<std::remove_reference_t<Rebuild>*>(f))(task); });
+  }
+  DEFT_NOINLINE bool record_again_with(const std::shared_ptr<Task>& t, void* context, void (*rebuild)(void*, Task&)) {
     if (active_trace() || mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) return false;
     Ready ready;
     std::unique_lock lk(m_);
@@ -124,7 +128,7 @@ class Engine {
     // it go after their last critical section on it, and the weak references
     // (recorded_, a trace's) read only its state until it is recorded again.
     if (t.use_count() != 1 || t->state.load(std::memory_order_relaxed) != Task::State::done || t->error) return false;
-    rebuild(*t);
+    rebuild(context, *t);
     t->state.store(Task::State::recorded, std::memory_order_release);
     const bool small = add_recorded_locked(t, ready);
     dispatch_locked(lk, ready, small);

@@ -25,8 +25,10 @@ class TaskBlocks {
   static constexpr std::size_t granule = thresholds::task_block_granule;
   static constexpr int classes = thresholds::task_block_classes;
 
+  // Out of line, both: every task type's allocation and its control block's
+  // release call them, and inlined they were most of that per-type code.
   /// A block of at least `bytes` (aligned for any task).
-  static void* allocate(std::size_t bytes) {
+  DEFT_NOINLINE static void* allocate(std::size_t bytes) {
     const std::size_t c = class_of(bytes);
     if (c < classes) {
       if (TaskBlocks* mine = local()) {
@@ -44,7 +46,7 @@ class TaskBlocks {
   }
 
   /// Returns a block from allocate(bytes), on any thread.
-  static void deallocate(void* p, std::size_t bytes) noexcept {
+  DEFT_NOINLINE static void deallocate(void* p, std::size_t bytes) noexcept {
     const std::size_t c = class_of(bytes);
     if (c < classes) {
       if (TaskBlocks* mine = local(); mine && mine->counts_[c] < thresholds::task_blocks_kept) {

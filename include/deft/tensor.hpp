@@ -66,15 +66,22 @@ struct Placement {
   Placement(Device d, bool pinned = false) : device(d), pinned_host(pinned) {}  // NOLINT: implicit on purpose
 };
 
-/// Records `task`, whose reads are declared, as the producer of a new
-/// buffer of task->bytes at `where`, and returns that buffer. One function
-/// for every kernel type: only the task's construction depends on it.
-DEFT_NOINLINE inline std::shared_ptr<Buffer> record_with_new_output(std::shared_ptr<Task> task, Placement where) {
+/// A new buffer of task.bytes at `where`, with `task` as its producer (not
+/// yet recorded).
+inline std::shared_ptr<Buffer> new_output(const std::shared_ptr<Task>& task, Placement where) {
   auto buf = std::make_shared<Buffer>(task->bytes, where.device);
   buf->pinned_host = where.pinned_host;
   if (where.device.type != DeviceType::cpu) task->hand_off = true;
   task->output = buf;
   buf->producer = task;
+  return buf;
+}
+
+/// Records `task`, whose reads are declared, as the producer of a new
+/// buffer at `where`, and returns that buffer. One function for every
+/// kernel type: only the task's construction depends on it.
+DEFT_NOINLINE inline std::shared_ptr<Buffer> record_with_new_output(std::shared_ptr<Task> task, Placement where) {
+  auto buf = new_output(task, where);
   Engine::get().record(std::move(task));
   return buf;
 }
@@ -154,6 +161,7 @@ struct DeclareLeafInputs {
 
 // The parts of Tensor::write that do not depend on the expression's type,
 // called with the storage's lock held.
+
 /// Raises for a write of a value of `shape` on `device` into a tensor of
 /// `target` shape on `target_device`, or into a value autograd records.
 DEFT_NOINLINE inline void check_write(const char* op, const Shape& shape, const Shape& target, Device device,
@@ -166,8 +174,7 @@ DEFT_NOINLINE inline void check_write(const char* op, const Shape& shape, const 
                             "); write `y = y + x` instead of `y += x` inside autograd::record");
   if (!(device == target_device)) raise(op, ": cannot write a value on ", device, " into a tensor on ", target_device);
 }
-/// Writing in place:
-/// Records `t`, whose reads are declared, as the new writer of `cur` itself.
+/// Writing in place: records `t`, whose reads are declared, as the new writer of `cur` itself.
 /// With `cancels` it overwrites the whole value and cancels the still-recorded
 /// writer before it.
 DEFT_NOINLINE inline void record_in_place(std::shared_ptr<Task> t, const std::shared_ptr<Buffer>& cur, bool cancels) {
@@ -187,11 +194,7 @@ DEFT_NOINLINE inline void record_in_place(std::shared_ptr<Task> t, const std::sh
 /// Copy-on-write: records `t`, whose reads are declared, as the writer of a
 /// fresh version of `current`'s storage, which becomes `current`.
 DEFT_NOINLINE inline void record_copy_on_write(std::shared_ptr<Task> t, std::shared_ptr<Buffer>& current) {
-  auto fresh = std::make_shared<Buffer>(current->bytes, current->device);
-  t->output = fresh;
-  fresh->producer = t;
-  if (current->device.type != DeviceType::cpu) t->hand_off = true;
-  current = std::move(fresh);
+  current = new_output(t, current->device);
   Engine::get().record(std::move(t));
 }
 

@@ -118,7 +118,8 @@ class Engine {
   template <class Rebuild>
   bool record_again(const std::shared_ptr<Task>& t, Rebuild&& rebuild) {
     // One function for every caller: only the rebuild is the caller's type.
-    return record_again_with(t, &rebuild, [](void* f, Task& task) { (*static_cast<std::remove_reference_t<Rebuild>*>(f))(task); });
+    using F = std::remove_reference_t<Rebuild>;
+    return record_again_with(t, &rebuild, [](void* f, Task& task) { (*static_cast<F*>(f))(task); });
   }
   DEFT_NOINLINE bool record_again_with(const std::shared_ptr<Task>& t, void* context, void (*rebuild)(void*, Task&)) {
     if (active_trace() || mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) return false;

@@ -36,11 +36,7 @@ struct Meta final : MetaBase {
 
   bool has_pending() const override { return static_cast<bool>(pending); }
   void clear_pending() override { pending = Tensor<T>(); }
-  void deliver() override {
-    if (req == GradReq::write) grad.assign(pending);
-    else if (req == GradReq::add) grad += pending;
-    fresh_grad = true;
-  }
+  void deliver() override;
 };
 
 template <class T>
@@ -64,19 +60,33 @@ Tensor<T> sum_untracked(const Tensor<T>& x, int axis, bool keepdims) {
   return deft::detail::reduce<deft::detail::SumReducer, false>("sum", x, axis, keepdims, false);
 }
 
+// Gathering gradients (adding them up, summing them over broadcast axes,
+// handing them to x.grad()) depends on the element type only, yet every
+// recorded operation's node refers to it. It is reached through this table,
+// which backward() fills: a translation unit that records operations but
+// never calls backward() does not compile it (the README's first example
+// spent a third of its code there).
+template <class T>
+struct Gathering {
+  void (*add)(MetaBase& m, Tensor<T> g) = nullptr;
+  void (*add_summed)(MetaBase& m, const Shape& target, Tensor<T> g) = nullptr;
+  void (*deliver)(Meta<T>& m) = nullptr;
+};
+template <class T>
+inline Gathering<T> gathering;
+
 /// Adds g (of m's shape) to the gradient gathered for m.
 template <class T>
-void accumulate(MetaBase& m, Tensor<T> g) {
+void add_gathered(MetaBase& m, Tensor<T> g) {
   auto& mt = meta_of<T>(m);
   if (mt.attached && mt.req == GradReq::null) return;
   mt.pending = mt.pending ? eval_untracked(mt.pending + g) : std::move(g);
 }
 
 /// Adds g, computed for a broadcast use of a value of shape `target`, after
-/// summing it over the broadcast axes (numpy's rule, undone). An expression
-/// is evaluated once first, so that each derivative costs one kernel.
+/// summing it over the broadcast axes (numpy's rule, undone).
 template <class T>
-void accumulate_to(MetaBase& m, const Shape& target, Tensor<T> g) {
+void add_gathered_summed(MetaBase& m, const Shape& target, Tensor<T> g) {
   const Shape s = g.shape();
   if (!(s == target)) {
     const int lead = s.rank() - target.rank();
@@ -84,7 +94,42 @@ void accumulate_to(MetaBase& m, const Shape& target, Tensor<T> g) {
       if (target[i] == 1 && s[lead + i] != 1) g = sum_untracked(g, lead + i, true);
     for (int i = 0; i < lead; ++i) g = sum_untracked(g, 0, false);
   }
-  accumulate<T>(m, std::move(g));
+  add_gathered<T>(m, std::move(g));
+}
+
+template <class T>
+void deliver_gathered(Meta<T>& m) {
+  if (m.req == GradReq::write) m.grad.assign(m.pending);
+  else if (m.req == GradReq::add) m.grad += m.pending;
+  m.fresh_grad = true;
+}
+
+/// Fills the gathering tables of both floating-point types (a cast joins
+/// them in one graph), once per program; a template, so that only the
+/// translation units calling backward() instantiate it.
+template <int = 0>
+void install_gathering() {
+  static const bool installed = [] {
+    gathering<float> = {&add_gathered<float>, &add_gathered_summed<float>, &deliver_gathered<float>};
+    gathering<double> = {&add_gathered<double>, &add_gathered_summed<double>, &deliver_gathered<double>};
+    return true;
+  }();
+  (void)installed;
+}
+
+template <class T>
+void Meta<T>::deliver() { gathering<T>.deliver(*this); }
+
+/// Adds g (of m's shape) to the gradient gathered for m.
+template <class T>
+void accumulate(MetaBase& m, Tensor<T> g) { gathering<T>.add(m, std::move(g)); }
+
+/// Adds g, computed for a broadcast use of a value of shape `target`, after
+/// summing it over the broadcast axes. An expression is evaluated once
+/// first, so that each derivative costs one kernel.
+template <class T>
+void accumulate_to(MetaBase& m, const Shape& target, Tensor<T> g) {
+  gathering<T>.add_summed(m, target, std::move(g));
 }
 template <class T, Expression G>
 void accumulate_to(MetaBase& m, const Shape& target, G&& g) {
@@ -363,6 +408,7 @@ void backward(const Tensor<T>& y, const Tensor<T>* head, bool retain_graph) {
                         y.shape().to_string());
   if (head && !(head->device() == y.device()))
     deft::detail::raise("backward(): the head gradient is on ", head->device(), " but the value is on ", y.device());
+  install_gathering();
   pause no_recording;  // gradients are plain deferred work, not recorded again
   const auto order = reverse_topological(root.get());
   // Checked before any gradient moves: the values that lost their graph

@@ -75,8 +75,8 @@ done
 # Out-of-bounds and misaligned accesses in deft's kernels (within a pool
 # block it cannot see them: the pool cuts blocks from larger allocations).
 # Failed API calls are not counted: the tests provoke out-of-memory on
-# purpose, and NCCL probes kernels this GPU has no image for (session 47:
-# those were all 8 of the errors reported).
+# purpose, and NCCL probes kernels this GPU has no image for (on an H200
+# those were all of the errors reported).
 sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 step memcheck 150 "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 99 \
   "$bin/deft_gpu_kernels_device" --log_level=test_suite

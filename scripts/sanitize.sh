@@ -58,7 +58,7 @@ export ASAN_OPTIONS="allocator_may_return_null=1:detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export TSAN_OPTIONS="allocator_may_return_null=1:halt_on_error=1:second_deadlock_stack=1"
 # TSan is the point of the scheduler stress: it gets twice the ASan run's tasks
-# (400,000; the million took 95 s of the stage in session 20).
+# (400,000; a million take about 95 s of the stage).
 if [ "$sanitizers" = thread ]; then stress_tasks=400000; else stress_tasks=200000; fi
 export DEFT_STRESS_TASKS="${DEFT_STRESS_TASKS:-$stress_tasks}"
 export DEFT_FAULT_PROGRAMS="${DEFT_FAULT_PROGRAMS:-300}"

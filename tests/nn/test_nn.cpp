@@ -826,8 +826,8 @@ class Fixed : public nn::Block {
 };
 
 // Writes a parameter file of the given (key, value) entries, as
-// save_parameters would (keys as given: paths, or the global names files
-// held before session 43).
+// save_parameters would (keys as given: paths, or the global names of
+// deft's earlier format).
 void write_parameter_file(const std::filesystem::path& file, const std::vector<std::pair<std::string, Tensor<float>>>& entries) {
   std::ofstream f(file, std::ios::binary | std::ios::trunc);
   f.write("DEFTPRM1", 8);
@@ -861,7 +861,7 @@ BOOST_AUTO_TEST_CASE(parameters_of_the_same_name_are_refused) {
                         [](const std::invalid_argument& e) { return mentions(e, "two parameters named 'twins.w'"); });
 }
 
-// Files of global names (before session 43): one that lacks an entry names
+// Files of global names (deft's earlier format): one that lacks an entry names
 // the entry it lacks; two blocks of one fixed name, which paths tell apart,
 // cannot be told apart by such a file and are refused, not given one value.
 BOOST_AUTO_TEST_CASE(files_of_global_names_name_what_they_lack_or_cannot_tell_apart) {
@@ -917,7 +917,7 @@ BOOST_AUTO_TEST_CASE(loading_before_the_first_forward_checks_the_declared_extent
   const auto& out = fresh.out;
   // A file for `net` holding `trained`'s values, with the hidden layer's
   // weight as given. Its entries carry the global names ("dense6.weight"),
-  // as deft wrote files before session 43: still matched.
+  // deft's earlier format: still matched.
   const auto file = temp_file("early.bin");
   auto write = [&](const Tensor<float>& hidden_weight) {
     write_parameter_file(file, {{hidden->weight().name(), hidden_weight},

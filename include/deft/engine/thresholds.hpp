@@ -111,9 +111,9 @@ inline constexpr std::int64_t gpu_conv_block_elements = DEFT_GPU_CONV_BLOCK_ELEM
 
 // --- GPU memory (eval/gpu/runtime.hpp; the emulated GPUs' pools alike) ----
 // Device blocks of every size are cached (a steady training loop then calls
-// cudaMalloc only while the cache warms up; until session 27 blocks under
-// 256 bytes, a loss or any scalar, went to cudaMalloc and cudaFree, which
-// waits for the whole device, at every step)...
+// cudaMalloc only while the cache warms up; were blocks under 256 bytes, a
+// loss or any scalar, left to cudaMalloc and cudaFree, which wait for the
+// whole device, every step would pay that)...
 inline constexpr std::size_t gpu_cache_min_bytes = 1;
 // ...with no cap on the free bytes held: a block the cache refuses is given
 // to cudaFree, which waits for the whole device, so a full cache would make

@@ -4,7 +4,7 @@
 // length + bytes), rank (uint32), extents (int64 each) and float32 values.
 // The names are the parameters' paths in the network ("1.weight",
 // Block::named_params), so that a file loads into any network built the
-// same way; files from before session 43 hold the global names
+// same way; files of deft's earlier format hold the global names
 // ("dense1.weight"), which load_parameters still matches.
 #pragma once
 #include <algorithm>
@@ -114,8 +114,8 @@ inline void save_parameters(Block& net, const std::filesystem::path& file) {
 }
 
 /// Reads `file` into the parameters of `net`, matching them by path
-/// (Block::named_params; a file of global names, as deft wrote before
-/// session 43, by name). The whole file is checked, and every parameter's
+/// (Block::named_params; a file of global names, deft's earlier format, by
+/// name). The whole file is checked, and every parameter's
 /// new copies made, before any parameter changes: a missing, extra,
 /// misshapen or truncated entry, or a failure while copying, leaves the
 /// network as it was.
@@ -184,7 +184,7 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
     if (const NamedParameter* p = detail_io::first_repeat(
             params, [](const NamedParameter& q) -> std::string_view { return q.parameter->name(); }))
       deft::detail::raise("load_parameters: ", file.string(),
-                          " names parameters globally (a file from before session 43), and the network has two named '",
+                          " names parameters globally (deft's earlier format), and the network has two named '",
                           p->parameter->name(), "'; save it again from a network with distinct names");
   const auto key = [&](const NamedParameter& p) -> const std::string& { return by_name ? p.parameter->name() : p.path; };
   const auto label = [&](const NamedParameter& p) {

@@ -1,4 +1,4 @@
-// 2-D convolution and pooling over NCHW tensors (issue 5, LeNet), with
+// 2-D convolution and pooling over NCHW tensors (LeNet's layers), with
 // gradients: shape checks and plans, the recorded tasks and the autograd
 // nodes. Each operation records one task, like dot, whose kernel is the
 // executor's (eval/cpu/conv.hpp, eval/gpu/conv.hpp). Inside autograd::record

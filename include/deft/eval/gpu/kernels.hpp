@@ -135,7 +135,7 @@ DEFT_HD Acc step_at(const Acc& acc, const X& x, std::int64_t j) {
 /// end, in four accumulators merged at the end. A single chain compiles to
 /// one load per loop turn (nvcc does not unroll it: the trip count and
 /// stride are run-time values), so each thread has one load in flight
-/// (session 46: 65536 threads then kept about 256 KB in flight, where an
+/// (65536 threads of one chain each keep about 256 KB in flight, where an
 /// H100 needs MBs for its 3 TB/s). Four chains keep four loads in flight;
 /// the order of the steps is fixed, so the bits are too.
 template <class R, class Acc, class Elem>
@@ -202,12 +202,11 @@ struct AxisRun {
 /// idle, so each output is cut into `chunks` parts of at least min_chunk
 /// elements. The partials are then reduced the same way (merge_split(), a
 /// plan of its own), so no thread merges thousands of them one by one.
-/// On an H100 (deft_bench_gpu, sum along axis 0, session 46) the earlier
-/// plan (65536 threads, parts of 128 or more merged in one pass, one load
-/// in flight per thread) reached 271 GB/s on 1048576x16 where cuBLAS's gemv
-/// reached 1965: 16 threads then merged 4096 partials each, one by one.
-/// With these figures (2^18 threads, parts of 32 or more) an H200 took
-/// 1.05x cuBLAS's time there (session 47).
+/// With fewer threads and longer parts (65536 threads, parts of 128 or more
+/// merged in one pass) 16 threads would merge 4096 partials each, one by
+/// one, on a 1048576x16 sum along axis 0; these figures (2^18 threads,
+/// parts of 32 or more) keep that within a few percent of cuBLAS's gemv
+/// (docs/gpu.md has the measured table).
 struct AxisPlan {
   static constexpr std::int64_t enough_threads = std::int64_t(1) << 18, min_chunk = 32;
   std::int64_t outputs, len, inner, chunks = 1;
@@ -282,10 +281,9 @@ void reduce_axis(const Policy& policy, const Expr& e, int axis, T* out, T* scrat
 
 /// A full reduction is one along the single axis of [1, n, 1]: 2^18
 /// threads, each over interleaved elements (neighbours read neighbours),
-/// then the partials' own passes. The three fixed passes before session 47
-/// (65536 threads, then 256, then 1) kept a quarter of the loads in flight
-/// and had 256 threads walk 256 partials each: argmax of 2^24 floats took
-/// 5.3x cub's time on an H200.
+/// then the partials' own passes. Three fixed passes (65536 threads, then
+/// 256, then 1) would keep a quarter of the loads in flight and have 256
+/// threads walk 256 partials each.
 inline AxisSplit whole(std::int64_t n) { return AxisSplit(1, n, 1); }
 /// Scratch accumulators a full reduction of n elements needs (0: none).
 inline std::int64_t reduce_scratch(std::int64_t n) { return AxisPlan(whole(n)).scratch(); }

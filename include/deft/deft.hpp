@@ -20,6 +20,7 @@
 #include "core/device.hpp"
 #include "core/dtype.hpp"
 #include "core/shape.hpp"
+#include "engine/api.hpp"
 #include "engine/engine.hpp"
 #include "engine/profiler.hpp"
 #include "expr/operators.hpp"

@@ -105,6 +105,36 @@ struct Counters {
     raise_peak(peak_allocated_bytes, allocated_bytes.fetch_add(b, std::memory_order_relaxed) + b);
   }
   void sub_allocated(std::size_t b) { allocated_bytes.fetch_sub(b, std::memory_order_relaxed); }
+
+  /// What engine::stats() reports (under the engine's lock).
+  engine::Stats snapshot() const {
+    engine::Stats s;
+    s.tasks_recorded = recorded.get();
+    s.tasks_run = run.get();
+    s.tasks_discarded = discarded.get() + dropped_tasks.load() - dropped_at_reset;
+    s.tasks_failed = failed.get();
+    s.tasks_skipped = skipped.get();
+    s.flushes = flushes.get();
+    s.flushes_run_here = flushes_run_here.get();
+    s.backpressure_waits = backpressure_waits.get();
+    s.tasks_pending = now_pending_tasks();
+    s.peak_tasks_pending = peak_pending_tasks.get();
+    s.bytes_pending = now_pending_bytes();
+    s.peak_bytes_pending = peak_pending_bytes.get();
+    s.bytes_allocated = allocated_bytes.load();
+    s.peak_bytes_allocated = peak_allocated_bytes.load();
+    return s;
+  }
+  /// Zeroes the event counters and resets the peaks to the current levels.
+  void reset() {
+    for (auto* n : {&recorded, &run, &discarded, &failed, &skipped, &flushes, &flushes_run_here,
+                    &backpressure_waits})
+      n->set(0);
+    dropped_at_reset = dropped_tasks.load();
+    peak_pending_tasks.set(now_pending_tasks());
+    peak_pending_bytes.set(now_pending_bytes());
+    peak_allocated_bytes.store(allocated_bytes.load());
+  }
 };
 
 inline Counters& counters() {

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "../core/error.hpp"
 #include "device_backend.hpp"
 #include "thresholds.hpp"
 #include "task.hpp"
@@ -411,5 +412,13 @@ class TraceScope {
  private:
   Trace* previous_;
 };
+
+/// Sync points are refused while a trace records: the traced graph could not
+/// replay what the program did with the value.
+inline void refuse_sync_in_trace(const char* what) {
+  if (active_trace())
+    raise<std::logic_error>(what, " inside a hybridized forward: a traced graph cannot read values (to_vector, item, "
+                                  "wait_to_read, printing, wait_all, branching on data); read them outside the block");
+}
 
 }  // namespace deft::detail

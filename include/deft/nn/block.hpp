@@ -17,6 +17,7 @@
 #include "../autograd/meta.hpp"
 #include "../core/error.hpp"
 #include "../engine/engine.hpp"
+#include "../engine/replay.hpp"
 #include "../tensor.hpp"
 #include "init.hpp"
 

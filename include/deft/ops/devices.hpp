@@ -17,6 +17,7 @@
 #include "../autograd/meta.hpp"
 #include "../core/device.hpp"
 #include "../core/error.hpp"
+#include "../engine/api.hpp"
 #include "../expr/operators.hpp"
 #include "../tensor.hpp"
 

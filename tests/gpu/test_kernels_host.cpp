@@ -679,7 +679,7 @@ BOOST_AUTO_TEST_CASE(tracker_orders_random_work_on_many_lanes) {
       ++work;
     }
     BOOST_TEST_MESSAGE("waits: " << tracker.waits() << ", for marks: " << tracker.marked_waits()
-                                 << (with_marks ? "" : " (no marks)"));  // docs/gpu.md quotes these counts
+                                 << (with_marks ? "" : " (no marks)"));
     BOOST_TEST(tracker.waits() > 100u);
     BOOST_TEST((tracker.marked_waits() > 100u) == with_marks);
   }

@@ -2,7 +2,7 @@
 # Builds deft's tests with sanitizers and runs all of them (CI runs both):
 #   scripts/sanitize.sh address,undefined   # ASan + UBSan + LeakSanitizer
 #   scripts/sanitize.sh thread              # TSan
-# Built with clang (CXX overrides it), at -O0: the instrumentation makes
+# Built with clang (CXX overrides it), warnings as errors (DEFT_WERROR), at -O0: the instrumentation makes
 # clang -O1 far slower to compile deft's kernels (ASan+UBSan:
 # test_broadcasting.cpp 163 s at -O1, 35 s at -O0; TSan: test_engine.cpp 70 s
 # and 28 s). The tests run slower at -O0 (ASan+UBSan about 2.4x; TSan up to
@@ -29,7 +29,7 @@ else
   extra=(-DDEFT_BUILD_EXAMPLES=ON "-DCMAKE_CUDA_FLAGS_DEBUG=-O0 -G")
 fi
 cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -g1" \
-  -DDEFT_SANITIZE="$sanitizers" "${extra[@]}" >/dev/null
+  -DDEFT_SANITIZE="$sanitizers" -DDEFT_WERROR=ON "${extra[@]}" >/dev/null
 # TSan is for the concurrent code: the engine and its stress tests, the data
 # loader's prefetch thread, the parallel kernels, hybridized replays and the
 # profiler, the emulated GPUs' lanes (gpu_kernels_host, 50 s), and the real

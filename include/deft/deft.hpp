@@ -9,12 +9,18 @@
 //   eval/    evaluators per device (how): eval/cpu/ runs on xsimd
 //   engine/  tasks, the scheduler and its thread pool (where and when),
 //            the profiler (Chrome traces)
-//   ops/     the public vocabulary: creation, random, reductions, linalg,
-//            convolutions, several devices (split_and_load, allreduce)
+//   ops/     the public vocabulary: elementwise operators and functions,
+//            creation, random, reductions, linalg, convolutions, several
+//            devices (split_and_load, allreduce)
 //   io/      printing
 //   autograd/ recording, derivatives of every operation, backward()
+//
+// Include this header (or nn.hpp, data.hpp): the files under deft/ are its
+// parts, and autograd's hooks, which the operations call, are defined above
+// them here.
 #pragma once
 
+#include "autograd/conv.hpp"
 #include "autograd/graph.hpp"
 #include "core/config.hpp"
 #include "core/device.hpp"
@@ -23,7 +29,7 @@
 #include "engine/api.hpp"
 #include "engine/engine.hpp"
 #include "engine/profiler.hpp"
-#include "expr/operators.hpp"
+#include "ops/elementwise.hpp"
 #include "io/print.hpp"
 #include "ops/conv.hpp"
 #include "ops/creation.hpp"

@@ -448,8 +448,3 @@ auto eval(E&& e) {
 }
 
 }  // namespace deft
-
-// Autograd's hooks, called above for recorded operations, are defined there
-// (it needs the whole vocabulary, which needs Tensor). Its calls into the
-// vocabulary are unqualified, so they resolve when they are instantiated.
-#include "autograd/graph.hpp"

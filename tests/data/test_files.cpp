@@ -12,8 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <deft/data/fashion_mnist.hpp>
-#include <deft/data/idx.hpp>
+#include <deft/data.hpp>
 
 #include "data_support.hpp"
 

@@ -11,7 +11,7 @@
 #include <numeric>
 #include <thread>
 
-#include <deft/data/loader.hpp>
+#include <deft/data.hpp>
 #include <deft/engine/allocator.hpp>
 
 #include "data_support.hpp"

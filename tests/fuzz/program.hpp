@@ -61,7 +61,7 @@ struct ByteSource : Source {
 
 // --- operations ------------------------------------------------------------------
 
-// Every elementwise function of include/deft/expr/operators.hpp. cast_i32 is
+// Every elementwise function of include/deft/ops/elementwise.hpp. cast_i32 is
 // cast<float>(cast<int32_t>(x)): a float slot can only hold float values.
 enum class UOp : std::uint8_t { neg, abs, exp, log, sqrt, tanh, sigmoid, relu, cast_i32 };
 inline constexpr int kUOps = 9;

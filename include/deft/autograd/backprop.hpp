@@ -11,7 +11,7 @@
 
 #include "../core/error.hpp"
 #include "../expr/nodes.hpp"
-#include "../expr/operators.hpp"
+#include "../ops/elementwise.hpp"
 
 namespace deft::autograd::detail {
 

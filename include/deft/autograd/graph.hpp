@@ -17,7 +17,7 @@
 
 #include "../core/error.hpp"
 #include "../expr/nodes.hpp"
-#include "../expr/operators.hpp"
+#include "../ops/elementwise.hpp"
 #include "../ops/creation.hpp"
 #include "../ops/linalg.hpp"
 #include "../ops/reduction.hpp"

@@ -16,6 +16,9 @@ class Tensor;
 namespace detail {
 template <Element T>
 struct Leaf;
+struct ConvGeom;
+struct PoolGeom;
+enum class PoolKind;
 }
 
 namespace autograd {
@@ -90,6 +93,12 @@ template <class T>
 void track_view(Tensor<T>& view, const Tensor<T>& source, std::int64_t row_begin, std::int64_t row_end);
 template <class T>
 void track_copy(Tensor<T>& out, const deft::detail::Leaf<T>& in);
+// Defined in autograd/conv.hpp.
+template <class T>
+void track_conv2d(Tensor<T>& out, const deft::detail::Leaf<T>& x, const deft::detail::Leaf<T>& w,
+                  const deft::detail::Leaf<T>* b, const deft::detail::ConvGeom& g);
+template <deft::detail::PoolKind Kind, class T>
+void track_pool2d(Tensor<T>& out, const deft::detail::Leaf<T>& x, const deft::detail::PoolGeom& g);
 
 }  // namespace detail
 

@@ -1,7 +1,7 @@
 // The scheduler's internals (engine/engine.hpp declares them): flushing and
 // backpressure, cancelling overwritten work, submitting a task's graph,
-// running tasks on the calling thread or the workers. engine.hpp includes
-// this file at its end.
+// running tasks on the calling thread or the workers. Only engine.hpp
+// includes this file, at its end, where Engine is complete.
 #pragma once
 #include <cstdio>
 #include <cstdlib>
@@ -10,8 +10,6 @@
 #include <mutex>
 #include <thread>
 #include <utility>
-
-#include "engine.hpp"
 
 namespace deft::detail {
 

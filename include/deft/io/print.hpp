@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../expr/operators.hpp"
+#include "../ops/elementwise.hpp"
 #include "../tensor.hpp"
 
 namespace deft {

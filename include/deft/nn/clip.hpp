@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "../autograd/meta.hpp"
-#include "../expr/operators.hpp"
+#include "../ops/elementwise.hpp"
 #include "../ops/reduction.hpp"
 #include "block.hpp"
 

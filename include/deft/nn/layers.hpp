@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "../expr/operators.hpp"
+#include "../ops/elementwise.hpp"
 #include "../ops/linalg.hpp"
 #include "../ops/random.hpp"
 #include "block.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "../core/config.hpp"
-#include "../expr/operators.hpp"
+#include "../ops/elementwise.hpp"
 #include "../ops/creation.hpp"
 #include "../ops/reduction.hpp"
 #include "../tensor.hpp"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "../autograd/graph.hpp"
-#include "../expr/operators.hpp"
+#include "../ops/elementwise.hpp"
 #include "../ops/creation.hpp"
 #include "../ops/devices.hpp"
 #include "block.hpp"

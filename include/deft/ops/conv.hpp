@@ -1,10 +1,9 @@
-// 2-D convolution and pooling over NCHW tensors (LeNet's layers), with
-// gradients: shape checks and plans, the recorded tasks and the autograd
-// nodes. Each operation records one task, like dot, whose kernel is the
-// executor's (eval/cpu/conv.hpp, eval/gpu/conv.hpp). Inside autograd::record
-// the result gets a node whose backward() records its own untracked tasks:
-// dx (Wᵀ·dY, then col2im), dW (dY·colsᵀ), db, and the pooling gradients.
-// See docs/conv.md.
+// 2-D convolution and pooling over NCHW tensors (LeNet's layers): shape
+// checks and plans, and the recorded tasks, forward and gradient. Each
+// operation records one task, like dot, whose kernel is the executor's
+// (eval/cpu/conv.hpp, eval/gpu/conv.hpp). Inside autograd::record the result
+// gets a node (autograd/conv.hpp, through track_conv2d / track_pool2d) whose
+// backward() records the gradient tasks defined here. See docs/conv.md.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -16,7 +15,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "../autograd/graph.hpp"
+#include "../autograd/meta.hpp"
 #include "../core/error.hpp"
 #include "../core/shape.hpp"
 #include "../engine/engine.hpp"
@@ -206,48 +205,6 @@ Tensor<T> pool2d_grad(const Leaf<T>& dy, const Leaf<T>& x, const PoolGeom& g) {
 }  // namespace detail
 }  // namespace deft
 
-namespace deft::autograd::detail {
-
-/// conv2d's derivative: dx = col2im(Wᵀ·dY), dW = dY·colsᵀ, db = Σ dY.
-template <class T>
-struct Conv2dNode final : Node {
-  deft::detail::Leaf<T> x, w, b;
-  bool has_bias;
-  deft::detail::ConvGeom geom;
-
-  Conv2dNode(deft::detail::Leaf<T> in, deft::detail::Leaf<T> weight, const deft::detail::Leaf<T>* bias,
-             const deft::detail::ConvGeom& g)
-      : Node("conv2d"), x(std::move(in)), w(std::move(weight)), has_bias(bias != nullptr), geom(g) {
-    if (bias) b = *bias;
-    if (x.grad) inputs.push_back(x.grad);
-    if (w.grad) inputs.push_back(w.grad);
-    if (has_bias && b.grad) inputs.push_back(b.grad);
-  }
-  void backward(MetaBase& out) override {
-    const auto dy = gathered<T>(out).leaf();  // recording is paused: a plain leaf
-    if (x.grad) accumulate<T>(*x.grad, deft::detail::conv2d_grad_input(dy, w, geom));
-    if (w.grad) accumulate<T>(*w.grad, deft::detail::conv2d_grad_weight(dy, x, geom));
-    if (has_bias && b.grad) accumulate<T>(*b.grad, deft::detail::conv2d_grad_bias(dy, geom));
-  }
-};
-
-/// Pooling's derivative: to each window's first maximum, or spread evenly.
-template <deft::detail::PoolKind Kind, class T>
-struct Pool2dNode final : Node {
-  deft::detail::Leaf<T> x;
-  deft::detail::PoolGeom geom;
-  Pool2dNode(deft::detail::Leaf<T> in, const deft::detail::PoolGeom& g)
-      : Node(Kind == deft::detail::PoolKind::max ? "max_pool2d" : "avg_pool2d"), x(std::move(in)), geom(g) {
-    inputs.push_back(x.grad);
-  }
-  void backward(MetaBase& out) override {
-    const auto dy = gathered<T>(out).leaf();
-    accumulate<T>(*x.grad, deft::detail::pool2d_grad<Kind>(dy, x, geom));
-  }
-};
-
-}  // namespace deft::autograd::detail
-
 namespace deft {
 namespace detail {
 
@@ -282,19 +239,16 @@ auto conv2d_impl(X&& x, W&& w, B&& b, Size2d stride, Size2d padding) {
   static_assert(std::is_same_v<T, value_t<decltype(lw)>>,
                 "deft: conv2d needs operands of one element type; use deft::cast<U>(x)");
   const ConvGeom g = plan(lx.shape(), lw.shape());
-  using autograd::detail::Conv2dNode;
   if constexpr (has_bias) {
     auto lb = materialized_leaf(std::forward<B>(b));
     static_assert(std::is_same_v<T, value_t<decltype(lb)>>,
                   "deft: conv2d needs operands of one element type; use deft::cast<U>(x)");
     auto out = record_conv2d<T>(lx, lw, &lb, g);
-    if (autograd::is_recording() && (lx.grad || lw.grad || lb.grad))
-      out.set_grad_meta(autograd::detail::new_meta<T>(out.shape(), std::make_shared<Conv2dNode<T>>(lx, lw, &lb, g)));
+    if (autograd::is_recording() && (lx.grad || lw.grad || lb.grad)) autograd::detail::track_conv2d(out, lx, lw, &lb, g);
     return out;
   } else {
     auto out = record_conv2d<T>(lx, lw, nullptr, g);
-    if (autograd::is_recording() && (lx.grad || lw.grad))
-      out.set_grad_meta(autograd::detail::new_meta<T>(out.shape(), std::make_shared<Conv2dNode<T>>(lx, lw, nullptr, g)));
+    if (autograd::is_recording() && (lx.grad || lw.grad)) autograd::detail::track_conv2d(out, lx, lw, nullptr, g);
     return out;
   }
 }
@@ -307,9 +261,7 @@ auto pool2d_impl(const char* name, X&& x, Size2d kernel, Size2d stride) {
   require_conv_type<T>();
   const PoolGeom g = plan_pool2d(name, lx.shape(), kernel, stride);
   auto out = record_pool2d<Kind, T>(name, lx, g);
-  if (autograd::is_recording() && lx.grad)
-    out.set_grad_meta(
-        autograd::detail::new_meta<T>(out.shape(), std::make_shared<autograd::detail::Pool2dNode<Kind, T>>(lx, g)));
+  if (autograd::is_recording() && lx.grad) autograd::detail::track_pool2d<Kind>(out, lx, g);
   return out;
 }
 

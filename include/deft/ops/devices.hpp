@@ -18,7 +18,7 @@
 #include "../core/device.hpp"
 #include "../core/error.hpp"
 #include "../engine/api.hpp"
-#include "../expr/operators.hpp"
+#include "elementwise.hpp"
 #include "../tensor.hpp"
 
 namespace deft {

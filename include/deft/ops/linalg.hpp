@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "../eval/executor.hpp"
-#include "../expr/operators.hpp"
+#include "elementwise.hpp"
 #include "../tensor.hpp"
 
 namespace deft {

@@ -8,7 +8,7 @@
 
 #include "../eval/executor.hpp"
 #include "../expr/reducers.hpp"
-#include "../expr/operators.hpp"
+#include "elementwise.hpp"
 #include "../tensor.hpp"
 
 namespace deft {

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "../tensor.hpp"
-#include "nodes.hpp"
+#include "../expr/nodes.hpp"
 
 namespace deft {
 namespace detail {

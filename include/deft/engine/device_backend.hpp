@@ -1,6 +1,6 @@
 // Devices other than the host: what buffers and tensors need from them. A
 // backend registers itself when its header is included (eval/gpu/backend.hpp
-// for CUDA; eval/gpu/emulation.hpp, host memory posing as two GPUs, for the
+// for CUDA; tests/gpu/emulation, host memory posing as two GPUs, for the
 // tests CI can run). Without one, work on a GPU is refused where it is made.
 // Plain C++: the engine itself knows nothing of CUDA.
 #pragma once

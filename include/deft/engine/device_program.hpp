@@ -68,7 +68,7 @@ class ProgramMemory {
 
 /// Makes the calling thread's GPU work for `device` part of a program while
 /// it lives. `record`: the uses are collected into `memory` and scratch is
-/// allocated and kept there. `repeat` (emulation.hpp, which launches a
+/// allocated and kept there. `repeat` (the emulated GPUs of the tests, which launches a
 /// program by running its work again): the work must use exactly the
 /// memory it was recorded with, as a CUDA graph would; std::logic_error
 /// otherwise.

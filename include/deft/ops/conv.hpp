@@ -244,11 +244,13 @@ auto conv2d_impl(X&& x, W&& w, B&& b, Size2d stride, Size2d padding) {
     static_assert(std::is_same_v<T, value_t<decltype(lb)>>,
                   "deft: conv2d needs operands of one element type; use deft::cast<U>(x)");
     auto out = record_conv2d<T>(lx, lw, &lb, g);
-    if (autograd::is_recording() && (lx.grad || lw.grad || lb.grad)) autograd::detail::track_conv2d(out, lx, lw, &lb, g);
+    if (autograd::is_recording() && (lx.grad || lw.grad || lb.grad))
+      autograd::detail::track_conv2d<T>(out, lx, lw, &lb, g);
     return out;
   } else {
     auto out = record_conv2d<T>(lx, lw, nullptr, g);
-    if (autograd::is_recording() && (lx.grad || lw.grad)) autograd::detail::track_conv2d(out, lx, lw, nullptr, g);
+    if (autograd::is_recording() && (lx.grad || lw.grad))
+      autograd::detail::track_conv2d<T>(out, lx, lw, nullptr, g);
     return out;
   }
 }

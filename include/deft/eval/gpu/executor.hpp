@@ -6,7 +6,7 @@
 // counts the task finished once it is queued. Host sync points wait on the device
 // (see Tensor::wait_to_read, to_vector), where kernel failures surface.
 //
-// `Launch` (launch.hpp with CUDA, emulation.hpp for the host-run tests)
+// `Launch` (launch.hpp with CUDA, tests/gpu/emulation for the host-run tests)
 // supplies the Thrust policy, device memory for scratch, and products.
 #pragma once
 #include <array>
@@ -24,7 +24,7 @@
 #include "scratch.hpp"
 
 #if defined(DEFT_GPU_EMULATION)
-#include "emulation.hpp"
+#include <gpu_emulation.hpp>  // tests/gpu/emulation: the emulated GPUs of deft's host-run tests
 #else
 #include "launch.hpp"
 #endif

@@ -12,7 +12,7 @@
 // engine's policy, engine.hpp) then only decides speed, never correctness.
 //
 // Plain C++, templated on the device side (Queue): CUDA's events, or the
-// emulation's clock checker (emulation.hpp), which verifies the waits.
+// emulation's clock checker (tests/gpu/emulation), which verifies the waits.
 #pragma once
 #include <algorithm>
 #include <cstddef>

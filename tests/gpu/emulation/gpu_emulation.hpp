@@ -5,8 +5,10 @@
 // on_device's GPU executor, the device pools, copies through the backend,
 // the lanes and their waits (checked by LaneClockChecker: kernels run at
 // once here, so a missing wait would otherwise go unseen).
-// Defined by the test targets with DEFT_GPU_EMULATION and
-// THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP; never in a user's build.
+// Lives with the tests and is not installed: eval/gpu/executor.hpp includes
+// it in test targets that define DEFT_GPU_EMULATION and
+// THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP and put this folder on
+// their include path.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -25,15 +27,15 @@
 
 #include <thrust/system/cpp/execution_policy.h>
 
-#include "../../core/config.hpp"
-#include "../../core/error.hpp"
-#include "../../engine/allocator.hpp"
-#include "../../engine/device_backend.hpp"
-#include "../../engine/thresholds.hpp"
-#include "free_gate.hpp"
-#include "kernels.hpp"
-#include "lanes.hpp"
-#include "staging.hpp"
+#include <deft/core/config.hpp>
+#include <deft/core/error.hpp>
+#include <deft/engine/allocator.hpp>
+#include <deft/engine/device_backend.hpp>
+#include <deft/engine/thresholds.hpp>
+#include <deft/eval/gpu/free_gate.hpp>
+#include <deft/eval/gpu/kernels.hpp>
+#include <deft/eval/gpu/lanes.hpp>
+#include <deft/eval/gpu/staging.hpp>
 
 namespace deft::detail::gpu {
 

@@ -42,6 +42,8 @@ class DeftConan(ConanFile):
         if self.options.with_xsimd:
             # deft's kernels are written and tested against the xsimd 8 API.
             self.requires("xsimd/[>=8.1.0 <9]")
+        # gunzip for data files (data/gzip.hpp) inflates with zlib.
+        self.requires("zlib/[>=1.2.11 <2]")
 
     def package_id(self):
         self.info.clear()
@@ -64,8 +66,9 @@ class DeftConan(ConanFile):
         core.libdirs = []
         if self.settings.os in ("Linux", "FreeBSD"):
             core.system_libs = ["pthread"]
+        core.requires = ["zlib::zlib"]
         if self.options.with_xsimd:
-            core.requires = ["xsimd::xsimd"]
+            core.requires.append("xsimd::xsimd")
         if self.options.with_cuda:
             cuda = self.cpp_info.components["cuda"]
             cuda.set_property("cmake_target_name", "deft::cuda")

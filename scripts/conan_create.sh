@@ -2,9 +2,10 @@
 # Builds deft's Conan package and runs its test_package, offline:
 #   scripts/conan_create.sh [CONAN] [WORK_DIR]
 # A throwaway CONAN_HOME under WORK_DIR (default build/conan) keeps the user's
-# own Conan setup untouched; ConanCenter is disabled and xsimd comes from the
-# system: the recipe xsimd/system (scripts/conan/xsimd-system) is exported
-# first and scripts/conan/debian12.profile puts it in place of xsimd.
+# own Conan setup untouched; ConanCenter is disabled and xsimd and zlib come
+# from the system: the recipes xsimd/system and zlib/system
+# (scripts/conan/*-system) are exported first and
+# scripts/conan/debian12.profile puts them in place of xsimd and zlib.
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 conan="${1:-conan}"
@@ -16,7 +17,9 @@ mkdir -p "$CONAN_HOME"
 "$conan" profile detect --force >"$work/profile_detect.log" 2>&1 || { cat "$work/profile_detect.log"; exit 1; }
 "$conan" remote disable conancenter >/dev/null
 log="$work/conan_create.log"
-"$conan" export "$src/scripts/conan/xsimd-system" >"$work/export.log" 2>&1 || { cat "$work/export.log"; exit 1; }
+for system in xsimd-system zlib-system; do
+  "$conan" export "$src/scripts/conan/$system" >"$work/export.log" 2>&1 || { cat "$work/export.log"; exit 1; }
+done
 if ! "$conan" create "$src" --profile:all "$src/scripts/conan/debian12.profile" --build=missing >"$log" 2>&1; then
   tail -n 60 "$log"
   echo "conan create failed (full log: $log)"

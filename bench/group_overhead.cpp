@@ -3,7 +3,7 @@
 // synchronous mode), against libtorch eager and a plain loop.
 // sync_vs_deferred: the seeds' 1000 x `y = x + 1` on 2000 x 2000, a sync per
 // step against one wait_all (which runs one step and discards 999).
-#include <deft/eval/gpu/lanes.hpp>
+#include <deft/device/cuda/lanes.hpp>
 
 #include <memory>
 #include <string>
@@ -15,7 +15,7 @@
 namespace bench {
 namespace {
 
-// What the GPU lanes' record (eval/gpu/lanes.hpp) adds to each GPU op, on
+// What the GPU lanes' record (device/cuda/lanes.hpp) adds to each GPU op, on
 // the host alone: a queue that does nothing stands for CUDA's events.
 struct NoQueue {
   void order(int, int) const {}

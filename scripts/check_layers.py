@@ -6,7 +6,9 @@ up, and that no two headers include each other (directly or in a cycle).
 
 A statement flows down these layers and back: the user's expression (ops)
 becomes nodes (expr), a task (eval/record.hpp) for the scheduler (engine),
-which runs a device's kernels (eval/cpu, eval/gpu). autograd/meta.hpp is
+which runs a device's kernels (eval/cpu, eval/gpu) on memory and streams
+the device wing provides (device/: allocators, the backend interface,
+device/cuda/: the CUDA runtime, lanes, staging, collectives). autograd/meta.hpp is
 autograd's declared interface (the recording switch, the hooks the
 operations call); autograd's nodes and backward() sit above the operations
 they differentiate and are reached only through those hooks. A header may
@@ -21,6 +23,7 @@ import sys
 # (paths relative to include/deft).
 LAYERS = [
     ("core", ["core/"]),
+    ("device", ["device/"]),
     ("engine", ["engine/"]),
     ("autograd interface", ["autograd/meta.hpp"]),
     ("expr", ["expr/"]),

@@ -23,7 +23,7 @@
 #include "core/error.hpp"
 #include "core/shape.hpp"
 #include "engine/engine.hpp"
-#include "engine/spin_lock.hpp"
+#include "core/spin_lock.hpp"
 #include "eval/executor.hpp"
 #include "eval/record.hpp"
 #include "expr/nodes.hpp"

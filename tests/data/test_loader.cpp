@@ -12,7 +12,7 @@
 #include <thread>
 
 #include <deft/data.hpp>
-#include <deft/engine/allocator.hpp>
+#include <deft/device/allocator.hpp>
 
 #include "data_support.hpp"
 

@@ -388,7 +388,7 @@ class Generator {
     static const i64 ext[] = {1, 2, 3, 4, 5, 7, 8, 13, 17, 0};
     auto e = [&] { return ext[r_.pick(r_.chance(0.05) ? 10 : 9)]; };
     i64 m = e(), n = e(), k = e(), b = 1 + r_.pick(3);
-    if (big_ || r_.chance(0.02)) {  // past the GEMM blocking (see gemm_* in engine/thresholds.hpp)
+    if (big_ || r_.chance(0.02)) {  // past the GEMM blocking (see gemm_* in core/thresholds.hpp)
       m = 90 + r_.pick(20);
       k = 250 + r_.pick(20);
       n = 1 + r_.pick(40);

@@ -15,7 +15,7 @@
 #include <thrust/execution_policy.h>
 
 #include <deft/eval/gpu/blas.hpp>
-#include <deft/eval/gpu/runtime.hpp>
+#include <deft/device/cuda/runtime.hpp>
 
 #include "kernel_checks.hpp"
 #include "tensor_checks.hpp"

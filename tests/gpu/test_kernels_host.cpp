@@ -232,7 +232,7 @@ BOOST_AUTO_TEST_CASE(a_devices_cached_memory_can_be_released) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-// StagingArea (eval/gpu/staging.hpp), which stages CUDA's copies to a GPU
+// StagingArea (device/cuda/staging.hpp), which stages CUDA's copies to a GPU
 // through pinned blocks, with a queue whose DMAs run only when the test (or
 // a wait) lets them: a block handed out again before its DMA ran would be
 // overwritten, and the DMA would then deliver the wrong bytes.
@@ -532,7 +532,7 @@ BOOST_AUTO_TEST_CASE(copies_into_pageable_memory_are_staged) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-// Lanes (eval/gpu/lanes.hpp): several streams per GPU, ordered by the memory
+// Lanes (device/cuda/lanes.hpp): several streams per GPU, ordered by the memory
 // each piece of work uses. Kernels run at once in the emulation, so the
 // waits are checked by LaneClockChecker, which keeps the vector clocks a
 // real GPU's streams would have and counts work not ordered after an
@@ -993,7 +993,7 @@ BOOST_AUTO_TEST_CASE(values_from_two_lanes_are_read_on_two_copy_lanes) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-// Device programs (engine/device_program.hpp): a hybridized forward on a GPU
+// Device programs (device/program.hpp): a hybridized forward on a GPU
 // replays as one program, a CUDA graph on a real GPU. An emulated launch
 // runs the recorded work again and raises if it touches memory the program
 // was not recorded with, which a graph's baked-in addresses would miss.

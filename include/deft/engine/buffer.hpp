@@ -12,11 +12,11 @@
 #include <new>
 
 #include "../core/device.hpp"
-#include "allocator.hpp"
-#include "device_backend.hpp"
-#include "spin_lock.hpp"
+#include "../device/allocator.hpp"
+#include "../device/backend.hpp"
+#include "../core/spin_lock.hpp"
 #include "stats.hpp"
-#include "thresholds.hpp"
+#include "../core/thresholds.hpp"
 
 namespace deft::detail {
 

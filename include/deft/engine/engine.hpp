@@ -20,15 +20,15 @@
 
 #include "../core/error.hpp"
 #include "../core/random_state.hpp"
-#include "allocator.hpp"
-#include "device_backend.hpp"
+#include "../device/allocator.hpp"
+#include "../device/backend.hpp"
 #include "gpu_lanes.hpp"
-#include "light_mutex.hpp"
+#include "../core/light_mutex.hpp"
 #include "profiler.hpp"
 #include "stats.hpp"
 #include "task.hpp"
 #include "thread_pool.hpp"
-#include "thresholds.hpp"
+#include "../core/thresholds.hpp"
 #include "trace.hpp"
 
 namespace deft::engine {

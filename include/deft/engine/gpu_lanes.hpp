@@ -1,6 +1,6 @@
 // The engine's lane policy: which stream ("lane") of its GPU a task runs on.
 // Lanes only spread independent work; the order between tasks comes from
-// the lanes' record of what each buffer waits for (eval/gpu/lanes.hpp).
+// the lanes' record of what each buffer waits for (device/cuda/lanes.hpp).
 #pragma once
 #include <algorithm>
 #include <array>
@@ -8,9 +8,9 @@
 #include <cstddef>
 
 #include "buffer.hpp"
-#include "device_backend.hpp"
+#include "../device/backend.hpp"
 #include "task.hpp"
-#include "thresholds.hpp"
+#include "../core/thresholds.hpp"
 
 namespace deft::detail {
 
@@ -39,7 +39,7 @@ class GpuLanes {
 
  private:
   // Where a GPU task runs, for speed only (the lanes' record orders the
-  // work, eval/gpu/lanes.hpp): a write in place stays on its buffer's lane;
+  // work, device/cuda/lanes.hpp): a write in place stays on its buffer's lane;
   // a reader goes on on the lane its input was written on, unless another
   // reader went on there already; that fork, and work reading no GPU
   // buffer, takes the next lane in turn. Chains thus stay on one lane and

@@ -26,7 +26,7 @@
 
 #include "../core/error.hpp"
 #include "task.hpp"
-#include "thresholds.hpp"
+#include "../core/thresholds.hpp"
 
 namespace deft::detail {
 

@@ -12,7 +12,7 @@
 #include <new>
 
 #include "../core/config.hpp"
-#include "thresholds.hpp"
+#include "../core/thresholds.hpp"
 
 #if DEFT_ASAN
 #include <sanitizer/asan_interface.h>

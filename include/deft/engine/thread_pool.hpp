@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "profiler.hpp"
-#include "spin_lock.hpp"
+#include "../core/spin_lock.hpp"
 #include "task.hpp"
-#include "thresholds.hpp"
+#include "../core/thresholds.hpp"
 
 
 namespace deft::detail {

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "../core/error.hpp"
-#include "device_backend.hpp"
-#include "thresholds.hpp"
+#include "../device/backend.hpp"
+#include "../core/thresholds.hpp"
 #include "task.hpp"
 
 namespace deft::detail {

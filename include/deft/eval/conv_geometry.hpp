@@ -7,7 +7,7 @@
 
 #include "../core/config.hpp"
 #include "../core/shape.hpp"
-#include "../engine/thresholds.hpp"
+#include "../core/thresholds.hpp"
 
 namespace deft::detail {
 

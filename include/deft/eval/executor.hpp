@@ -16,7 +16,7 @@
 
 #include "../core/device.hpp"
 #include "../core/error.hpp"
-#include "../engine/device_backend.hpp"
+#include "../device/backend.hpp"
 #include "cpu/conv.hpp"
 #include "cpu/elementwise.hpp"
 #include "cpu/gemm.hpp"
@@ -30,7 +30,7 @@
 #include "gpu/executor.hpp"
 #define DEFT_HAS_GPU_EXECUTOR 1
 #elif defined(DEFT_CUDA_BACKEND)
-#include "gpu/backend.hpp"  // GPU tensors can be made and copied here; GPU expressions cannot
+#include "../device/cuda/backend.hpp"  // GPU tensors can be made and copied here; GPU expressions cannot
 #endif
 
 namespace deft::detail {

@@ -29,13 +29,13 @@
 
 #include <deft/core/config.hpp>
 #include <deft/core/error.hpp>
-#include <deft/engine/allocator.hpp>
-#include <deft/engine/device_backend.hpp>
-#include <deft/engine/thresholds.hpp>
-#include <deft/eval/gpu/free_gate.hpp>
+#include <deft/device/allocator.hpp>
+#include <deft/device/backend.hpp>
+#include <deft/core/thresholds.hpp>
+#include <deft/device/cuda/free_gate.hpp>
 #include <deft/eval/gpu/kernels.hpp>
-#include <deft/eval/gpu/lanes.hpp>
-#include <deft/eval/gpu/staging.hpp>
+#include <deft/device/cuda/lanes.hpp>
+#include <deft/device/cuda/staging.hpp>
 
 namespace deft::detail::gpu {
 

@@ -14,7 +14,7 @@
 
 #include <deft/deft.hpp>
 #include <deft/nn.hpp>
-#include <deft/eval/gpu/runtime.hpp>
+#include <deft/device/cuda/runtime.hpp>
 
 #include "fake_cuda.hpp"
 

@@ -12,7 +12,7 @@
 #endif
 
 #include "../../engine/engine.hpp"
-#include "../../engine/thresholds.hpp"
+#include "../../core/thresholds.hpp"
 #include "../../expr/kernel_views.hpp"
 #include "simd.hpp"
 

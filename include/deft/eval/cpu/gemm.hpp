@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "../../engine/engine.hpp"
-#include "../../engine/thresholds.hpp"
+#include "../../core/thresholds.hpp"
 #include "elementwise.hpp"
 #include "simd.hpp"
 

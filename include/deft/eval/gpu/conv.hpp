@@ -14,10 +14,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "../../engine/thresholds.hpp"
+#include "../../core/thresholds.hpp"
 #include "../conv_geometry.hpp"
 #include "kernels.hpp"
-#include "scratch.hpp"
+#include "../../device/cuda/scratch.hpp"
 
 namespace deft::detail::gpu {
 

@@ -16,12 +16,12 @@
 
 #include "../../core/device.hpp"
 #include "../../core/shape.hpp"
-#include "../../engine/device_backend.hpp"
-#include "../../engine/thresholds.hpp"
+#include "../../device/backend.hpp"
+#include "../../core/thresholds.hpp"
 #include "../random_draw.hpp"
 #include "conv.hpp"
 #include "kernels.hpp"
-#include "scratch.hpp"
+#include "../../device/cuda/scratch.hpp"
 
 #if defined(DEFT_GPU_EMULATION)
 #include <gpu_emulation.hpp>  // tests/gpu/emulation: the emulated GPUs of deft's host-run tests

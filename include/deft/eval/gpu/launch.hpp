@@ -10,7 +10,7 @@
 
 #include <thrust/system/cuda/execution_policy.h>
 
-#include "backend.hpp"
+#include "../../device/cuda/backend.hpp"
 #include "blas.hpp"
 #include "kernels.hpp"
 

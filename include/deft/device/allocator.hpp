@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "thresholds.hpp"
+#include "../core/thresholds.hpp"
 
 namespace deft::engine {
 

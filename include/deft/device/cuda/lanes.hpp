@@ -23,8 +23,8 @@
 #include <utility>
 #include <vector>
 
-#include "../../engine/device_backend.hpp"
-#include "../../engine/light_mutex.hpp"
+#include "../backend.hpp"
+#include "../../core/light_mutex.hpp"
 
 namespace deft::detail::gpu {
 

@@ -6,7 +6,7 @@
 #include <atomic>
 #include <thread>
 
-#include "../core/config.hpp"
+#include "config.hpp"
 
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
 #include <immintrin.h>

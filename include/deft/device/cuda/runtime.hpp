@@ -21,8 +21,8 @@
 
 #include "../../core/device.hpp"
 #include "../../core/error.hpp"
-#include "../../engine/allocator.hpp"
-#include "../../engine/thresholds.hpp"
+#include "../allocator.hpp"
+#include "../../core/thresholds.hpp"
 #include "free_gate.hpp"
 #include "lanes.hpp"
 

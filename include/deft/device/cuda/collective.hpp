@@ -14,7 +14,7 @@
 
 #include "../../core/device.hpp"
 #include "../../core/error.hpp"
-#include "../../engine/device_backend.hpp"
+#include "../backend.hpp"
 #include "runtime.hpp"
 
 #if __has_include(<nccl.h>) && __has_include(<dlfcn.h>)

@@ -28,8 +28,8 @@
 #include <optional>
 #include <utility>
 
-#include "../../engine/allocator.hpp"
-#include "../../engine/thresholds.hpp"
+#include "../allocator.hpp"
+#include "../../core/thresholds.hpp"
 
 namespace deft::detail::gpu {
 

@@ -109,7 +109,7 @@ inline constexpr std::int64_t conv_partial_elements = std::int64_t(1) << 22;
 #endif
 inline constexpr std::int64_t gpu_conv_block_elements = DEFT_GPU_CONV_BLOCK_ELEMENTS;
 
-// --- GPU memory (eval/gpu/runtime.hpp; the emulated GPUs' pools alike) ----
+// --- GPU memory (device/cuda/runtime.hpp; the emulated GPUs' pools alike) ----
 // Device blocks of every size are cached (a steady training loop then calls
 // cudaMalloc only while the cache warms up; were blocks under 256 bytes, a
 // loss or any scalar, left to cudaMalloc and cudaFree, which wait for the
@@ -122,13 +122,13 @@ inline constexpr std::size_t gpu_cache_min_bytes = 1;
 // When cudaMalloc fails, the cache frees its blocks and tries again.
 inline constexpr std::size_t gpu_cache_max_bytes = std::numeric_limits<std::size_t>::max();
 
-// --- GPU lanes (eval/gpu/lanes.hpp) ----------------------------------------
+// --- GPU lanes (device/cuda/lanes.hpp) ----------------------------------------
 // Compute streams per GPU. Independent subtrees take different ones, so
 // that small kernels that each leave most of the GPU idle overlap; more
 // would add cross-stream waits at joins without more overlap.
 inline constexpr int gpu_lanes = 4;
 
-// --- pinned host memory (eval/gpu/staging.hpp) -----------------------------
+// --- pinned host memory (device/cuda/staging.hpp) -----------------------------
 // A copy to a GPU, or from one into pageable memory, is staged through
 // page-locked blocks of at most this size: the worker copies one chunk
 // while the DMA of the next (or the previous) one runs.

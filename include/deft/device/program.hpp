@@ -23,7 +23,7 @@ namespace deft::detail {
 
 /// The device memory one kernel or copy reads and writes (pointers anywhere
 /// inside the blocks a device's pool handed out), declared so that work on
-/// different lanes of a device is ordered (eval/gpu/lanes.hpp).
+/// different lanes of a device is ordered (device/cuda/lanes.hpp).
 struct MemoryUses {
   std::vector<const void*> reads, writes;
 };

@@ -13,7 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "../../engine/device_backend.hpp"
+#include "../backend.hpp"
 #include "collective.hpp"
 #include "program.hpp"
 #include "runtime.hpp"

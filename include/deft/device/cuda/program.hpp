@@ -1,4 +1,4 @@
-// Device programs on CUDA (engine/device_program.hpp): work captured from a
+// Device programs on CUDA (device/program.hpp): work captured from a
 // device's capture stream into a CUDA graph, launched as one on a lane.
 // Plain C++ over the CUDA runtime (g++ and nvcc both compile it).
 #pragma once
@@ -9,8 +9,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "../../engine/device_backend.hpp"
-#include "blas.hpp"
+#include "../backend.hpp"
+#include "blas_handle.hpp"
 #include "runtime.hpp"
 
 namespace deft::detail::gpu {

@@ -8,8 +8,8 @@
 #include <optional>
 
 #include "../../core/device.hpp"
-#include "../../engine/device_backend.hpp"
-#include "../../engine/thresholds.hpp"
+#include "../backend.hpp"
+#include "../../core/thresholds.hpp"
 
 namespace deft::detail::gpu {
 

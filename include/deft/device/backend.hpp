@@ -1,5 +1,5 @@
 // Devices other than the host: what buffers and tensors need from them. A
-// backend registers itself when its header is included (eval/gpu/backend.hpp
+// backend registers itself when its header is included (device/cuda/backend.hpp
 // for CUDA; tests/gpu/emulation, host memory posing as two GPUs, for the
 // tests CI can run). Without one, work on a GPU is refused where it is made.
 // Plain C++: the engine itself knows nothing of CUDA.
@@ -16,7 +16,7 @@
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
 #include "allocator.hpp"
-#include "device_program.hpp"
+#include "program.hpp"
 
 namespace deft::detail {
 

@@ -1,4 +1,4 @@
-// The checks of deft's GPU evaluators (eval/gpu/kernels.hpp), written once
+// The checks of deft's GPU evaluators (eval/gpu/), written once
 // for any memory: `Mem` supplies the Thrust policy, copies of the operands
 // and room for results. The CPU-only runner (test_kernels_host.cpp) passes
 // thrust::cpp::par and host vectors, so CI checks the functors' index
@@ -16,7 +16,11 @@
 #include <vector>
 
 #include <deft/deft.hpp>
-#include <deft/eval/gpu/kernels.hpp>
+#include <deft/eval/gpu/elementwise.hpp>
+#include <deft/eval/gpu/gemm.hpp>
+#include <deft/eval/gpu/permute.hpp>
+#include <deft/eval/gpu/random.hpp>
+#include <deft/eval/gpu/reduce.hpp>
 
 namespace gpu_checks {
 
@@ -183,7 +187,7 @@ void reduce_axes(Mem& mem) {
 
 /// Marks the room past a kernel's scratch, to see that nothing lands there.
 struct Sentinel {
-  DEFT_HD gk::ArgBest<float> operator()(i64) const { return {-1.0f, -7}; }
+  DEFT_HD deft::detail::ArgBest<float> operator()(i64) const { return {-1.0f, -7}; }
 };
 
 /// Index of the first largest of n values at v[base + j * stride] (the
@@ -211,7 +215,7 @@ void argmax(Mem& mem) {
   mem.mirror(t);
   auto* out = mem.template make<i64>(1);
   const i64 room = gk::reduce_scratch(n), guard = 4;
-  auto* scratch = mem.template make<gk::ArgBest<float>>(room + guard);
+  auto* scratch = mem.template make<deft::detail::ArgBest<float>>(room + guard);
   gk::for_each_output(mem.policy(), guard, Sentinel{}, scratch + room);
   gk::argmax_elements(mem.policy(), elements_in(mem, t * 1.0f), n, out, scratch);
   BOOST_TEST(mem.get(out, 1)[0] == first_largest(v, 0, n, 1));
@@ -237,7 +241,7 @@ void argmax(Mem& mem) {
       split += plan.chunks > 1;
       deep += plan.chunks > 1 && gk::AxisPlan(plan.merge_split()).chunks > 1;
       auto* idx = mem.template make<i64>(g.outer * g.inner);
-      auto* parts = mem.template make<gk::ArgBest<float>>(std::max<i64>(plan.scratch(), 1));
+      auto* parts = mem.template make<deft::detail::ArgBest<float>>(std::max<i64>(plan.scratch(), 1));
       gk::argmax_axis_elements(mem.policy(), elements_in(mem, x * 1.0f), g, idx, parts);
       const auto got = mem.get(idx, g.outer * g.inner);
       BOOST_TEST_CONTEXT("shape " << shape.to_string() << ", axis " << axis << ", " << plan.chunks << " runs") {

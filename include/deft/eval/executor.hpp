@@ -17,10 +17,14 @@
 #include "../core/device.hpp"
 #include "../core/error.hpp"
 #include "../device/backend.hpp"
+#include "../expr/nodes.hpp"
+#include "../expr/reducers.hpp"
+#include "conv_geometry.hpp"
 #include "cpu/conv.hpp"
 #include "cpu/elementwise.hpp"
 #include "cpu/gemm.hpp"
 #include "cpu/permute.hpp"
+#include "cpu/random.hpp"
 #include "cpu/reduce.hpp"
 #include "random_draw.hpp"
 
@@ -86,9 +90,7 @@ struct Executor<DeviceType::cpu> {
   /// The numbers of one deft::random call (the GPU's draws the same ones).
   template <class T, Distribution D>
   static void fill_random(T* out, std::int64_t n, std::uint64_t key, std::uint64_t stream, double a, double b) {
-    cpu::parallel_range((n + 1) / 2, 40, 32, [&](std::int64_t q0, std::int64_t q1) {
-      for (std::int64_t q = q0; q < q1; ++q) store_pair<T, D>(out, n, q, key, stream, a, b);
-    });
+    cpu::fill_random<T, D>(out, n, key, stream, a, b);
   }
   /// out[i] = f(i) for i in [0, n).
   template <class T, class F>
@@ -98,6 +100,33 @@ struct Executor<DeviceType::cpu> {
     });
   }
 };
+
+/// The kernels every executor offers, checked below for each one compiled
+/// here: a new backend implements all of them, and a new kind of kernel goes
+/// into each (eval/cpu/ and eval/gpu/ hold them under the same file names).
+template <class Ex>
+concept KernelSet = requires(const Ex ex, const Leaf<float>& e, float* out, std::int64_t* index, const float* in,
+                             const Shape& s, const std::array<int, max_rank>& axes, const ConvGeom& cg,
+                             const PoolGeom& pg, std::int64_t n, std::uint64_t key) {
+  ex.evaluate(e, out);
+  ex.template reduce_all<SumReducer<float>>(e, out);
+  ex.template reduce_axis<SumReducer<float>>(e, 0, out);
+  ex.argmax_all(e, index);
+  ex.argmax_axis(e, 0, index);
+  ex.gemm(n, n, n, in, in, out, false, false);
+  ex.permute(in, s, axes, out);
+  ex.template fill_random<float, Distribution::uniform>(out, n, key, key, 0.0, 1.0);
+  ex.conv2d_forward(cg, in, in, in, out);
+  ex.conv2d_backward_input(cg, in, in, out);
+  ex.conv2d_backward_weight(cg, in, in, out);
+  ex.conv2d_backward_bias(cg, in, out);
+  ex.template pool2d_forward<PoolKind::max>(pg, in, out);
+  ex.template pool2d_backward<PoolKind::max>(pg, in, in, out);
+};
+static_assert(KernelSet<Executor<DeviceType::cpu>>, "Executor<cpu> lacks a kernel of KernelSet");
+#ifdef DEFT_HAS_GPU_EXECUTOR
+static_assert(KernelSet<Executor<DeviceType::gpu>>, "Executor<gpu> lacks a kernel of KernelSet");
+#endif
 
 /// Whether this program has a backend for devices of this type.
 inline bool has_backend(DeviceType t) { return t == DeviceType::cpu || gpu_backend() != nullptr; }

@@ -33,7 +33,8 @@
 #include <deft/device/backend.hpp>
 #include <deft/core/thresholds.hpp>
 #include <deft/device/cuda/free_gate.hpp>
-#include <deft/eval/gpu/kernels.hpp>
+#include <deft/eval/gpu/elementwise.hpp>
+#include <deft/eval/gpu/gemm.hpp>
 #include <deft/device/cuda/lanes.hpp>
 #include <deft/device/cuda/staging.hpp>
 

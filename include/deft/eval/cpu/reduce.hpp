@@ -139,24 +139,10 @@ inline void reduce_axis(const Expr& e, int axis, T* out) {
                  });
 }
 
-// --- argmax: index of the first largest value (the first NaN wins, as numpy) --
+// --- argmax: ArgmaxReducer's rule (expr/reducers.hpp) ------------------------
 template <class T>
-struct Best {
-  T value;
-  std::int64_t index;
-  bool better_than(const Best& o) const {
-    if (index < 0) return false;
-    if (o.index < 0) return true;
-    if (is_nan(o.value)) return false;
-    return value > o.value || is_nan(value);
-  }
-};
-template <class T>
-inline void argmax_update(Best<T>& best, const T* p, std::int64_t n, std::int64_t start) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const Best<T> c{p[i], start + i};
-    if (c.better_than(best)) best = c;
-  }
+inline void argmax_update(ArgBest<T>& best, const T* p, std::int64_t n, std::int64_t start) {
+  for (std::int64_t i = 0; i < n; ++i) best = better(best, ArgBest<T>{p[i], start + i});
 }
 
 template <class Expr>
@@ -166,15 +152,14 @@ inline void argmax_all(const Expr& e, std::int64_t* out) {
   const Shape s = collapse(v, e.shape());
   const std::int64_t total = s.size();
   const std::int64_t chunks = std::max<std::int64_t>(1, (total + thresholds::reduce_chunk - 1) / thresholds::reduce_chunk);
-  std::vector<Best<T>> partial(chunks, Best<T>{T(0), -1});
+  std::vector<ArgBest<T>> partial(chunks, ArgmaxReducer<T>::identity());
   parallel_range(chunks, thresholds::reduce_chunk * (Expr::cost + 1), 1, [&](std::int64_t c0, std::int64_t c1) {
     for (std::int64_t c = c0; c < c1; ++c)
       visit_values(v, s, c * thresholds::reduce_chunk, std::min(total, (c + 1) * thresholds::reduce_chunk),
                    [&](const T* p, std::int64_t n, std::int64_t start) { argmax_update(partial[c], p, n, start); });
   });
-  Best<T> best{T(0), -1};
-  for (const auto& p : partial)
-    if (p.better_than(best)) best = p;
+  ArgBest<T> best = ArgmaxReducer<T>::identity();
+  for (const auto& p : partial) best = better(best, p);
   *out = best.index;
 }
 
@@ -187,7 +172,7 @@ inline void argmax_axis(const Expr& e, int axis, std::int64_t* out) {
   if (g.inner == 1) {
     parallel_range(g.outer, g.len * (Expr::cost + 1), 1, [&](std::int64_t o0, std::int64_t o1) {
       for (std::int64_t o = o0; o < o1; ++o) {
-        Best<T> best{T(0), -1};
+        ArgBest<T> best = ArgmaxReducer<T>::identity();
         visit_values(v, s, o * g.len, (o + 1) * g.len, [&](const T* p, std::int64_t n, std::int64_t start) {
           argmax_update(best, p, n, start - o * g.len);
         });
@@ -201,17 +186,16 @@ inline void argmax_axis(const Expr& e, int axis, std::int64_t* out) {
   const std::int64_t tiles_per_outer = (g.inner + tile - 1) / tile;
   parallel_range(g.outer * tiles_per_outer, g.len * std::min(g.inner, tile) * (Expr::cost + 1), 1,
                  [&](std::int64_t t0, std::int64_t t1) {
-                   std::vector<Best<T>> best(tile);
+                   std::vector<ArgBest<T>> best(tile);
                    for (std::int64_t t = t0; t < t1; ++t) {
                      const std::int64_t o = t / tiles_per_outer, i0 = (t % tiles_per_outer) * tile;
                      const std::int64_t w = std::min(tile, g.inner - i0);
-                     std::fill(best.begin(), best.begin() + w, Best<T>{T(0), -1});
+                     std::fill(best.begin(), best.begin() + w, ArgmaxReducer<T>::identity());
                      for (std::int64_t j = 0; j < g.len; ++j) {
                        const std::int64_t base = (o * g.len + j) * g.inner + i0;
                        visit_values(v, s, base, base + w, [&](const T* p, std::int64_t n, std::int64_t start) {
                          for (std::int64_t i = 0; i < n; ++i) {
-                           const Best<T> c{p[i], j};
-                           if (c.better_than(best[start - base + i])) best[start - base + i] = c;
+                           best[start - base + i] = better(best[start - base + i], ArgBest<T>{p[i], j});
                          }
                        });
                      }

@@ -16,7 +16,7 @@
 
 #include "../../core/thresholds.hpp"
 #include "../conv_geometry.hpp"
-#include "kernels.hpp"
+#include "elementwise.hpp"
 #include "../../device/cuda/scratch.hpp"
 
 namespace deft::detail::gpu {

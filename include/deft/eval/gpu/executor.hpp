@@ -20,7 +20,11 @@
 #include "../../core/thresholds.hpp"
 #include "../random_draw.hpp"
 #include "conv.hpp"
-#include "kernels.hpp"
+#include "elementwise.hpp"
+#include "gemm.hpp"
+#include "permute.hpp"
+#include "random.hpp"
+#include "reduce.hpp"
 #include "../../device/cuda/scratch.hpp"
 
 #if defined(DEFT_GPU_EMULATION)
@@ -72,14 +76,14 @@ struct Executor<DeviceType::gpu> {
   template <class E>
   void argmax_all(const E& e, std::int64_t* out) const {
     gpu::Launch on(device, gpu::uses_of(e, out));
-    gpu::Scratch<gpu::ArgBest<value_t<E>>> scratch(device, gpu::reduce_scratch(e.shape().size()));
+    gpu::Scratch<ArgBest<value_t<E>>> scratch(device, gpu::reduce_scratch(e.shape().size()));
     gpu::argmax_all(on.policy(), e, out, scratch.get());
   }
   template <class E>
   void argmax_axis(const E& e, int axis, std::int64_t* out) const {
     gpu::Launch on(device, gpu::uses_of(e, out));
     const gpu::AxisPlan plan(AxisSplit(e.shape(), axis));
-    gpu::Scratch<gpu::ArgBest<value_t<E>>> scratch(device, plan.scratch());  // none unless the axis is split
+    gpu::Scratch<ArgBest<value_t<E>>> scratch(device, plan.scratch());  // none unless the axis is split
     gpu::argmax_axis(on.policy(), e, axis, out, scratch.get());
   }
   template <class T>

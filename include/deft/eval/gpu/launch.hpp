@@ -12,7 +12,7 @@
 
 #include "../../device/cuda/backend.hpp"
 #include "blas.hpp"
-#include "kernels.hpp"
+#include "gemm.hpp"
 
 namespace deft::detail::gpu {
 

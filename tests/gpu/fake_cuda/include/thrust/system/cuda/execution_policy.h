@@ -1,6 +1,6 @@
 // thrust::cuda::par_nosync.on(stream) for the stand-in: Thrust's C++ system
 // runs each algorithm, queued on the stream as a kernel would be (the real
-// header needs nvcc). Only the two algorithms deft launches (kernels.hpp)
+// header needs nvcc). Only the two algorithms deft launches (eval/gpu/)
 // are queued: for_each and transform. Any other would run at once on the
 // calling thread, unordered with the stream's work.
 #pragma once

@@ -1,122 +1,27 @@
-// GPU evaluators ("how" on the device). Each is a Thrust algorithm whose
-// functor is built from an expression's kernel view, so one fused tree is one
-// kernel. They take a Thrust execution policy: the GPU executor passes a CUDA
-// stream's policy, and deft's CPU-only tests pass thrust::cpp::par, which
-// runs the same functors on the host (index arithmetic, broadcasting, the
-// reduction order) on machines without a GPU.
-//
-// Reductions write their result into device memory (no copy back, nothing
-// waits): a pass of one thread per output, or passes over partials where
-// outputs are few and long (a full reduction is one output), whose reads
-// are coalesced and whose order is fixed (the same bits on every run).
+// GPU reductions and argmax (eval/cpu/reduce.hpp is the CPU's). They write
+// their result into device memory (no copy back, nothing waits): a pass of
+// one thread per output, or passes over partials where outputs are few and
+// long (a full reduction is one output), whose reads are coalesced and whose
+// order is fixed (the same bits on every run).
 #pragma once
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <type_traits>
 
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
-#include <thrust/transform.h>
 
 #include "../../core/config.hpp"
 #include "../../core/shape.hpp"
-#include "../../expr/kernel_views.hpp"
-#include "../../expr/ops.hpp"
-#include "../random_draw.hpp"
+#include "../../expr/reducers.hpp"
+#include "elementwise.hpp"
 
 namespace deft::detail::gpu {
-
-/// Element i (row-major) of an expression whose view was collapsed to `s`.
-/// `view`'s leaves may be repointed (for_each_leaf) before use.
-///
-/// Rank is the collapsed rank when it is 1 or 2 (nearly every tree once
-/// collapsed), 0 for any rank. The fixed ranks index with compile-time
-/// loops, so the view stays in registers; the run-time loop puts a copy of
-/// the whole view on every thread's stack (864 bytes for a*b + c*2 - a,
-/// which then ran at 4% of an H100's bandwidth).
-template <class View, int Rank = 0>
-struct ElementAt {
-  using value_type = typename View::value_type;
-  View view;
-  std::int64_t ext[max_rank] = {};
-  int rank = 0;
-
-  ElementAt(const View& v, const Shape& s) : view(v), rank(s.rank()) {
-    for (int d = 0; d < rank; ++d) ext[d] = s[d];
-    if constexpr (Rank == 1) view.set_row(nullptr, 0);  // one row: positioned once, here
-  }
-  DEFT_HD value_type operator()(std::int64_t i) const {
-    if constexpr (Rank == 1) {
-      return view.at(i);
-    } else if constexpr (Rank == 2) {
-      View w = view;
-      const std::int64_t r = i / ext[1];
-      w.set_row(&r, 1);
-      return w.at(i - r * ext[1]);
-    } else {
-      View w = view;
-      if (rank <= 1) {
-        w.set_row(nullptr, 0);
-        return w.at(i);
-      }
-      std::int64_t idx[max_rank] = {};
-      std::int64_t r = i / ext[rank - 1];
-      const std::int64_t j = i % ext[rank - 1];
-      for (int d = rank - 2; d >= 0; --d) {
-        idx[d] = r % ext[d];
-        r /= ext[d];
-      }
-      w.set_row(idx, rank - 1);
-      return w.at(j);
-    }
-  }
-};
-
-template <class Expr>
-using ViewOf = decltype(std::declval<const Expr&>().view(Shape{}));
-
-/// The element functor of e for any rank (the tests repoint its leaves).
-template <class Expr>
-ElementAt<ViewOf<Expr>> element_at(const Expr& e) {
-  auto v = e.view(e.shape());
-  const Shape s = collapse(v, e.shape());
-  return {v, s};
-}
-
-/// f(element functor of e), with the functor specialised for e's collapsed rank.
-template <class Expr, class F>
-void with_element_at(const Expr& e, F&& f) {
-  auto v = e.view(e.shape());
-  const Shape s = collapse(v, e.shape());
-  if (s.rank() <= 1) f(ElementAt<ViewOf<Expr>, 1>(v, s));
-  else if (s.rank() == 2) f(ElementAt<ViewOf<Expr>, 2>(v, s));
-  else f(ElementAt<ViewOf<Expr>>(v, s));
-}
-
-/// A functor that crosses to the device carries everything by value: a
-/// reference member would point into the recording thread's stack.
-template <class F>
-inline constexpr bool device_safe_functor = std::is_trivially_copyable_v<F> && std::is_copy_assignable_v<F>;
-
-template <class Policy, class F, class Out>
-void for_each_output(const Policy& policy, std::int64_t n, const F& f, Out* out) {
-  static_assert(device_safe_functor<F>, "deft: a GPU functor must hold its views by value");
-  if (n <= 0) return;
-  thrust::transform(policy, thrust::counting_iterator<std::int64_t>(0), thrust::counting_iterator<std::int64_t>(n),
-                    out, f);
-}
-
-/// out (contiguous, e's shape) = e: one kernel for the whole tree.
-template <class Policy, class Expr, class T>
-void evaluate(const Policy& policy, const Expr& e, T* out) {
-  with_element_at(e, [&](const auto& el) { for_each_output(policy, e.shape().size(), el, out); });
-}
 
 // --- reductions ----------------------------------------------------------------
 //
 // A reducer R has identity(), step(acc, x), merge(a, b) and finish(acc, n)
-// (expr/reducers.hpp); argmax's (ArgmaxReducer below) steps with the
+// (expr/reducers.hpp); argmax's (ArgmaxReducer, there too) steps with the
 // element's index too. Every pass is R over a run of elements, so the sums,
 // the means, the norms, max, min and argmax share one code path, full or
 // along an axis.
@@ -299,36 +204,7 @@ void reduce_all(const Policy& policy, const Expr& e, T* out, T* scratch) {
   with_element_at(e, [&](const auto& el) { reduce_elements<R>(policy, el, e.shape().size(), out, scratch); });
 }
 
-// --- argmax: index of the first largest value (the first NaN wins, as numpy) ---
-
-template <class T>
-struct ArgBest {
-  T value;
-  std::int64_t index;  // -1: nothing seen yet
-};
-
-/// Commutative and associative, so partials may merge in any grouping:
-/// NaN beats numbers, a larger value beats a smaller, and ties go to the
-/// lower index.
-template <class T>
-DEFT_HD ArgBest<T> better(const ArgBest<T>& a, const ArgBest<T>& b) {
-  if (a.index < 0) return b;
-  if (b.index < 0) return a;
-  const bool na = is_nan(a.value), nb = is_nan(b.value);
-  if (na != nb) return na ? a : b;
-  if (!na && a.value != b.value) return a.value > b.value ? a : b;
-  return a.index < b.index ? a : b;
-}
-
-/// argmax as a reducer: the accumulator is the best (value, index) so far,
-/// and the result its index.
-template <class T>
-struct ArgmaxReducer {
-  DEFT_HD static ArgBest<T> identity() { return {T(0), -1}; }
-  DEFT_HD static ArgBest<T> step(const ArgBest<T>& acc, T x, std::int64_t j) { return better(acc, ArgBest<T>{x, j}); }
-  DEFT_HD static ArgBest<T> merge(const ArgBest<T>& a, const ArgBest<T>& b) { return better(a, b); }
-  DEFT_HD static std::int64_t finish(const ArgBest<T>& a, std::int64_t) { return a.index; }
-};
+// --- argmax: ArgmaxReducer (expr/reducers.hpp) over the elements ---------------
 
 /// out[0] = index of the first largest of elem(0 .. n-1); `scratch` holds
 /// reduce_scratch(n) values.
@@ -351,82 +227,6 @@ void argmax_axis_elements(const Policy& policy, const Elem& elem, const AxisSpli
 template <class Policy, class Expr, class T = value_t<Expr>>
 void argmax_axis(const Policy& policy, const Expr& e, int axis, std::int64_t* out, ArgBest<T>* scratch) {
   with_element_at(e, [&](const auto& el) { argmax_axis_elements(policy, el, AxisSplit(e.shape(), axis), out, scratch); });
-}
-
-// --- data movement and integer products ------------------------------------------
-
-/// out[i] = in at the permuted position (out's dimension d is in's axes[d]).
-template <class T>
-struct PermuteAt {
-  const T* in;
-  int rank;
-  std::int64_t out_ext[max_rank];
-  std::int64_t src_stride[max_rank];
-  DEFT_HD T operator()(std::int64_t i) const {
-    std::int64_t src = 0;
-    for (int d = rank - 1; d >= 0; --d) {
-      src += (i % out_ext[d]) * src_stride[d];
-      i /= out_ext[d];
-    }
-    return in[src];
-  }
-};
-
-template <class Policy, class T>
-void permute(const Policy& policy, const T* in, const Shape& in_shape, const std::array<int, max_rank>& axes, T* out) {
-  PermuteAt<T> f{in, in_shape.rank(), {}, {}};
-  const auto st = contiguous_strides(in_shape);
-  std::int64_t total = 1;
-  for (int d = 0; d < f.rank; ++d) {
-    f.out_ext[d] = in_shape[axes[d]];
-    f.src_stride[d] = st[axes[d]];
-    total *= f.out_ext[d];
-  }
-  for_each_output(policy, total, f, out);
-}
-
-/// c[i, j] = sum over p of op(a)[i, p] * op(b)[p, j], one thread per element
-/// (integer products, which cuBLAS has no routine for; wrapping arithmetic).
-template <class T>
-struct NaiveProduct {
-  const T *a, *b;
-  std::int64_t n, k;
-  std::int64_t a_row, a_col, b_row, b_col;  // strides of op(a) and op(b)
-  DEFT_HD T operator()(std::int64_t e) const {
-    const std::int64_t i = e / n, j = e % n;
-    T sum = T(0);
-    for (std::int64_t p = 0; p < k; ++p) sum = Add{}(sum, Mul{}(a[i * a_row + p * a_col], b[p * b_row + j * b_col]));
-    return sum;
-  }
-};
-
-template <class Policy, class T>
-void naive_gemm(const Policy& policy, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c,
-                bool trans_a, bool trans_b) {
-  NaiveProduct<T> f{a, b, n, k, trans_a ? 1 : k, trans_a ? m : 1, trans_b ? 1 : n, trans_b ? k : 1};
-  for_each_output(policy, m * n, f, c);
-}
-
-// --- random numbers --------------------------------------------------------------
-
-/// Writes the element pair q of one deft::random call (see store_pair).
-template <class T, Distribution D>
-struct RandomPairs {
-  T* out;
-  std::int64_t n;
-  std::uint64_t key, stream;
-  double a, b;
-  DEFT_HD void operator()(std::int64_t q) const { store_pair<T, D>(out, n, q, key, stream, a, b); }
-};
-
-/// out[0, n) = the numbers of the deft::random call (key, stream), the same
-/// the CPU draws (the CPU's fill is detail::fill_random in ops/random.hpp).
-template <class T, Distribution D, class Policy>
-void fill_random(const Policy& policy, T* out, std::int64_t n, std::uint64_t key, std::uint64_t stream, double a,
-                 double b) {
-  if (n <= 0) return;
-  thrust::for_each(policy, thrust::counting_iterator<std::int64_t>(0),
-                   thrust::counting_iterator<std::int64_t>((n + 1) / 2), RandomPairs<T, D>{out, n, key, stream, a, b});
 }
 
 }  // namespace deft::detail::gpu

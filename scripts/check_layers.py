@@ -35,6 +35,7 @@ LAYERS = [
     ("deft.hpp", ["deft.hpp"]),
     ("nn", ["nn/", "nn.hpp"]),
     ("data", ["data/", "data.hpp"]),
+    ("compiled runtime", ["src.hpp"]),  # the compiled mode's one definition of everything above
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 

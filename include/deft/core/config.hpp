@@ -58,3 +58,22 @@
 #if !defined(DEFT_ASAN)
 #define DEFT_ASAN 0
 #endif
+
+// Header-only by default: the runtime below the templates (the scheduler,
+// its thread pool, the profiler) is inline and compiled in every
+// translation unit that uses it. With DEFT_SEPARATE_COMPILATION defined in
+// every translation unit (CMake: link deft::compiled), those functions are
+// only declared, and defined once, where deft/src.hpp is included.
+// DEFT_DECL marks them; DEFT_DEFINE_RUNTIME says whether this translation
+// unit compiles their bodies.
+#if defined(DEFT_SEPARATE_COMPILATION)
+#define DEFT_DECL
+#if defined(DEFT_BUILDING_RUNTIME)
+#define DEFT_DEFINE_RUNTIME 1
+#else
+#define DEFT_DEFINE_RUNTIME 0
+#endif
+#else
+#define DEFT_DECL inline
+#define DEFT_DEFINE_RUNTIME 1
+#endif

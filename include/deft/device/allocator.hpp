@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "../core/config.hpp"
 #include "../core/thresholds.hpp"
 
 namespace deft::engine {
@@ -103,40 +104,9 @@ class CachingHostAllocator final : public HostAllocator {
     return (bytes + step - 1) / step * step;
   }
 
-  void* allocate(std::size_t bytes, std::size_t alignment) override {
-    const std::size_t size = size_class(bytes, alignment);
-    if (bytes < min_bytes_) return from_upstream(size, alignment);
-    void* p = nullptr;
-    {
-      std::lock_guard lk(m_);
-      p = take_free(size, alignment);
-      ++(p ? stats_.hits : stats_.misses);
-    }
-    // A new allocation that is the block itself is known whole to its
-    // upstream already: only cut or merged memory is reissued.
-    bool fresh_whole = false;
-    if (!p) p = new_segment(size, alignment, fresh_whole);
-    if (p && reuse_ == BlockReuse::split && !fresh_whole) {
-      try {
-        upstream_->reissue(p, size);
-      } catch (...) {
-        deallocate(p, bytes, alignment);
-        throw;
-      }
-    }
-    return p;
-  }
+  void* allocate(std::size_t bytes, std::size_t alignment) override;
 
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
-    if (bytes >= min_bytes_) {
-      std::lock_guard lk(m_);
-      if (const auto b = blocks_.find(address(p)); b != blocks_.end()) {
-        if (!b->second.free()) trim(limit_, make_free(b));  // (freed twice: a caller's bug, ignored)
-        return;
-      }
-    }
-    upstream_->deallocate(p, size_class(bytes, alignment), alignment);
-  }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override;
 
   /// Gives every free block back to the upstream, except parts of
   /// allocations still partly in use (BlockReuse::split).
@@ -196,17 +166,7 @@ class CachingHostAllocator final : public HostAllocator {
 
   // An upstream request; when it fails with free blocks held, they go back
   // and it is tried once more (free blocks of other sizes are no use to it).
-  void* from_upstream(std::size_t size, std::size_t alignment) {
-    void* p = nullptr;
-    try {
-      p = upstream_->allocate(size, alignment);
-    } catch (...) {
-      if (stats().cached_bytes == 0) throw;
-    }
-    if (p || stats().cached_bytes == 0) return p;
-    release();
-    return upstream_->allocate(size, alignment);
-  }
+  void* from_upstream(std::size_t size, std::size_t alignment);
 
   // How large a new upstream allocation for a request of `size` bytes is:
   // that size, or in a splitting pool a larger one whose rest later requests
@@ -224,75 +184,15 @@ class CachingHostAllocator final : public HostAllocator {
   // has not that much (`whole` then says so). Small and large requests never
   // share an allocation, so that a long-lived small tensor never keeps a
   // large block from going back.
-  void* new_segment(std::size_t size, std::size_t alignment, bool& whole) {
-    const bool for_small = small(size);
-    std::size_t bytes = segment_bytes(size);
-    void* p = nullptr;
-    if (bytes != size) {
-      try {
-        p = from_upstream(bytes, alignment);
-      } catch (...) {  // a nearly full device: the request alone may still fit
-      }
-      if (!p) bytes = size;
-    }
-    if (!p) p = from_upstream(bytes, alignment);
-    if (!p) return nullptr;
-    whole = bytes == size;
-    try {
-      std::lock_guard lk(m_);
-      const auto [b, added] = blocks_.emplace(address(p), Block{bytes, alignment, for_small, true, 0, {}});
-      try {
-        b->second.node = free_.extract(free_.insert(key(b)).first);
-      } catch (...) {
-        blocks_.erase(b);
-        throw;
-      }
-      stats_.held_bytes += bytes;
-      if (bytes != size) cut(b, size);
-    } catch (...) {  // no memory to note the block: it was never handed out
-      upstream_->deallocate(p, bytes, alignment);
-      throw;
-    }
-    return p;
-  }
+  void* new_segment(std::size_t size, std::size_t alignment, bool& whole);
 
   // A free block for `size` bytes of the request's kind, cut from a larger
   // one where reuse_ allows; null if none.
-  void* take_free(std::size_t size, std::size_t alignment) {
-    const bool for_small = small(size);
-    const auto it = free_.lower_bound({for_small, alignment, size, 0, 0});
-    if (it == free_.end() || it->small != for_small || it->alignment != alignment ||
-        (reuse_ == BlockReuse::same_class && it->size != size))
-      return nullptr;
-    const auto b = blocks_.find(it->address);
-    b->second.node = free_.extract(it);
-    stats_.cached_bytes -= b->second.size;
-    if (reuse_ == BlockReuse::split && b->second.size != size && cut(b, size)) ++stats_.splits;
-    return reinterpret_cast<void*>(b->first);
-  }
+  void* take_free(std::size_t size, std::size_t alignment);
 
   // Cuts block `b` (in use) to `size` bytes, listing the rest as a free
   // block, when the rest is worth it; false when `b` stays whole.
-  bool cut(Blocks::iterator b, std::size_t size) noexcept {
-    const std::size_t rest = b->second.size - size;
-    if (rest < std::max({min_bytes_, b->second.alignment, thresholds::cache_split_min_bytes})) return false;
-    if (!b->second.small && rest <= thresholds::cache_small_request_bytes) return false;  // no large request fits it
-    try {
-      const auto r = blocks_.emplace_hint(std::next(b), b->first + size,
-                                          Block{rest, b->second.alignment, b->second.small, false, b->second.age, {}});
-      try {
-        free_.insert(key(r));
-      } catch (...) {
-        blocks_.erase(r);
-        throw;
-      }
-    } catch (...) {  // no memory to note the rest: the whole block serves the request
-      return false;
-    }
-    b->second.size = size;
-    stats_.cached_bytes += rest;
-    return true;
-  }
+  bool cut(Blocks::iterator b, std::size_t size) noexcept;
 
   // Lists block `b` as free, merged with its free neighbours of the same
   // upstream allocation; returns the merged block.
@@ -322,26 +222,10 @@ class CachingHostAllocator final : public HostAllocator {
     const auto next = std::next(b);
     return b->second.starts_segment && b->second.free() && (next == blocks_.end() || next->second.starts_segment);
   }
-  void give_back(Blocks::iterator b) noexcept {
-    free_.erase(key(b));
-    stats_.cached_bytes -= b->second.size;
-    stats_.held_bytes -= b->second.size;
-    upstream_->deallocate(reinterpret_cast<void*>(b->first), b->second.size, b->second.alignment);
-    blocks_.erase(b);
-  }
+  void give_back(Blocks::iterator b) noexcept;
   // Gives whole free blocks back until at most `limit` free bytes are held:
   // `first` (the block just freed) if it is one, then the largest.
-  void trim(std::size_t limit, Blocks::iterator first) noexcept {
-    if (stats_.cached_bytes <= limit) return;
-    if (first != blocks_.end() && whole(first)) give_back(first);
-    for (auto it = free_.end(); it != free_.begin() && stats_.cached_bytes > limit;) {
-      --it;
-      if (const auto b = blocks_.find(it->address); whole(b)) {
-        it = std::next(it);  // stays valid: only *it's node is erased
-        give_back(b);
-      }
-    }
-  }
+  void trim(std::size_t limit, Blocks::iterator first) noexcept;
 
   std::shared_ptr<HostAllocator> upstream_;
   mutable std::mutex m_;
@@ -408,5 +292,140 @@ inline std::shared_ptr<HostAllocator> host_allocator() { return detail::Allocato
 inline void release_cached_host_memory() {
   if (auto c = std::dynamic_pointer_cast<CachingHostAllocator>(host_allocator())) c->release();
 }
+
+#if DEFT_DEFINE_RUNTIME
+DEFT_DECL void* CachingHostAllocator::allocate(std::size_t bytes, std::size_t alignment) {
+  const std::size_t size = size_class(bytes, alignment);
+  if (bytes < min_bytes_) return from_upstream(size, alignment);
+  void* p = nullptr;
+  {
+    std::lock_guard lk(m_);
+    p = take_free(size, alignment);
+    ++(p ? stats_.hits : stats_.misses);
+  }
+  // A new allocation that is the block itself is known whole to its
+  // upstream already: only cut or merged memory is reissued.
+  bool fresh_whole = false;
+  if (!p) p = new_segment(size, alignment, fresh_whole);
+  if (p && reuse_ == BlockReuse::split && !fresh_whole) {
+    try {
+      upstream_->reissue(p, size);
+    } catch (...) {
+      deallocate(p, bytes, alignment);
+      throw;
+    }
+  }
+  return p;
+}
+
+DEFT_DECL void CachingHostAllocator::deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  if (bytes >= min_bytes_) {
+    std::lock_guard lk(m_);
+    if (const auto b = blocks_.find(address(p)); b != blocks_.end()) {
+      if (!b->second.free()) trim(limit_, make_free(b));  // (freed twice: a caller's bug, ignored)
+      return;
+    }
+  }
+  upstream_->deallocate(p, size_class(bytes, alignment), alignment);
+}
+
+DEFT_DECL void* CachingHostAllocator::from_upstream(std::size_t size, std::size_t alignment) {
+  void* p = nullptr;
+  try {
+    p = upstream_->allocate(size, alignment);
+  } catch (...) {
+    if (stats().cached_bytes == 0) throw;
+  }
+  if (p || stats().cached_bytes == 0) return p;
+  release();
+  return upstream_->allocate(size, alignment);
+}
+
+DEFT_DECL void* CachingHostAllocator::new_segment(std::size_t size, std::size_t alignment, bool& whole) {
+  const bool for_small = small(size);
+  std::size_t bytes = segment_bytes(size);
+  void* p = nullptr;
+  if (bytes != size) {
+    try {
+      p = from_upstream(bytes, alignment);
+    } catch (...) {  // a nearly full device: the request alone may still fit
+    }
+    if (!p) bytes = size;
+  }
+  if (!p) p = from_upstream(bytes, alignment);
+  if (!p) return nullptr;
+  whole = bytes == size;
+  try {
+    std::lock_guard lk(m_);
+    const auto [b, added] = blocks_.emplace(address(p), Block{bytes, alignment, for_small, true, 0, {}});
+    try {
+      b->second.node = free_.extract(free_.insert(key(b)).first);
+    } catch (...) {
+      blocks_.erase(b);
+      throw;
+    }
+    stats_.held_bytes += bytes;
+    if (bytes != size) cut(b, size);
+  } catch (...) {  // no memory to note the block: it was never handed out
+    upstream_->deallocate(p, bytes, alignment);
+    throw;
+  }
+  return p;
+}
+
+DEFT_DECL void* CachingHostAllocator::take_free(std::size_t size, std::size_t alignment) {
+  const bool for_small = small(size);
+  const auto it = free_.lower_bound({for_small, alignment, size, 0, 0});
+  if (it == free_.end() || it->small != for_small || it->alignment != alignment ||
+      (reuse_ == BlockReuse::same_class && it->size != size))
+    return nullptr;
+  const auto b = blocks_.find(it->address);
+  b->second.node = free_.extract(it);
+  stats_.cached_bytes -= b->second.size;
+  if (reuse_ == BlockReuse::split && b->second.size != size && cut(b, size)) ++stats_.splits;
+  return reinterpret_cast<void*>(b->first);
+}
+
+DEFT_DECL bool CachingHostAllocator::cut(Blocks::iterator b, std::size_t size) noexcept {
+  const std::size_t rest = b->second.size - size;
+  if (rest < std::max({min_bytes_, b->second.alignment, thresholds::cache_split_min_bytes})) return false;
+  if (!b->second.small && rest <= thresholds::cache_small_request_bytes) return false;  // no large request fits it
+  try {
+    const auto r = blocks_.emplace_hint(std::next(b), b->first + size,
+                                        Block{rest, b->second.alignment, b->second.small, false, b->second.age, {}});
+    try {
+      free_.insert(key(r));
+    } catch (...) {
+      blocks_.erase(r);
+      throw;
+    }
+  } catch (...) {  // no memory to note the rest: the whole block serves the request
+    return false;
+  }
+  b->second.size = size;
+  stats_.cached_bytes += rest;
+  return true;
+}
+
+DEFT_DECL void CachingHostAllocator::give_back(Blocks::iterator b) noexcept {
+  free_.erase(key(b));
+  stats_.cached_bytes -= b->second.size;
+  stats_.held_bytes -= b->second.size;
+  upstream_->deallocate(reinterpret_cast<void*>(b->first), b->second.size, b->second.alignment);
+  blocks_.erase(b);
+}
+
+DEFT_DECL void CachingHostAllocator::trim(std::size_t limit, Blocks::iterator first) noexcept {
+  if (stats_.cached_bytes <= limit) return;
+  if (first != blocks_.end() && whole(first)) give_back(first);
+  for (auto it = free_.end(); it != free_.begin() && stats_.cached_bytes > limit;) {
+    --it;
+    if (const auto b = blocks_.find(it->address); whole(b)) {
+      it = std::next(it);  // stays valid: only *it's node is erased
+      give_back(b);
+    }
+  }
+}
+#endif
 
 }  // namespace deft::engine

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <new>
 
+#include "../core/config.hpp"
 #include "../core/device.hpp"
 #include "../device/allocator.hpp"
 #include "../device/backend.hpp"
@@ -28,28 +29,10 @@ struct Buffer {
   Buffer(std::size_t nbytes, Device dev) : bytes(nbytes), device(dev) {}
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() {
-    release_memory();
-    bury(std::move(producer));
-  }
+  ~Buffer();
 
   /// Allocates the storage if not yet done (called on the worker that writes it).
-  void allocate() {
-    if (data || bytes == 0) return;
-    // Rounding up must not wrap around for sizes near SIZE_MAX.
-    if (bytes > std::numeric_limits<std::size_t>::max() - thresholds::page_alignment) throw std::bad_alloc();
-    if (pinned_host) {  // pinned memory is scarce: pageable memory serves without it
-      DeviceBackend* b = gpu_backend();
-      try {
-        take_from(b ? b->pinned_memory() : nullptr);
-      } catch (...) {
-      }
-      locked_ = data != nullptr;
-      if (data) return;
-    }
-    take_from(device.type == DeviceType::cpu ? AllocatorSlot::get().current() : backend_of(device).memory(device.index));
-    if (!data) throw std::bad_alloc();
-  }
+  void allocate();
   /// Whether the storage is page-locked host memory (see pinned_host); known
   /// once the buffer was allocated.
   bool page_locked() const { return locked_; }
@@ -164,5 +147,29 @@ class WriterHold {
   Buffer* held_;
   std::shared_ptr<Buffer> buffer_;
 };
+
+#if DEFT_DEFINE_RUNTIME
+DEFT_DECL Buffer::~Buffer() {
+  release_memory();
+  bury(std::move(producer));
+}
+
+DEFT_DECL void Buffer::allocate() {
+  if (data || bytes == 0) return;
+  // Rounding up must not wrap around for sizes near SIZE_MAX.
+  if (bytes > std::numeric_limits<std::size_t>::max() - thresholds::page_alignment) throw std::bad_alloc();
+  if (pinned_host) {  // pinned memory is scarce: pageable memory serves without it
+    DeviceBackend* b = gpu_backend();
+    try {
+      take_from(b ? b->pinned_memory() : nullptr);
+    } catch (...) {
+    }
+    locked_ = data != nullptr;
+    if (data) return;
+  }
+  take_from(device.type == DeviceType::cpu ? AllocatorSlot::get().current() : backend_of(device).memory(device.index));
+  if (!data) throw std::bad_alloc();
+}
+#endif
 
 }  // namespace deft::detail

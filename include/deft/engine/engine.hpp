@@ -60,14 +60,7 @@ class Engine {
 
   /// The process-wide engine. Never destroyed (tensors may outlive main);
   /// its workers are drained and joined at exit.
-  static Engine& get() {
-    static Engine* engine = [] {
-      auto* e = new Engine();
-      std::atexit([] { get().shutdown(); });
-      return e;
-    }();
-    return *engine;
-  }
+  static Engine& get();
 
   /// Takes a newly built task. In deferred mode it returns at once (unless a
   /// bound makes it wait); in synchronous mode the task has run when it returns.
@@ -79,35 +72,7 @@ class Engine {
   /// its producer only after this returns: every thread records its tasks
   /// under the engine's lock after reading their inputs' producers, so that
   /// write is ordered after those reads.
-  void record(const std::shared_ptr<Task>& t, const std::shared_ptr<Task>& overwritten = nullptr) {
-    if (Trace* trace = active_trace()) trace->capture(t);
-    auto& c = counters();
-    TaskList<4> cancelled;  // in place: a tiny op's overwrite allocates nothing
-    if (mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) {  // run it here, now
-      {
-        std::lock_guard lk(m_);
-        if (overwritten) cancel_overwritten_locked(overwritten, *t, cancelled);
-        c.count_recorded(t->bytes);
-        t->counted = true;
-      }
-      wait(t);
-      if (t->error) {
-        std::lock_guard lk(m_);
-        if (first_error_ == t->error) first_error_ = nullptr;  // reported here, not again by wait_all
-        std::rethrow_exception(t->error);
-      }
-      return;
-    }
-    {
-      Ready ready;
-      std::unique_lock lk(m_);
-      if (overwritten) cancel_overwritten_locked(overwritten, *t, cancelled);
-      const bool small = add_recorded_locked(t, ready);
-      dispatch_locked(lk, ready, small);
-      throttle_locked(lk);
-    }
-    for (auto& w : cancelled) w->release_closure();  // outside the lock: it may free a chain of tasks
-  }
+  void record(const std::shared_ptr<Task>& t, const std::shared_ptr<Task>& overwritten = nullptr);
 
   /// Records `t` again, a task that ran and that nobody but the caller's one
   /// reference holds: `rebuild(Task&)` gives it its new kernel and declares
@@ -122,36 +87,11 @@ class Engine {
     using F = std::remove_reference_t<Rebuild>;
     return record_again_with(t, &rebuild, [](void* f, Task& task) { (*static_cast<F*>(f))(task); });
   }
-  DEFT_NOINLINE bool record_again_with(const std::shared_ptr<Task>& t, void* context, void (*rebuild)(void*, Task&)) {
-    if (active_trace() || mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) return false;
-    Ready ready;
-    std::unique_lock lk(m_);
-    // Under the lock: the holders t had (a worker, a reader's deps) all let
-    // it go after their last critical section on it, and the weak references
-    // (recorded_, a trace's) read only its state until it is recorded again.
-    if (t.use_count() != 1 || t->state.load(std::memory_order_relaxed) != Task::State::done || t->error) return false;
-    rebuild(context, *t);
-    t->state.store(Task::State::recorded, std::memory_order_release);
-    const bool small = add_recorded_locked(t, ready);
-    dispatch_locked(lk, ready, small);
-    throttle_locked(lk);
-    return true;
-  }
+  bool record_again_with(const std::shared_ptr<Task>& t, void* context, void (*rebuild)(void*, Task&));
 
   /// record() for each of `tasks`, in order, under one lock: a hybridized
   /// replay records a whole forward at once.
-  void record_all(const std::vector<std::shared_ptr<Task>>& tasks) {
-    if (active_trace() || mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) {
-      for (const auto& t : tasks) record(t);
-      return;
-    }
-    Ready ready;
-    std::unique_lock lk(m_);
-    bool small = true;
-    for (const auto& t : tasks) small = add_recorded_locked(t, ready) && small;
-    dispatch_locked(lk, ready, small);
-    throttle_locked(lk);
-  }
+  void record_all(const std::vector<std::shared_ptr<Task>>& tasks);
 
   /// Blocks until `t` finished, submitting it and what it needs first. The
   /// waiting thread works instead of sleeping: it runs the ready tasks on
@@ -160,63 +100,23 @@ class Engine {
   /// buffer t writes, which the caller holds; when it is t's output, the
   /// run uses it instead of locking t's weak reference (a replay's chain
   /// also writes other buffers, which are left to the task).
-  void wait(const std::shared_ptr<Task>& t, const std::shared_ptr<Buffer>& held = nullptr) {
-    if (t->finished()) return;
-    Buffer* const output = held && same_owner(t->output, held) ? held.get() : nullptr;
-    Ready ready;
-    std::unique_lock lk(m_);
-    // The usual sync point waits for the task recorded last: drop its entry
-    // now, or its weak reference would keep the task's memory (shared with
-    // its control block) from the allocator until compact_recorded().
-    if (!recorded_.empty() && same_owner(recorded_.back(), t)) {
-      t->listed = false;
-      recorded_.pop_back();
-    }
-    if (runnable_alone(*t)) {  // the usual case: run it here, without submit_locked's work list
-      start_locked(*t);
-      lk.unlock();
-      execute(t, ready, lk, output);
-    } else {
-      submit_locked(t, ready);
-    }
-    help_locked(lk, ready, [&] { return t->finished(); });
-    if (t->finished()) return;
-    t->awaited = true;
-    done_cv_.wait(lk, [&] { return t->finished(); });
-  }
+  void wait(const std::shared_ptr<Task>& t, const std::shared_ptr<Buffer>& held = nullptr);
 
   /// Runs every live recorded task; rethrows (and clears) the first failure since the last call.
-  void wait_all() {
-    std::unique_lock lk(m_);
-    drain_locked(lk);
-    auto e = std::exchange(first_error_, nullptr);
-    lk.unlock();
-    if (e) std::rethrow_exception(e);
-  }
+  void wait_all();
 
   /// Runs every live recorded task, reporting no failure: they stay for
   /// wait_all() and the sync points of the tensors that failed.
-  void quiesce() {
-    std::unique_lock lk(m_);
-    drain_locked(lk);
-  }
+  void quiesce();
 
   /// quiesce(), then takes the first failure since the last wait_all() (null
   /// if none), unreported. A call that waits for all work on its caller's
   /// behalf (measure_shares) takes the earlier failures first and puts them
   /// back after (restore_failure), so that it reports only its own, and the
   /// caller's next wait_all() still reports them.
-  std::exception_ptr quiesce_and_take_failure() {
-    std::unique_lock lk(m_);
-    drain_locked(lk);
-    return std::exchange(first_error_, nullptr);
-  }
+  std::exception_ptr quiesce_and_take_failure();
   /// Makes `e` (from quiesce_and_take_failure; null: nothing) the first failure again.
-  void restore_failure(std::exception_ptr e) {
-    if (!e) return;
-    std::lock_guard lk(m_);
-    first_error_ = std::move(e);
-  }
+  void restore_failure(std::exception_ptr e);
 
   /// Calls f(recorded_) under the engine's lock: no recorded task is submitted
   /// (nor its deps changed) meanwhile, so f may walk their graph (graph_dump.hpp).
@@ -227,52 +127,17 @@ class Engine {
   }
 
   engine::Mode mode() const { return mode_.load(); }
-  void set_mode(engine::Mode m) {
-    if (m == engine::Mode::synchronous) quiesce();
-    mode_.store(m);
-  }
+  void set_mode(engine::Mode m);
 
-  engine::Limits limits() {
-    std::lock_guard lk(m_);
-    return limits_;
-  }
-  void set_limits(const engine::Limits& l) {
-    if (l.max_recorded_tasks == 0 || l.max_inflight_tasks == 0)
-      raise("engine limits: task bounds must be at least 1");
-    if (l.gpu_lanes < 1 || l.gpu_lanes > thresholds::gpu_lanes)
-      raise("engine limits: gpu_lanes must be between 1 and ", thresholds::gpu_lanes, ", not ", l.gpu_lanes);
-    std::lock_guard lk(m_);
-    limits_ = l;
-    lanes_.set_count(l.gpu_lanes);
-  }
+  engine::Limits limits();
+  void set_limits(const engine::Limits& l);
 
   /// The counters, read under the lock so that they agree with each other.
-  engine::Stats stats() {
-    std::lock_guard lk(m_);
-    return counters().snapshot();
-  }
-  void reset_stats() {
-    std::lock_guard lk(m_);
-    counters().reset();
-  }
+  engine::Stats stats();
+  void reset_stats();
 
-  int num_workers() {
-    std::lock_guard lk(m_);
-    return pool_ ? pool_->size() : 0;
-  }
-  void set_num_workers(int n) {
-    if (n < 1) raise("set_num_workers: need at least one worker, got ", n);
-    // One resize at a time: another one's pool, installed while this one
-    // joined the old workers unlocked, must not be destroyed undrained.
-    std::lock_guard resizing(resize_m_);
-    std::unique_lock lk(m_);
-    drain_locked(lk);
-    auto old = replace_pool_locked(nullptr);
-    lk.unlock();
-    old.reset();  // joins the old workers
-    lk.lock();
-    if (!shut_down_) replace_pool_locked(std::make_unique<ThreadPool>(n, &Engine::run));
-  }
+  int num_workers();
+  void set_num_workers(int n);
 
   /// Runs body(i) for i in [0, chunks) on the workers (used by kernels).
   template <class Body>
@@ -375,4 +240,6 @@ class Engine {
 
 }  // namespace deft::detail
 
+#if DEFT_DEFINE_RUNTIME
 #include "engine_impl.hpp"
+#endif

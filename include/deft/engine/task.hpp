@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "../core/config.hpp"
 #include "buffer.hpp"
 #include "stats.hpp"
 #include "task_list.hpp"
@@ -46,10 +47,7 @@ class Task {
       : name(task_name), bytes(out_bytes), work(out_bytes), kind(kernel_kind) {}
   Task(const Task&) = delete;
   Task& operator=(const Task&) = delete;
-  virtual ~Task() {
-    if (state.load(std::memory_order_relaxed) == State::recorded && counted) forget_unsubmitted();
-    for (auto& d : deps) bury(std::move(d));
-  }
+  virtual ~Task();
 
   /// Runs the kernel, writing into `out` (the output, known to be alive).
   virtual void execute(Buffer& out) = 0;
@@ -73,32 +71,7 @@ class Task {
   }
 
   /// Reads `b`: orders this task after b's producer, or inherits its failure.
-  void add_input(const std::shared_ptr<Buffer>& b) {
-    work += b->bytes;
-    if (b->device.type != DeviceType::cpu) {
-      hand_off = true;
-      for (Buffer*& slot : gpu_inputs)
-        if (!slot || slot == b.get()) {
-          slot = b.get();
-          break;
-        }
-    }
-    const auto& p = b->producer;
-    const bool pending = p && p.get() != this && !p->finished();
-    // While a trace records, a finished producer (synchronous mode, or a
-    // bound that ran the work meanwhile) stays a dependency too: the trace
-    // links its steps through deps, and a replay must run this step after
-    // the one making its input, which runs again. The engine skips it.
-    if (pending || (p && p.get() != this && active_trace())) {
-      for (const auto& d : deps)
-        if (d == p) return;
-      deps.push_back(p);
-    }
-    // A task writing several buffers (a replay's chain) marks only its
-    // output failed: a read of another one inherits the task's failure.
-    if (!pending && !inherited_error)
-      inherited_error = b->error ? b->error : (p && p.get() != this ? p->error : nullptr);
-  }
+  void add_input(const std::shared_ptr<Buffer>& b);
 
   /// For Engine::record_again, which reuses a finished task: the task as if
   /// just built (its kernel is set apart, then its reads declared).
@@ -226,5 +199,39 @@ template <class K>
 std::shared_ptr<TaskImpl<std::decay_t<K>>> make_task(const char* name, std::size_t bytes, K&& kernel) {
   return emplace_task<std::decay_t<K>>(name, bytes, std::forward<K>(kernel));
 }
+
+#if DEFT_DEFINE_RUNTIME
+DEFT_DECL Task::~Task() {
+  if (state.load(std::memory_order_relaxed) == State::recorded && counted) forget_unsubmitted();
+  for (auto& d : deps) bury(std::move(d));
+}
+
+DEFT_DECL void Task::add_input(const std::shared_ptr<Buffer>& b) {
+  work += b->bytes;
+  if (b->device.type != DeviceType::cpu) {
+    hand_off = true;
+    for (Buffer*& slot : gpu_inputs)
+      if (!slot || slot == b.get()) {
+        slot = b.get();
+        break;
+      }
+  }
+  const auto& p = b->producer;
+  const bool pending = p && p.get() != this && !p->finished();
+  // While a trace records, a finished producer (synchronous mode, or a
+  // bound that ran the work meanwhile) stays a dependency too: the trace
+  // links its steps through deps, and a replay must run this step after
+  // the one making its input, which runs again. The engine skips it.
+  if (pending || (p && p.get() != this && active_trace())) {
+    for (const auto& d : deps)
+      if (d == p) return;
+    deps.push_back(p);
+  }
+  // A task writing several buffers (a replay's chain) marks only its
+  // output failed: a read of another one inherits the task's failure.
+  if (!pending && !inherited_error)
+    inherited_error = b->error ? b->error : (p && p.get() != this ? p->error : nullptr);
+}
+#endif
 
 }  // namespace deft::detail

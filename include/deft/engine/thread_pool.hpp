@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "../core/config.hpp"
 #include "profiler.hpp"
 #include "../core/spin_lock.hpp"
 #include "task.hpp"
@@ -31,30 +32,12 @@ class ThreadPool {
  public:
   using TaskRunner = void (*)(std::shared_ptr<Task>);
 
-  ThreadPool(int workers, TaskRunner run_task) : run_task_(run_task) {
-    workers = std::max(workers, 1);
-    // Pollers plus one thread at a sync point must fit the cores: a poller
-    // that took a core from a computing thread would cost more than it saves.
-    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    max_polling_ = std::min(workers, cores - 1);
-    threads_.reserve(workers);
-    for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] {
-      worker_index() = i;
-      work();
-    });
-  }
+  ThreadPool(int workers, TaskRunner run_task);
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   /// Finishes every queued job, then joins the workers.
-  ~ThreadPool() {
-    {
-      std::lock_guard lk(m_);
-      stop_.store(true, std::memory_order_relaxed);
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
+  ~ThreadPool();
 
   int size() const { return static_cast<int>(threads_.size()); }
 
@@ -64,20 +47,7 @@ class ThreadPool {
     return ns;
   }
 
-  void push(ReadyList& ready) {
-    if (ready.empty()) return;
-    int sleeping;
-    {
-      std::lock_guard lk(m_);
-      for (auto& t : ready) jobs_.push_back(Job{std::move(t), nullptr});
-      queued_.fetch_add(static_cast<int>(ready.size()), std::memory_order_release);
-      sleeping = sleeping_;
-    }
-    // Always wake sleepers for tasks: two pushers could both count on the
-    // same polling worker, and a task may wait for another one to start.
-    if (sleeping > 0) notify(static_cast<int>(ready.size()));
-    ready.clear();
-  }
+  void push(ReadyList& ready);
 
   /// Runs body(i) for i in [0, chunks), on this thread and on idle workers.
   /// Returns when all chunks ran; rethrows the first exception a chunk threw.
@@ -94,49 +64,7 @@ class ThreadPool {
   }
 
  private:
-  void run_loop(std::int64_t chunks, void* context, void (*call)(void*, std::int64_t)) {
-    Loop loop;
-    loop.owner = profiled_task();  // null unless a trace records: then helpers' slices name it
-    loop.count = chunks;
-    loop.context = context;
-    loop.call = call;
-    // The calling thread works too (a worker, or a user thread running a task
-    // at its sync point): with size() - 1 helpers at most size() threads run.
-    const int helpers = static_cast<int>(std::min<std::int64_t>(chunks - 1, size() - 1));
-    int sleeping, polling;
-    {
-      std::lock_guard lk(m_);
-      for (int i = 0; i < helpers; ++i) jobs_.push_back(Job{nullptr, &loop});
-      // Counted before the jobs are published: a poller leaves poll() as soon
-      // as it sees them, and counting after that woke a sleeper for nothing
-      // (a futex call of ~1 us in each batch-1 forward). Every worker counted
-      // here looks at the queue under m_ before it sleeps, so it takes a job.
-      polling = polling_.load(std::memory_order_relaxed);
-      queued_.fetch_add(helpers, std::memory_order_release);
-      sleeping = sleeping_;
-    }
-    // A loop needs no helper to finish (this thread runs every chunk no helper
-    // took), so polling workers may take its helpers without a wake-up.
-    if (sleeping > 0 && helpers > polling) notify(helpers);
-    loop.run_chunks();
-    // Take back helpers no worker has started; wait for those that have.
-    int removed = 0;
-    {
-      std::lock_guard lk(m_);
-      auto it = std::remove_if(jobs_.begin(), jobs_.end(), [&](const Job& j) { return j.loop == &loop; });
-      removed = static_cast<int>(jobs_.end() - it);
-      jobs_.erase(it, jobs_.end());
-      queued_.fetch_sub(removed, std::memory_order_relaxed);
-    }
-    // A started helper is running its last chunk: spin a little before
-    // giving the core away (a yield is a system call, ~1 us on a VM).
-    const int started = helpers - removed;
-    for (int spins = 0; loop.helpers_done.load(std::memory_order_acquire) < started; ++spins) {
-      if (spins < thresholds::helper_spin_count) cpu_relax();
-      else std::this_thread::yield();
-    }
-    if (loop.error) std::rethrow_exception(loop.error);
-  }
+  void run_loop(std::int64_t chunks, void* context, void (*call)(void*, std::int64_t));
 
   struct Loop {
     ProfiledTask owner;  // the task running this loop, named only while a trace records
@@ -172,47 +100,9 @@ class ThreadPool {
 
   // Polls for a queued job for up to poll_ns(), if fewer than max_polling_
   // workers already poll. Returns early when a job or the stop arrives.
-  void poll() {
-    const std::int64_t budget = poll_ns().load(std::memory_order_relaxed);
-    if (budget <= 0) return;
-    int n = polling_.load(std::memory_order_relaxed);
-    do {
-      if (n >= max_polling_) return;
-    } while (!polling_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
-    const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(budget);
-    for (unsigned i = 1;; ++i) {
-      if (queued_.load(std::memory_order_acquire) > 0 || stop_.load(std::memory_order_relaxed)) break;
-      cpu_relax();
-      if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
-    }
-    polling_.fetch_sub(1, std::memory_order_relaxed);
-  }
+  void poll();
 
-  void work() {
-    for (;;) {
-      Job job;
-      poll();
-      {
-        std::unique_lock lk(m_);
-        ++sleeping_;
-        cv_.wait(lk, [&] { return stop_.load(std::memory_order_relaxed) || !jobs_.empty(); });
-        --sleeping_;
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-        queued_.fetch_sub(1, std::memory_order_relaxed);
-      }
-      if (job.loop) {
-        {
-          HelpSlice slice(job.loop->owner);  // the profiler's record of this help, if a trace records
-          job.loop->run_chunks();
-        }
-        job.loop->helpers_done.fetch_add(1, std::memory_order_release);
-      } else {
-        run_task_(std::move(job.task));
-      }
-    }
-  }
+  void work();
 
   TaskRunner run_task_;
   std::vector<std::thread> threads_;
@@ -225,5 +115,130 @@ class ThreadPool {
   int sleeping_ = 0;  // workers in cv_.wait (guarded by m_)
   std::atomic<bool> stop_{false};
 };
+
+#if DEFT_DEFINE_RUNTIME
+DEFT_DECL ThreadPool::ThreadPool(int workers, TaskRunner run_task) : run_task_(run_task) {
+  workers = std::max(workers, 1);
+  // Pollers plus one thread at a sync point must fit the cores: a poller
+  // that took a core from a computing thread would cost more than it saves.
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  max_polling_ = std::min(workers, cores - 1);
+  threads_.reserve(workers);
+  for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] {
+    worker_index() = i;
+    work();
+  });
+}
+
+DEFT_DECL ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lk(m_);
+    stop_.store(true, std::memory_order_relaxed);
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+DEFT_DECL void ThreadPool::push(ReadyList& ready) {
+  if (ready.empty()) return;
+  int sleeping;
+  {
+    std::lock_guard lk(m_);
+    for (auto& t : ready) jobs_.push_back(Job{std::move(t), nullptr});
+    queued_.fetch_add(static_cast<int>(ready.size()), std::memory_order_release);
+    sleeping = sleeping_;
+  }
+  // Always wake sleepers for tasks: two pushers could both count on the
+  // same polling worker, and a task may wait for another one to start.
+  if (sleeping > 0) notify(static_cast<int>(ready.size()));
+  ready.clear();
+}
+
+DEFT_DECL void ThreadPool::run_loop(std::int64_t chunks, void* context, void (*call)(void*, std::int64_t)) {
+  Loop loop;
+  loop.owner = profiled_task();  // null unless a trace records: then helpers' slices name it
+  loop.count = chunks;
+  loop.context = context;
+  loop.call = call;
+  // The calling thread works too (a worker, or a user thread running a task
+  // at its sync point): with size() - 1 helpers at most size() threads run.
+  const int helpers = static_cast<int>(std::min<std::int64_t>(chunks - 1, size() - 1));
+  int sleeping, polling;
+  {
+    std::lock_guard lk(m_);
+    for (int i = 0; i < helpers; ++i) jobs_.push_back(Job{nullptr, &loop});
+    // Counted before the jobs are published: a poller leaves poll() as soon
+    // as it sees them, and counting after that woke a sleeper for nothing
+    // (a futex call of ~1 us in each batch-1 forward). Every worker counted
+    // here looks at the queue under m_ before it sleeps, so it takes a job.
+    polling = polling_.load(std::memory_order_relaxed);
+    queued_.fetch_add(helpers, std::memory_order_release);
+    sleeping = sleeping_;
+  }
+  // A loop needs no helper to finish (this thread runs every chunk no helper
+  // took), so polling workers may take its helpers without a wake-up.
+  if (sleeping > 0 && helpers > polling) notify(helpers);
+  loop.run_chunks();
+  // Take back helpers no worker has started; wait for those that have.
+  int removed = 0;
+  {
+    std::lock_guard lk(m_);
+    auto it = std::remove_if(jobs_.begin(), jobs_.end(), [&](const Job& j) { return j.loop == &loop; });
+    removed = static_cast<int>(jobs_.end() - it);
+    jobs_.erase(it, jobs_.end());
+    queued_.fetch_sub(removed, std::memory_order_relaxed);
+  }
+  // A started helper is running its last chunk: spin a little before
+  // giving the core away (a yield is a system call, ~1 us on a VM).
+  const int started = helpers - removed;
+  for (int spins = 0; loop.helpers_done.load(std::memory_order_acquire) < started; ++spins) {
+    if (spins < thresholds::helper_spin_count) cpu_relax();
+    else std::this_thread::yield();
+  }
+  if (loop.error) std::rethrow_exception(loop.error);
+}
+
+DEFT_DECL void ThreadPool::poll() {
+  const std::int64_t budget = poll_ns().load(std::memory_order_relaxed);
+  if (budget <= 0) return;
+  int n = polling_.load(std::memory_order_relaxed);
+  do {
+    if (n >= max_polling_) return;
+  } while (!polling_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(budget);
+  for (unsigned i = 1;; ++i) {
+    if (queued_.load(std::memory_order_acquire) > 0 || stop_.load(std::memory_order_relaxed)) break;
+    cpu_relax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
+  }
+  polling_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+DEFT_DECL void ThreadPool::work() {
+  for (;;) {
+    Job job;
+    poll();
+    {
+      std::unique_lock lk(m_);
+      ++sleeping_;
+      cv_.wait(lk, [&] { return stop_.load(std::memory_order_relaxed) || !jobs_.empty(); });
+      --sleeping_;
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+      queued_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    if (job.loop) {
+      {
+        HelpSlice slice(job.loop->owner);  // the profiler's record of this help, if a trace records
+        job.loop->run_chunks();
+      }
+      job.loop->helpers_done.fetch_add(1, std::memory_order_release);
+    } else {
+      run_task_(std::move(job.task));
+    }
+  }
+}
+#endif
 
 }  // namespace deft::detail

@@ -44,7 +44,8 @@ case "$mode" in
       || { echo "package test: find_package(deft 9.0) failed for another reason than the version"; cat "$work/too_new.log"; exit 1; }
     ;;
   add_subdirectory | fetchcontent)
-    build_consumer -DDEFT_CONSUME="$mode" -DDEFT_SOURCE_DIR="$src"
+    # FetchContent's consumer links the compiled mode (deft::compiled), add_subdirectory's the headers.
+    build_consumer -DDEFT_CONSUME="$mode" -DDEFT_SOURCE_DIR="$src" -DDEFT_CONSUMER_COMPILED=$([ "$mode" = fetchcontent ] && echo ON || echo OFF)
     ;;
   pkgconfig)
     install_deft
@@ -63,6 +64,11 @@ case "$mode" in
     # shellcheck disable=SC2086
     "$cxx" $cflags "$consumer/main.cpp" -o "$work/consumer_pc" $libs
     "$work/consumer_pc"
+    # The compiled mode from installed headers: one .cpp includes deft/src.hpp.
+    echo '#include <deft/src.hpp>' >"$work/deft_runtime.cpp"
+    # shellcheck disable=SC2086
+    "$cxx" $cflags -DDEFT_SEPARATE_COMPILATION "$consumer/main.cpp" "$work/deft_runtime.cpp" -o "$work/consumer_pc_compiled" $libs
+    "$work/consumer_pc_compiled"
     ;;
   cuda)
     # deft::cuda: a second configure of deft with DEFT_CUDA=ON, installed, and

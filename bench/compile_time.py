@@ -2,7 +2,8 @@
 """Times the compilation of deft programs beside the same programs written with
 its peers, and optionally the README's test command from a fresh clone.
 
-  bench/compile_time.py                      # README hello (deft, Eigen, xtensor, libtorch), trainer
+  bench/compile_time.py                      # README hello (deft, Eigen, xtensor, libtorch), trainer,
+                                             # both also in the compiled mode (DEFT_SEPARATE_COMPILATION)
   bench/compile_time.py --repeats 5 --csv ct.csv
   bench/compile_time.py --before origin/main # deft's units of that commit too, in the same rounds
   bench/compile_time.py --suite              # also the README's test command on a fresh clone of HEAD
@@ -48,6 +49,15 @@ def deft_units(root, workdir, args, label=""):
             write(workdir, f"include_only{tag}.cpp", "#include <deft/deft.hpp>\n\nint main() {}\n"), inc)]
     if not args.no_trainer:
         out.append((f"deft{label}: examples/train_fashion_mnist.cpp", os.path.join(root, "examples", "train_fashion_mnist.cpp"), inc))
+    if os.path.exists(os.path.join(root, "include", "deft", "src.hpp")):
+        # The compiled mode: each unit only declares the runtime, which
+        # deft/src.hpp compiles once (timed as a unit of its own).
+        sep = inc + ["-DDEFT_SEPARATE_COMPILATION"]
+        out.append((f"deft{label}: README hello, compiled mode", out[0][1], sep))
+        if not args.no_trainer:
+            out.append((f"deft{label}: trainer, compiled mode", os.path.join(root, "examples", "train_fashion_mnist.cpp"), sep))
+        out.append((f"deft{label}: the compiled runtime (once per build)",
+                    write(workdir, f"runtime{tag}.cpp", "#include <deft/src.hpp>\n"), sep))
     if args.all:
         out.append((f"deft{label}: bench/group_training.cpp", os.path.join(root, "bench", "group_training.cpp"),
                     inc + ["-I" + os.path.join(root, "bench")]))

@@ -208,7 +208,11 @@ struct ReduceNode final : Node {
     } else if constexpr (std::is_same_v<Reducer, d::SumReducer<T>>) {
       backprop(e, g, visit);
     } else if constexpr (std::is_same_v<Reducer, d::MaxReducer<T>> || std::is_same_v<Reducer, d::MinReducer<T>>) {
-      backprop(e, where(e == kept(result), g, T(0)), visit);  // every element equal to the extreme gets it
+      // Tied extremes share the gradient evenly, so that it sums to the
+      // upstream one (a valid subgradient; PyTorch's rule for a whole-tensor max).
+      const Tensor<T> hit = e == kept(result);
+      const Tensor<T> ties = all ? Tensor<T>(sum(hit)) : Tensor<T>(sum(hit, axis, true));
+      backprop(e, g * hit / maximum(d::BroadcastTo(ties.leaf(), in), T(1)), visit);
     } else if constexpr (std::is_same_v<Reducer, d::NormReducer<T>>) {
       const auto y = kept(result);
       backprop(e, where(y == T(0), T(0), g * e / y), visit);
@@ -248,6 +252,10 @@ struct DotNode final : Node {
     } else if (ra == 1 && rb == 2) {  // (n) = (k)(k,n)
       give(a, dot(tb, g));
       give(b, col(ta) * row(g));
+    } else if (ra == 3 && rb == 1) {  // (B,m) = (B,m,k)(k): the (m,k)(k) case over B*m rows
+      const std::int64_t k = a.extent[2];
+      if (a.grad) give(a, Tensor<T>(col(g) * row(tb)).reshape({a.extent[0], a.extent[1], k}));
+      if (b.grad) give(b, product(ta.reshape({-1, k}), true, g.reshape({-1}), false));
     } else if (ra == 3 && rb == 2) {  // (B,m,n) = (B,m,k)(k,n): rows of all batches share b
       if (a.grad) give(a, product(g, false, tb, true));
       if (b.grad) give(b, product(ta.reshape({-1, a.extent[2]}), true, g.reshape({-1, g.shape()[2]}), false));

@@ -1,6 +1,9 @@
 // Every differentiable operation against finite differences (gradcheck.hpp).
 #include "gradcheck.hpp"
 
+#include <algorithm>
+#include <random>
+
 using namespace deft;
 using agt::check_gradients;
 using agt::uniform;
@@ -65,6 +68,7 @@ BOOST_AUTO_TEST_CASE(matrix_products_and_transposes) {
   Tensor<double> x3 = uniform({2, 3, 4}), y3 = uniform({2, 4, 2});
   check_gradients({&x3, &b}, [&] { return Tensor<double>(sum(sigmoid(dot(x3, b)))); });
   check_gradients({&x3, &y3}, [&] { return Tensor<double>(sum(sigmoid(matmul(x3, y3)))); });
+  check_gradients({&x3, &v}, [&] { return Tensor<double>(sum(sigmoid(dot(x3, v)))); });  // (2,3) = (2,3,4)(4)
   // Large enough (4+ rows) that the gradients' products go through the packed
   // GEMM reading one operand transposed.
   Tensor<double> c = uniform({6, 5}), d = uniform({5, 7}), x4 = uniform({2, 6, 5}), y4 = uniform({2, 5, 4});
@@ -108,6 +112,80 @@ BOOST_AUTO_TEST_CASE(a_small_mlp_in_float32_and_float64) {
     const auto gf = pf[k].grad().to_vector();
     const auto gd = pd[k]->grad().to_vector();  // from the float64 check above
     for (std::size_t i = 0; i < gf.size(); ++i) BOOST_TEST(std::abs(gf[i] - gd[i]) <= 1e-5 * std::max(1.0, std::abs(gd[i])));
+  }
+}
+
+// At a tie the gradient is a subgradient that sums to the upstream one:
+// relu'(0) = 0; maximum/minimum give a tie to the left operand; max/min
+// reductions split it evenly between the tied extremes. Inputs are small
+// integers, so that ties are frequent; the reference is a double loop.
+BOOST_AUTO_TEST_CASE(ties_get_a_subgradient_that_sums_to_the_upstream_one) {
+  std::mt19937 gen(21);
+  std::uniform_int_distribution<int> small(-2, 2);
+  const std::int64_t rows = 7, cols = 5;
+  std::vector<float> xv(rows * cols), yv(rows * cols), up(rows * cols);
+  for (auto& v : xv) v = float(small(gen));
+  for (auto& v : yv) v = float(small(gen));
+  std::uniform_real_distribution<float> weight(0.5f, 1.5f);
+  for (auto& v : up) v = weight(gen);
+  const Tensor<float> u(up, Shape{rows, cols});
+  const auto grads = [&](auto f) {
+    Tensor<float> x(xv, Shape{rows, cols}), y(yv, Shape{rows, cols});
+    x.attach_grad();
+    y.attach_grad();
+    {
+      autograd::record rec;
+      Tensor<float> loss = f(x, y);
+      loss.backward();
+    }
+    return std::pair{x.grad().to_vector(), y.grad().to_vector()};
+  };
+  const auto expect_near = [](const std::vector<float>& got, const std::vector<double>& want, const char* what) {
+    BOOST_TEST_CONTEXT(what) {
+      BOOST_REQUIRE_EQUAL(got.size(), want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) BOOST_TEST(std::abs(got[i] - want[i]) <= 1e-6 * (1 + std::abs(want[i])), "element " << i << ": " << got[i] << " vs " << want[i]);
+    }
+  };
+  const std::size_t n = xv.size();
+  {  // relu: 1 above 0, 0 at and below
+    auto [gx, gy] = grads([&](auto& x, auto&) { return Tensor<float>(sum(relu(x) * u)); });
+    std::vector<double> want(n);
+    for (std::size_t i = 0; i < n; ++i) want[i] = xv[i] > 0 ? up[i] : 0.0;
+    expect_near(gx, want, "relu");
+  }
+  for (bool is_max : {true, false}) {  // maximum/minimum: a tie goes to the left operand
+    auto [gx, gy] = grads([&](auto& x, auto& y) { return Tensor<float>(sum((is_max ? Tensor<float>(maximum(x, y)) : Tensor<float>(minimum(x, y))) * u)); });
+    std::vector<double> wx(n), wy(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool left = is_max ? xv[i] >= yv[i] : xv[i] <= yv[i];
+      (left ? wx : wy)[i] = up[i];
+    }
+    expect_near(gx, wx, is_max ? "maximum, left" : "minimum, left");
+    expect_near(gy, wy, is_max ? "maximum, right" : "minimum, right");
+  }
+  for (bool is_max : {true, false}) {
+    // Along axis 1, weighted per row; and over the whole tensor.
+    const Tensor<float> w(std::vector<float>(up.begin(), up.begin() + rows), Shape{rows});
+    auto [gx, gy] = grads([&](auto& x, auto&) {
+      return Tensor<float>(sum((is_max ? Tensor<float>(max(x, 1)) : Tensor<float>(min(x, 1))) * w) +
+                           (is_max ? Tensor<float>(max(x)) : Tensor<float>(min(x))) * 3.0f);
+    });
+    std::vector<double> want(n, 0.0);
+    const auto better = [&](float a, float b) { return is_max ? a > b : a < b; };
+    float extreme = xv[0];
+    for (float v : xv) extreme = better(v, extreme) ? v : extreme;
+    const double all_ties = double(std::count(xv.begin(), xv.end(), extreme));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float best = xv[r * cols];
+      for (std::int64_t c = 0; c < cols; ++c) best = better(xv[r * cols + c], best) ? xv[r * cols + c] : best;
+      const double ties = double(std::count(xv.begin() + r * cols, xv.begin() + (r + 1) * cols, best));
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const std::size_t i = r * cols + c;
+        if (xv[i] == best) want[i] += up[r] / ties;
+        if (xv[i] == extreme) want[i] += 3.0 / all_ties;
+      }
+    }
+    expect_near(gx, want, is_max ? "max reductions" : "min reductions");
   }
 }
 

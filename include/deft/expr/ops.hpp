@@ -210,6 +210,15 @@ struct Minimum {
   template <class V>
   DEFT_HD V operator()(const V& a, const V& b) const { return choose(is_nan(a), a, lesser_of(a, b)); }
 };
+// relu(x) = maximum(x, 0), NaN included; a unary op of its own so that its
+// derivative at 0 is 0 (as in PyTorch and MXNet), not maximum's tie rule.
+struct Relu {
+  static constexpr int cost = 1;
+  static constexpr bool floating_only = false;
+  static constexpr const char* name = "relu";
+  template <class V>
+  DEFT_HD V operator()(const V& a) const { return Maximum{}(a, V(0)); }
+};
 struct Pow {
   static constexpr int cost = 16;
   static constexpr const char* name = "pow";

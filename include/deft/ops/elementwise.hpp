@@ -65,13 +65,10 @@ DEFT_UNARY_FUNCTION(log, Log)
 DEFT_UNARY_FUNCTION(sqrt, Sqrt)
 DEFT_UNARY_FUNCTION(tanh, Tanh)
 DEFT_UNARY_FUNCTION(sigmoid, Sigmoid)
+/// max(x, 0) elementwise (NaN stays NaN); its derivative is 0 for x <= 0.
+DEFT_UNARY_FUNCTION(relu, Relu)
 #undef DEFT_UNARY_FUNCTION
 
-/// max(x, 0) elementwise.
-template <Operand X>
-auto relu(X&& x) {
-  return maximum(std::forward<X>(x), 0);
-}
 
 /// a where cond is nonzero, b elsewhere (each may be a number).
 template <Operand C, class A, class B>

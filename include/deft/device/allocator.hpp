@@ -104,9 +104,9 @@ class CachingHostAllocator final : public HostAllocator {
     return (bytes + step - 1) / step * step;
   }
 
-  void* allocate(std::size_t bytes, std::size_t alignment) override;
+  DEFT_DECL void* allocate(std::size_t bytes, std::size_t alignment) override;  // DEFT_DECL: see ~Task()
 
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override;
+  DEFT_DECL void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override;
 
   /// Gives every free block back to the upstream, except parts of
   /// allocations still partly in use (BlockReuse::split).

@@ -47,7 +47,10 @@ class Task {
       : name(task_name), bytes(out_bytes), work(out_bytes), kind(kernel_kind) {}
   Task(const Task&) = delete;
   Task& operator=(const Task&) = delete;
-  virtual ~Task();
+  // DEFT_DECL here too: an out-of-line virtual declared without `inline` in
+  // the class would be its key function, and every translation unit would
+  // emit the vtable and every virtual function.
+  DEFT_DECL virtual ~Task();
 
   /// Runs the kernel, writing into `out` (the output, known to be alive).
   virtual void execute(Buffer& out) = 0;

@@ -332,6 +332,68 @@ BOOST_AUTO_TEST_CASE(sgd_with_momentum_and_adam_follow_their_formulas) {
   }
 }
 
+// Adam's two epsilon placements and AdamW's decoupled weight decay against
+// a double loop of their formulas (PyTorch's for after_correction and AdamW).
+// A large epsilon makes the placements differ by far more than the tolerance.
+BOOST_AUTO_TEST_CASE(adam_epsilon_placements_and_adamw_follow_their_formulas) {
+  const float lr = 0.02f, eps = 1e-3f, wd = 0.05f;
+  std::vector<std::vector<double>> finals;
+  for (int config = 0; config < 4; ++config) {
+    const bool decoupled = config >= 2, after = config % 2 == 1;
+    nn::Adam opt{lr, 0.9f, 0.999f, eps, wd, decoupled, after ? nn::AdamEpsilon::after_correction : nn::AdamEpsilon::before_correction};
+    if (config == 3) {  // adamw() is this configuration with PyTorch's defaults for the rest
+      const nn::Adam torch_like = nn::adamw(lr, wd);
+      BOOST_TEST((torch_like.decoupled_weight_decay && torch_like.epsilon_at == nn::AdamEpsilon::after_correction &&
+                  torch_like.epsilon == 1e-8f && torch_like.beta1 == 0.9f && torch_like.beta2 == 0.999f));
+    }
+    random::seed(5);
+    nn::Dense layer(3);
+    layer.initialize();
+    const Tensor<float> x = random::normal<float>(0, 1, {8, 4});
+    (void)layer(x).to_vector();
+    std::vector<nn::Parameter*> params = layer.collect_params();
+    nn::Trainer trainer(params, opt);
+    const auto w0 = params[0]->data().to_vector();
+    std::vector<double> w(w0.begin(), w0.end()), m(w.size(), 0.0), v(w.size(), 0.0);
+    for (int step = 1; step <= 4; ++step) {
+      {
+        autograd::record rec;
+        Tensor<float> l = sum(layer(x) * layer(x)) * 0.01f;
+        l.backward();
+      }
+      const auto g = params[0]->grad().to_vector();
+      trainer.step(8);
+      const double c1 = 1 - std::pow(0.9, step), c2 = 1 - std::pow(0.999, step);
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        const double gi = g[i] / 8.0 + (decoupled ? 0.0 : wd * w[i]);
+        m[i] = 0.9 * m[i] + 0.1 * gi;
+        v[i] = 0.999 * v[i] + 0.001 * gi * gi;
+        const double update = after ? lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps)
+                                    : lr * std::sqrt(c2) / c1 * m[i] / (std::sqrt(v[i]) + eps);
+        w[i] -= update + (decoupled ? lr * wd * w[i] : 0.0);
+      }
+      const auto now = params[0]->data().to_vector();
+      BOOST_TEST_CONTEXT("configuration " << config << ", step " << step) {
+        for (std::size_t i = 0; i < w.size(); ++i) {
+          BOOST_TEST(std::abs(now[i] - w[i]) <= 1e-5 * std::max(1.0, std::abs(w[i])));
+          w[i] = now[i];  // follow deft's float values
+        }
+      }
+    }
+    finals.push_back(w);
+  }
+  // Each option changes the result (by about 0.05 here), so a placement or a
+  // decay that was ignored would fail.
+  const auto differ = [&](int a, int b) {
+    double most = 0;
+    for (std::size_t i = 0; i < finals[a].size(); ++i) most = std::max(most, std::abs(finals[a][i] - finals[b][i]));
+    return most;
+  };
+  BOOST_TEST(differ(0, 1) > 1e-2);
+  BOOST_TEST(differ(0, 2) > 1e-2);
+  BOOST_TEST(differ(2, 3) > 1e-2);
+}
+
 BOOST_AUTO_TEST_CASE(misuse_is_reported) {
   nn::Dense layer(2);
   layer.initialize();

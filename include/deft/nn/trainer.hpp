@@ -26,16 +26,37 @@ struct SGD {
   float momentum = 0.0f;        ///< 0: plain SGD
   float weight_decay = 0.0f;    ///< L2 penalty added to each gradient (times the weight)
 };
+/// Where Adam adds epsilon to the denominator.
+enum class AdamEpsilon {
+  /// To sqrt(v) of the moments before bias correction, i.e. to
+  /// sqrt(v_hat) * sqrt(1 - beta2^t) (Gluon, MXNet, the paper's efficient
+  /// form; deft's default).
+  before_correction,
+  /// To sqrt(v_hat) of the bias-corrected moments (PyTorch, TensorFlow 2).
+  after_correction,
+};
+
 /// Adam (Kingma & Ba), with bias correction. Each parameter's correction
 /// counts its own updates (Gluon's rule): one a step left as it was
 /// (ignore_stale_grad) is corrected as if that step had not happened.
+/// The defaults are Gluon's; adamw() gives PyTorch's AdamW.
 struct Adam {
   float learning_rate = 0.001f;  ///< step size, positive
   float beta1 = 0.9f;            ///< decay of the first-moment estimate
   float beta2 = 0.999f;          ///< decay of the second-moment estimate
-  float epsilon = 1e-8f;         ///< added to the denominator
-  float weight_decay = 0.0f;     ///< L2 penalty added to each gradient (times the weight)
+  float epsilon = 1e-8f;         ///< added to the denominator (where: epsilon_at)
+  float weight_decay = 0.0f;     ///< L2 penalty added to each gradient (times the weight), or with decoupled_weight_decay the weight's own decay
+  /// AdamW (Loshchilov & Hutter): each step also shrinks the weight by
+  /// learning_rate * weight_decay * w, instead of adding weight_decay * w to the gradient.
+  bool decoupled_weight_decay = false;
+  AdamEpsilon epsilon_at = AdamEpsilon::before_correction;  ///< where epsilon is added
 };
+
+/// AdamW as PyTorch's torch.optim.AdamW defines it: decoupled weight decay
+/// (0.01 by default) and epsilon added after the bias correction.
+inline Adam adamw(float learning_rate = 0.001f, float weight_decay = 0.01f) {
+  return Adam{learning_rate, 0.9f, 0.999f, 1e-8f, weight_decay, true, AdamEpsilon::after_correction};
+}
 
 /// Updates parameters from their gradients with SGD or Adam (Gluon's Trainer).
 class Trainer {
@@ -181,6 +202,7 @@ class Trainer {
     Device device;
     Tensor<double> beta1_t, beta2_t;  // beta1^t, beta2^t
     Tensor<float> step_size;          // lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+    Tensor<float> epsilon;            // what the update adds to sqrt(v): epsilon, or epsilon * sqrt(1 - beta2^t)
   };
   struct Clock {
     std::int64_t count = 0;
@@ -209,7 +231,7 @@ class Trainer {
       if (moving == counted.begin() || moving == counted.end()) continue;  // all or none updated
       Clock split{clocks_[c].count, {moving, counted.end()}, {}};
       counted.erase(moving, counted.end());
-      for (const DeviceClock& d : clocks_[c].on) split.on.push_back({d.device, d.beta1_t.clone(), d.beta2_t.clone(), {}});
+      for (const DeviceClock& d : clocks_[c].on) split.on.push_back({d.device, d.beta1_t.clone(), d.beta2_t.clone(), {}, {}});
       for (std::size_t i : split.params) clock_of_[i] = clocks_.size();
       clocks_.push_back(std::move(split));
     }
@@ -247,7 +269,7 @@ class Trainer {
       return clock.on.empty() ? full<double>(Shape{}, std::pow(double(beta), double(clock.count)), device)
                               : (clock.on.front().*of).to(device);
     };
-    clock.on.push_back({device, power(&DeviceClock::beta1_t, o.beta1), power(&DeviceClock::beta2_t, o.beta2), {}});
+    clock.on.push_back({device, power(&DeviceClock::beta1_t, o.beta1), power(&DeviceClock::beta2_t, o.beta2), {}, {}});
   }
   // Advances `clock`'s data on `device` (see join) to count + 1.
   static void tick(const Adam& o, Clock& clock, Device device) {
@@ -255,10 +277,14 @@ class Trainer {
     d.beta1_t *= double(o.beta1);
     d.beta2_t *= double(o.beta2);
     d.step_size = cast<float>(sqrt(1.0 - d.beta2_t) * double(o.learning_rate) / (1.0 - d.beta1_t));
+    // m_hat / (sqrt(v_hat) + eps) = m * step_size / (sqrt(v) + eps * sqrt(1 - beta2^t)) / lr;
+    // one expression for both placements (before: the factor is exactly 1).
+    const double after = o.epsilon_at == AdamEpsilon::after_correction ? 1.0 : 0.0;
+    d.epsilon = cast<float>(sqrt(1.0 - d.beta2_t * after) * double(o.epsilon));
   }
-  const Tensor<float>& step_size(std::size_t param, Device device) const {
+  const DeviceClock& clock_on(std::size_t param, Device device) const {
     const Clock& c = clocks_.at(clock_of_.at(param));
-    if (auto it = std::ranges::find(c.on, device, &DeviceClock::device); it != c.on.end()) return it->step_size;
+    if (auto it = std::ranges::find(c.on, device, &DeviceClock::device); it != c.on.end()) return *it;
     detail::raise<std::logic_error>("Trainer: no Adam step size for '", params_[param]->name(), "' on ", device);
   }
 
@@ -278,7 +304,7 @@ class Trainer {
     for (const auto& per_device : state_)
       for (const State& st : per_device) visit(st.m), visit(st.v);
     for (const Clock& c : clocks_)
-      for (const DeviceClock& d : c.on) visit(d.beta1_t), visit(d.beta2_t), visit(d.step_size);
+      for (const DeviceClock& d : c.on) visit(d.beta1_t), visit(d.beta2_t), visit(d.step_size), visit(d.epsilon);
   }
   // A TrainStep replay made one more step, of every parameter (it refuses
   // stale gradients), so every clock advanced.
@@ -334,10 +360,14 @@ class Trainer {
       s.m = zeros<float>(w.shape(), w.device());
       s.v = zeros<float>(w.shape(), w.device());
     }
-    const auto grad = g * rescale + w * o.weight_decay;
+    // One expression for Adam and AdamW: the unused decay is a zero factor.
+    const float l2 = o.decoupled_weight_decay ? 0.0f : o.weight_decay;
+    const float shrink = o.decoupled_weight_decay ? o.learning_rate * o.weight_decay : 0.0f;
+    const auto grad = g * rescale + w * l2;
     s.m = s.m * o.beta1 + grad * (1.0f - o.beta1);
     s.v = s.v * o.beta2 + grad * grad * (1.0f - o.beta2);
-    w -= s.m * step_size(param, w.device()) / (sqrt(s.v) + o.epsilon);
+    const DeviceClock& c = clock_on(param, w.device());
+    w -= s.m * c.step_size / (sqrt(s.v) + c.epsilon) + w * shrink;
   }
 
   std::vector<Parameter*> params_;

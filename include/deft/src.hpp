@@ -13,7 +13,5 @@
 #endif
 
 #define DEFT_BUILDING_RUNTIME
-#include "deft.hpp"
-#include "data.hpp"
-#include "nn.hpp"
-#include "engine/graph_dump.hpp"
+// Every DEFT_DEFINE_RUNTIME section is below the engine (engine/, device/).
+#include "engine/engine.hpp"

@@ -1,8 +1,8 @@
 // deft's runtime, compiled once. In the compiled mode every translation unit
 // of a program defines DEFT_SEPARATE_COMPILATION and so only declares the
-// runtime's functions (the scheduler, its thread pool, the profiler); exactly
-// one .cpp defines them by including this header, first, before any other
-// deft header. CMake does both for targets that link deft::compiled.
+// runtime's functions (the scheduler, its thread pool, tasks, buffers, the
+// host memory cache); exactly one .cpp defines them by including this
+// header, first, before any other deft header. CMake does both for targets that link deft::compiled.
 #pragma once
 
 #if !defined(DEFT_SEPARATE_COMPILATION)

@@ -60,8 +60,8 @@
 #endif
 
 // Header-only by default: the runtime below the templates (the scheduler,
-// its thread pool, the profiler) is inline and compiled in every
-// translation unit that uses it. With DEFT_SEPARATE_COMPILATION defined in
+// its thread pool, tasks, buffers, the host memory cache) is inline and
+// compiled in every translation unit that uses it. With DEFT_SEPARATE_COMPILATION defined in
 // every translation unit (CMake: link deft::compiled), those functions are
 // only declared, and defined once, where deft/src.hpp is included.
 // DEFT_DECL marks them; DEFT_DEFINE_RUNTIME says whether this translation

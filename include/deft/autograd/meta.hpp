@@ -73,6 +73,10 @@ inline bool& recording_flag() {
   thread_local bool on = false;
   return on;
 }
+inline bool& training_flag() {
+  thread_local bool on = false;
+  return on;
+}
 
 // Tensor's autograd entry points, defined in autograd/graph.hpp.
 template <class T>
@@ -104,31 +108,72 @@ void track_pool2d(Tensor<T>& out, const deft::detail::Leaf<T>& x, const deft::de
 
 /// Whether operations on this thread are being recorded for backward().
 inline bool is_recording() { return detail::recording_flag(); }
+/// Whether layers on this thread run in training mode (MXNet's
+/// autograd.is_training()): Dropout masks and BatchNorm uses the batch's
+/// statistics. `record` turns it on by default, `pause` off; outside both
+/// it is off (prediction), unless a `train_mode` scope says otherwise.
+inline bool is_training() { return detail::training_flag(); }
 
 /// Records the operations of its scope (MXNet's `with autograd.record():`):
-/// `{ autograd::record r; auto loss = ...; loss.backward(); }`.
+/// `{ autograd::record r; auto loss = ...; loss.backward(); }`. Layers run
+/// in training mode inside it unless `train_mode` is false (a validation
+/// pass that needs gradients, a BatchNorm whose statistics stay frozen).
 class record {
  public:
-  record() : previous_(detail::recording_flag()) { detail::recording_flag() = true; }
-  ~record() { detail::recording_flag() = previous_; }
+  explicit record(bool train_mode = true)
+      : previous_(detail::recording_flag()), previous_training_(detail::training_flag()) {
+    detail::recording_flag() = true;
+    detail::training_flag() = train_mode;
+  }
+  ~record() {
+    detail::recording_flag() = previous_;
+    detail::training_flag() = previous_training_;
+  }
   record(const record&) = delete;
   record& operator=(const record&) = delete;
 
  private:
-  bool previous_;
+  bool previous_, previous_training_;
 };
 
-/// Stops recording within a recorded scope (MXNet's autograd.pause()).
+/// Stops recording within a recorded scope (MXNet's autograd.pause()); layers
+/// run in prediction mode inside it unless `train_mode` is true.
 class pause {
  public:
-  pause() : previous_(detail::recording_flag()) { detail::recording_flag() = false; }
-  ~pause() { detail::recording_flag() = previous_; }
+  explicit pause(bool train_mode = false)
+      : previous_(detail::recording_flag()), previous_training_(detail::training_flag()) {
+    detail::recording_flag() = false;
+    detail::training_flag() = train_mode;
+  }
+  ~pause() {
+    detail::recording_flag() = previous_;
+    detail::training_flag() = previous_training_;
+  }
   pause(const pause&) = delete;
   pause& operator=(const pause&) = delete;
 
  private:
+  bool previous_, previous_training_;
+};
+
+/// Sets the layers' mode for its scope, recording or not (MXNet's
+/// train_mode() and predict_mode()): `Training` true runs them as in
+/// training, false as in prediction.
+template <bool Training>
+class mode_scope {
+ public:
+  mode_scope() : previous_(detail::training_flag()) { detail::training_flag() = Training; }
+  ~mode_scope() { detail::training_flag() = previous_; }
+  mode_scope(const mode_scope&) = delete;
+  mode_scope& operator=(const mode_scope&) = delete;
+
+ private:
   bool previous_;
 };
+/// Training mode within its scope: `{ autograd::train_mode t; net(x); }`.
+using train_mode = mode_scope<true>;
+/// Prediction mode within its scope, e.g. a validation pass inside `record`.
+using predict_mode = mode_scope<false>;
 
 }  // namespace autograd
 }  // namespace deft

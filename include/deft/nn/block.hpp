@@ -60,11 +60,16 @@ class Parameter {
   /// is known; `declared` gives its extents as far as the block knows them
   /// before the first input (inferred_extent for the others; empty when it
   /// knows none), so that a value loaded before then is checked.
-  Parameter(std::string name, Initializer init, std::vector<std::int64_t> declared = {})
-      : name_(std::move(name)), init_(std::move(init)), declared_(std::move(declared)) {}
+  /// A parameter that is not `trainable` is state a block updates itself
+  /// (BatchNorm's running statistics; Gluon's grad_req 'null'): it has no
+  /// gradient, a Trainer leaves it alone, and parameter files keep it.
+  Parameter(std::string name, Initializer init, std::vector<std::int64_t> declared = {}, bool trainable = true)
+      : name_(std::move(name)), init_(std::move(init)), declared_(std::move(declared)), trainable_(trainable) {}
 
   /// The full name, e.g. "dense0.weight" (the key in parameter files).
   const std::string& name() const { return name_; }
+  /// Whether a Trainer updates it from a gradient (see the constructor).
+  bool trainable() const { return trainable_; }
   /// True once the value exists (after the first forward pass).
   bool initialized() const { return ready_.load(std::memory_order_acquire); }
   /// The value on the first device; throws until the block has seen its first input.
@@ -191,7 +196,7 @@ class Parameter {
     Staged staged;
     for (const Device& d : devices_) {
       Tensor<float> v = d == value.device() ? value.clone() : value.to(d);
-      v.attach_grad();
+      if (trainable_) v.attach_grad();
       staged.copies.push_back(std::move(v));
     }
     return staged;
@@ -201,6 +206,7 @@ class Parameter {
   std::string name_;
   Initializer init_;
   std::vector<std::int64_t> declared_;  // extents known before the first input
+  bool trainable_;
   std::vector<Device> devices_{deft::cpu()};
   std::vector<Tensor<float>> values_;  // one per device, once initialized
   std::atomic<bool> ready_{false};     // values_ is set (read without the lock by initialized())
@@ -240,7 +246,10 @@ class Block {
   /// Runs the block (deferred like any deft expression). Hybridized, it
   /// replays the graph traced at the first call (see hybridize()).
   Tensor<float> operator()(const Tensor<float>& x) {
-    if (!hybridized_.load(std::memory_order_relaxed) || autograd::is_recording() || detail::active_trace())
+    // Traced graphs are forwards in prediction mode: training mode runs the
+    // layers' other branches (Dropout's mask, BatchNorm's batch statistics).
+    if (!hybridized_.load(std::memory_order_relaxed) || autograd::is_recording() || autograd::is_training() ||
+        detail::active_trace())
       return forward(x);
     std::lock_guard lock(caches_mutex_);  // calls from several threads take turns at the traced graphs
     return cached_call(x);
@@ -253,8 +262,8 @@ class Block {
   /// kernels on the same, already allocated buffers, without building any
   /// expression again). A new input shape is traced too, and its graph kept
   /// beside the others (HybridizeOptions::shapes); changing any parameter's
-  /// value (a Trainer step, load_parameters) traces again. Inside autograd::record
-  /// the block runs imperatively, so training works as before. A forward
+  /// value (a Trainer step, load_parameters) traces again. Inside autograd::record,
+  /// and in training mode (autograd::train_mode), the block runs imperatively. A forward
   /// that reads values (to_vector, item, printing, branching on data) cannot
   /// be traced: the first call throws std::logic_error saying so.
   /// On a GPU, the replays run the traced kernels as one CUDA graph
@@ -332,8 +341,9 @@ class Block {
   /// Declares a parameter named "<block name>.<short_name>" (for layers'
   /// constructors), with the extents known before the first input
   /// (inferred_extent for the others), which a loaded value must have.
-  Parameter& add_parameter(const std::string& short_name, std::vector<std::int64_t> declared = {}) {
-    params_.push_back(std::make_unique<Parameter>(name_ + "." + short_name, nullptr, std::move(declared)));
+  Parameter& add_parameter(const std::string& short_name, std::vector<std::int64_t> declared = {},
+                           bool trainable = true) {
+    params_.push_back(std::make_unique<Parameter>(name_ + "." + short_name, nullptr, std::move(declared), trainable));
     return *params_.back();
   }
   /// Adds a child block (its parameters become this block's too).

@@ -141,8 +141,9 @@ class Flatten : public Block {
 };
 
 /// Zeroes each element with probability `rate` and scales the others by
-/// 1 / (1 - rate) while autograd records (training), as Gluon's Dropout does
-/// in train mode; outside a recording it is the identity. The mask comes
+/// 1 / (1 - rate) in training mode (autograd::is_training(): inside
+/// autograd::record by default), as Gluon's Dropout does; in prediction mode
+/// it is the identity. The mask comes
 /// from deft::random, so it follows random::seed; a hybridized block or an
 /// nn::TrainStep draws a new mask on every call, the one the plain code
 /// would have drawn.
@@ -152,9 +153,9 @@ class Dropout : public Block {
   explicit Dropout(float rate) : Block(auto_name("dropout")), rate_(rate) {
     if (!(rate >= 0.0f && rate < 1.0f)) detail::raise("Dropout: the rate must be in [0, 1), got ", rate);
   }
-  /// x masked and scaled while recording, else x.
+  /// x masked and scaled in training mode, else x.
   Tensor<float> forward(const Tensor<float>& x) override {
-    if (!autograd::is_recording() || rate_ == 0.0f) return x;
+    if (!autograd::is_training() || rate_ == 0.0f) return x;
     const Tensor<float> keep =
         cast<float>(random::uniform<float>(0.0, 1.0, x.shape(), x.device()) >= rate_) * (1.0f / (1.0f - rate_));
     return x * keep;

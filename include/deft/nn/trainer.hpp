@@ -61,15 +61,20 @@ inline Adam adamw(float learning_rate = 0.001f, float weight_decay = 0.01f) {
 /// Updates parameters from their gradients with SGD or Adam (Gluon's Trainer).
 class Trainer {
  public:
-  /// Trains `params` (e.g. net.collect_params()); std::invalid_argument for
-  /// a learning rate that is not positive and finite, or a parameter listed twice.
-  Trainer(std::vector<Parameter*> params, std::variant<SGD, Adam> optimizer)
-      : params_(std::move(params)), opt_(optimizer), state_(params_.size()), clock_of_(params_.size(), no_clock) {
+  /// Trains the trainable ones of `params` (e.g. net.collect_params());
+  /// the others (BatchNorm's running statistics) are their blocks' state,
+  /// which a TrainStep keeps in place like the parameters. std::invalid_argument
+  /// for a learning rate that is not positive and finite, or a parameter listed twice.
+  Trainer(std::vector<Parameter*> params, std::variant<SGD, Adam> optimizer) : opt_(optimizer) {
     check_learning_rate(learning_rate());
     std::unordered_set<const Parameter*> seen;
-    for (const Parameter* p : params_)
+    for (Parameter* p : params) {
       if (!seen.insert(p).second)
         detail::raise("Trainer: parameter '", p->name(), "' is listed twice (it would be updated twice per step)");
+      (p->trainable() ? params_ : block_state_).push_back(p);
+    }
+    state_.resize(params_.size());
+    clock_of_.assign(params_.size(), no_clock);
   }
 
   /// One update of every parameter from its current gradient / batch_size:
@@ -290,7 +295,8 @@ class Trainer {
 
   // Calls f(const std::shared_ptr<Buffer>&) on every buffer a step reads
   // and then writes (the parameters' values and gradients, the optimizer's
-  // state), in a fixed order, for TrainStep to keep in place.
+  // state, the blocks' state a training forward updates), in a fixed
+  // order, for TrainStep to keep in place.
   template <class F>
   void for_each_state_buffer(F&& f) const {
     auto visit = [&](const auto& t) {
@@ -305,6 +311,9 @@ class Trainer {
       for (const State& st : per_device) visit(st.m), visit(st.v);
     for (const Clock& c : clocks_)
       for (const DeviceClock& d : c.on) visit(d.beta1_t), visit(d.beta2_t), visit(d.step_size), visit(d.epsilon);
+    for (Parameter* p : block_state_)
+      if (p->initialized())
+        for (const auto& v : p->list_data()) visit(v);
   }
   // A TrainStep replay made one more step, of every parameter (it refuses
   // stale gradients), so every clock advanced.
@@ -370,7 +379,8 @@ class Trainer {
     w -= s.m * c.step_size / (sqrt(s.v) + c.epsilon) + w * shrink;
   }
 
-  std::vector<Parameter*> params_;
+  std::vector<Parameter*> params_;       // the trainable ones
+  std::vector<Parameter*> block_state_;  // the others
   std::variant<SGD, Adam> opt_;
   std::vector<std::vector<State>> state_;  // per parameter, per device
   std::vector<Clock> clocks_;

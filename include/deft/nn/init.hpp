@@ -45,6 +45,12 @@ inline Initializer xavier() {
     return random::uniform<float>(-a, a, s);
   };
 }
+/// He/Kaiming normal (He et al. 2015), for layers followed by a ReLU:
+/// N(0, 2 / fan_in), fan_in = in * kh * kw (PyTorch's kaiming_normal_ with
+/// its defaults; Gluon's MSRAPrelu with factor_type "in").
+inline Initializer kaiming() {
+  return [](const Shape& s) { return random::normal<float>(0, std::sqrt(2.0 / fans(s).first), s); };
+}
 /// Every element `value` (biases start at zero).
 inline Initializer constant(float value) {
   return [value](const Shape& s) { return full<float>(s, value); };

@@ -1,0 +1,116 @@
+// Normalization layers: BatchNorm.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "../ops/elementwise.hpp"
+#include "../ops/reduction.hpp"
+#include "block.hpp"
+
+namespace deft::nn {
+
+/// Batch normalization (Ioffe & Szegedy) over the channels of NCHW input, or
+/// the features of (batch, features) input:
+/// y = (x - mean) / sqrt(var + epsilon) * gamma + beta, per channel.
+///
+/// In training mode (autograd::is_training(): inside autograd::record by
+/// default) mean and var are the batch's, over the batch and spatial axes
+/// (the biased variance), and the gradient flows through them. Each such
+/// forward also updates the running statistics as Gluon does:
+/// running = momentum * running + (1 - momentum) * batch, the running
+/// variance from the biased batch variance (PyTorch's momentum m is Gluon's
+/// 1 - m, and PyTorch keeps the unbiased variance). In prediction mode the
+/// running statistics normalize.
+///
+/// The running statistics are parameters that are not trainable: parameter
+/// files keep them, a Trainer leaves them to the layer, and a TrainStep
+/// updates them inside its traced step. A network on several devices keeps
+/// one copy per device, each updated from that device's part of the batch
+/// (Gluon's and PyTorch DataParallel's default); save_parameters writes the
+/// first device's.
+class BatchNorm : public Block {
+ public:
+  /// std::invalid_argument unless 0 <= momentum <= 1 and epsilon > 0.
+  explicit BatchNorm(float momentum = 0.9f, float epsilon = 1e-5f)
+      : Block(auto_name("batchnorm")), momentum_(momentum), epsilon_(epsilon),
+        gamma_(add_parameter("gamma", {inferred_extent})), beta_(add_parameter("beta", {inferred_extent})),
+        running_mean_(add_parameter("running_mean", {inferred_extent}, false)),
+        running_var_(add_parameter("running_var", {inferred_extent}, false)) {
+    if (!(momentum >= 0.0f && momentum <= 1.0f))
+      detail::raise("BatchNorm: the momentum must be in [0, 1], got ", momentum);
+    if (!(epsilon > 0.0f)) detail::raise("BatchNorm: epsilon must be positive, got ", epsilon);
+  }
+
+  Tensor<float> forward(const Tensor<float>& x) override {
+    if (x.rank() != 2 && x.rank() != 4)
+      detail::raise(name(), ": needs an input of shape (batch, features) or (batch, channels, height, width), got ",
+                    x.shape().to_string());
+    const std::int64_t n = x.shape()[0], c = x.shape()[1];
+    const std::int64_t per_channel = x.size() / (c == 0 ? 1 : c);  // values each channel's statistics cover
+    if (gamma_.initialized() && gamma_.shape()[0] != c)
+      detail::raise(name(), ": was built for ", gamma_.shape()[0], " channels but got an input of shape ",
+                    x.shape().to_string());
+    const bool training = autograd::is_training();
+    if (training && per_channel < 2)
+      detail::raise(name(), ": training needs more than one value per channel to take batch statistics, got an "
+                    "input of shape ", x.shape().to_string());
+    for (Parameter* p : {&gamma_, &beta_, &running_mean_, &running_var_}) p->materialize(Shape{c});
+    const Device device = x.device();
+    const std::vector<std::int64_t> extents(x.shape().begin(), x.shape().end());
+    const Tensor<float> xr = x.reshape({n, c, per_channel / (n == 0 ? 1 : n)});
+    const auto per_row = [c](const Tensor<float>& t) { return t.reshape({1, c, 1}); };  // broadcast over (n, c, hw)
+    const Tensor<float>& gamma = gamma_.data(device);
+    const Tensor<float>& beta = beta_.data(device);
+    Tensor<float>& running_mean = running_mean_.data(device);
+    Tensor<float>& running_var = running_var_.data(device);
+    if (!training) {
+      const Tensor<float> scale = gamma / sqrt(running_var + epsilon_);
+      return Tensor<float>((xr - per_row(running_mean)) * per_row(scale) + per_row(beta)).reshape(extents);
+    }
+    const float inverse_count = 1.0f / float(per_channel);
+    const Tensor<float> mean_c = sum(sum(xr, 2), 0) * inverse_count;
+    const Tensor<float> mean_b = per_row(mean_c);
+    const Tensor<float> var_c = sum(sum((xr - mean_b) * (xr - mean_b), 2), 0) * inverse_count;
+    const Tensor<float> scale = gamma / sqrt(var_c + epsilon_);
+    // The normalization and the affine part: one elementwise pass over x.
+    Tensor<float> y = Tensor<float>((xr - mean_b) * per_row(scale) + per_row(beta)).reshape(extents);
+    {
+      autograd::pause untracked;  // in place: a TrainStep's replays update the same storage
+      running_mean.assign(running_mean * momentum_ + mean_c * (1.0f - momentum_));
+      running_var.assign(running_var * momentum_ + var_c * (1.0f - momentum_));
+    }
+    return y;
+  }
+
+  /// gamma (the scale), of shape (channels,).
+  Parameter& gamma() { return gamma_; }
+  /// beta (the shift), of shape (channels,).
+  Parameter& beta() { return beta_; }
+  /// The running mean, of shape (channels,); not trainable.
+  Parameter& running_mean() { return running_mean_; }
+  /// The running (biased) variance, of shape (channels,); not trainable.
+  Parameter& running_var() { return running_var_; }
+  /// The weight of the old running statistics in each update.
+  float momentum() const { return momentum_; }
+  /// Added to the variance before its square root.
+  float epsilon() const { return epsilon_; }
+
+ protected:
+  /// gamma and the running variance start at one, beta and the running mean
+  /// at zero, whatever the network's weight initializer.
+  void apply_initializer(const Initializer&) override {
+    gamma_.set_initializer(init::constant(1.0f));
+    beta_.set_initializer(init::zeros());
+    running_mean_.set_initializer(init::zeros());
+    running_var_.set_initializer(init::constant(1.0f));
+  }
+
+ private:
+  float momentum_, epsilon_;
+  Parameter& gamma_;
+  Parameter& beta_;
+  Parameter& running_mean_;
+  Parameter& running_var_;
+};
+
+}  // namespace deft::nn

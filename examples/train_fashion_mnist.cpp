@@ -1,9 +1,9 @@
 // The main job: train a classifier on Fashion-MNIST with deft, Gluon style.
 //
-//   train_fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size N]
-//                       [--lr X] [--optimizer sgd|adam] [--device LIST]
-//                       (defaults: SGD lr 0.1 momentum 0.9 for the MLP,
-//                        Adam lr 0.001 for LeNet)
+//   train_fashion_mnist [--model mlp|lenet|resnet18] [--width N] [--epochs N]
+//                       [--batch-size N] [--lr X] [--optimizer sgd|adam] [--device LIST]
+//                       (defaults: SGD lr 0.1 momentum 0.9 for the MLP and
+//                        ResNet-18, Adam lr 0.001 for LeNet)
 //                       [--shares LIST] [--data DIR] [--csv FILE] [--seed N]
 //                       [--dropout P] [--clip-norm X] [--hybridize]
 //
@@ -16,6 +16,10 @@
 // --shares auto times a forward and backward of one batch on each device
 // alone first (measure_shares) and splits by those speeds. By default the
 // rows are split evenly.
+// --model resnet18 is the D2L chapter's ResNet-18 (nn::resnet18: BatchNorm,
+// residual blocks, global average pooling), Kaiming-initialized; --width
+// scales its channels: 64 is the full network, the default on GPUs, and
+// 8 the default where a CPU takes part (about 1/64 of the work).
 // --dropout P puts an nn::Dropout(P) after each hidden dense layer (active
 // in training only; the evaluation sees the whole network).
 // --clip-norm X clips the gradients to the global norm X before each update
@@ -32,7 +36,7 @@
 // cpuN are logical devices sharing the CPU's workers: they run the
 // data-parallel path without a GPU, at the speed of one device. gpuN needs
 // this file compiled by nvcc against deft::cuda (train_fashion_mnist_gpu,
-// built with DEFT_CUDA); both models.
+// built with DEFT_CUDA); every model.
 //
 // Each epoch prints a progress bar, then the mean loss, train and test
 // accuracy and samples per second; --csv writes those rows (plot them with
@@ -64,6 +68,7 @@ namespace {
 
 struct Options {
   std::string model = "mlp";
+  std::int64_t width = 0;  // resnet18's channels; 0: by the devices
   int epochs = 10;
   std::int64_t batch_size = 256;
   std::optional<float> lr;
@@ -82,7 +87,8 @@ struct Options {
 [[noreturn]] void usage(const std::string& problem) {
   std::fprintf(stderr,
                "train_fashion_mnist: %s\n"
-               "usage: train_fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size N] [--lr X]\n"
+               "usage: train_fashion_mnist [--model mlp|lenet|resnet18] [--width N] [--epochs N] [--batch-size N]\n"
+               "                           [--lr X]\n"
                "                           [--optimizer sgd|adam] [--device cpu|cpu1|gpu0|cpu,gpu0|...]\n"
                "                           [--shares X,Y,...|auto] [--data DIR] [--csv FILE] [--seed N]\n"
                "                           [--dropout P] [--clip-norm X] [--hybridize]\n",
@@ -109,6 +115,10 @@ Options parse(int argc, char** argv) {
       }
     };
     if (a == "--model") o.model = value();
+    else if (a == "--width") {
+      o.width = std::int64_t(number(value()));
+      if (o.width < 1) usage("--width must be at least 1");
+    }
     else if (a == "--epochs") o.epochs = int(number(value()));
     else if (a == "--batch-size") o.batch_size = std::int64_t(number(value()));
     else if (a == "--lr") o.lr = float(number(value()));
@@ -137,8 +147,10 @@ Options parse(int argc, char** argv) {
     else if (a == "--help" || a == "-h") usage("train a Fashion-MNIST classifier");
     else usage("unknown option '" + a + "'");
   }
-  if (o.model != "mlp" && o.model != "lenet") usage("--model must be mlp or lenet, got '" + o.model + "'");
-  if (o.optimizer.empty()) o.optimizer = o.model == "mlp" ? "sgd" : "adam";
+  if (o.model != "mlp" && o.model != "lenet" && o.model != "resnet18")
+    usage("--model must be mlp, lenet or resnet18, got '" + o.model + "'");
+  if (o.width != 0 && o.model != "resnet18") usage("--width is for --model resnet18");
+  if (o.optimizer.empty()) o.optimizer = o.model == "lenet" ? "adam" : "sgd";
   if (o.optimizer != "sgd" && o.optimizer != "adam") usage("--optimizer must be sgd or adam, got '" + o.optimizer + "'");
   if (o.epochs < 1) usage("--epochs must be at least 1");
   if (o.batch_size < 1) usage("--batch-size must be at least 1");
@@ -170,7 +182,8 @@ std::string names(const std::vector<Device>& devices) {
   return s;
 }
 
-std::shared_ptr<nn::Sequential> build(const std::string& model, float dropout) {
+std::shared_ptr<nn::Sequential> build(const std::string& model, float dropout, std::int64_t width) {
+  if (model == "resnet18") return nn::resnet18(10, width);
   auto net = std::make_shared<nn::Sequential>();
   auto hidden = [&](std::int64_t units) {
     net->add(std::make_shared<nn::Dense>(units, nn::Act::relu));
@@ -207,6 +220,8 @@ int main(int argc, char** argv) try {
   if (!opt.shares.empty() && opt.shares.size() != devices.size())
     usage("--shares needs one share per device (" + std::to_string(devices.size()) + "), got " +
           std::to_string(opt.shares.size()));
+  const bool on_cpu = std::ranges::any_of(devices, [](const Device& d) { return d.type == DeviceType::cpu; });
+  const std::int64_t width = opt.width ? opt.width : on_cpu ? 8 : 64;
   const auto dir = data::find_fashion_mnist_dir(opt.data);
   const auto layout = opt.model == "mlp" ? data::Layout::flat : data::Layout::grid;
   const auto train = data::load_fashion_mnist(dir, data::Split::train, layout);
@@ -215,15 +230,17 @@ int main(int argc, char** argv) try {
   if (opt.dropout > 0.0f) std::snprintf(dropout, sizeof dropout, " with dropout %g", double(opt.dropout));
   char clip[64] = "";
   if (opt.clip_norm > 0.0f) std::snprintf(clip, sizeof clip, ", gradients clipped to norm %g", double(opt.clip_norm));
-  const std::string model = opt.model + dropout + clip + (opt.hybridize ? ", hybridized" : "");
+  const std::string model = opt.model + (opt.model == "resnet18" ? " width " + std::to_string(width) : "") + dropout +
+                            clip + (opt.hybridize ? ", hybridized" : "");
   std::printf("Fashion-MNIST from %s: %lld train, %lld test images; model %s, %d epochs, batch %lld, %s, %s, %d workers\n",
               dir.string().c_str(), static_cast<long long>(train.size()), static_cast<long long>(test.size()),
               model.c_str(), opt.epochs, static_cast<long long>(opt.batch_size), opt.optimizer.c_str(),
               names(devices).c_str(), engine::num_workers());
 
   random::seed(opt.seed);
-  auto net = build(opt.model, opt.dropout);
-  net->initialize(nn::init::xavier(), devices);  // refuses a device this build cannot run
+  auto net = build(opt.model, opt.dropout, width);
+  // Refuses a device this build cannot run.
+  net->initialize(opt.model == "resnet18" ? nn::init::kaiming() : nn::init::xavier(), devices);
   const float lr = opt.lr.value_or(opt.optimizer == "sgd" ? 0.1f : 0.001f);
   nn::Trainer trainer(net->collect_params(),
                       opt.optimizer == "sgd" ? std::variant<nn::SGD, nn::Adam>(nn::SGD{.learning_rate = lr, .momentum = 0.9f})
@@ -234,8 +251,8 @@ int main(int argc, char** argv) try {
     hybrid_step.emplace(*net, loss_fn, trainer);
     hybrid_step->set_max_grad_norm(opt.clip_norm);
   }
-  // LeNet reads (batch, 1, 28, 28); the MLP reads the flat (batch, 784) rows.
-  const bool images = opt.model == "lenet";
+  // LeNet and ResNet read (batch, 1, 28, 28); the MLP reads the flat (batch, 784) rows.
+  const bool images = opt.model != "mlp";
   auto as_input = [images](const Tensor<float>& x) {
     return images ? x.reshape({x.shape()[0], 1, x.shape()[1], x.shape()[2]}) : x;
   };
@@ -247,6 +264,8 @@ int main(int argc, char** argv) try {
     const std::int64_t rows = std::min(opt.batch_size, train.size());
     const Tensor<float> x = as_input(train.images.rows(0, rows));
     const Tensor<std::int64_t> y = train.labels.rows(0, rows);
+    // Timed in training mode, as the steps run; BatchNorm's running
+    // statistics take this batch in as well.
     shares = measure_shares(devices, [&](Device d) {
       autograd::record rec;
       loss_fn((*net)(x.to(d)), y.to(d)).backward();

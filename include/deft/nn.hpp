@@ -9,6 +9,8 @@
 #include "nn/init.hpp"
 #include "nn/layers.hpp"
 #include "nn/loss.hpp"
+#include "nn/norm_layers.hpp"
+#include "nn/resnet.hpp"
 #include "nn/serialize.hpp"
 #include "nn/train_step.hpp"
 #include "nn/trainer.hpp"

@@ -290,16 +290,19 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(optimizers)
 
-BOOST_AUTO_TEST_CASE(sgd_with_momentum_and_adam_follow_their_formulas) {
+// SGD with momentum (Gluon's form), Adam, and Nesterov momentum in
+// PyTorch's form (buf = mu * buf + g; w -= lr * (g + mu * buf)).
+BOOST_AUTO_TEST_CASE(sgd_with_momentum_nesterov_and_adam_follow_their_formulas) {
   random::seed(4);
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < 3; ++which) {
     nn::Dense layer(3);
     layer.initialize();
     const Tensor<float> x = random::normal<float>(0, 1, {8, 4});
     (void)layer(x).to_vector();
     std::vector<nn::Parameter*> params = layer.collect_params();
-    nn::Trainer trainer(params, which == 0 ? std::variant<nn::SGD, nn::Adam>(nn::SGD{0.1f, 0.9f, 0.01f})
-                                           : std::variant<nn::SGD, nn::Adam>(nn::Adam{0.01f, 0.9f, 0.999f, 1e-8f, 0.0f}));
+    nn::Trainer trainer(params, which == 0   ? std::variant<nn::SGD, nn::Adam>(nn::SGD{0.1f, 0.9f, 0.01f})
+                                : which == 1 ? std::variant<nn::SGD, nn::Adam>(nn::Adam{0.01f, 0.9f, 0.999f, 1e-8f, 0.0f})
+                                             : std::variant<nn::SGD, nn::Adam>(nn::SGD{0.1f, 0.9f, 0.01f, true}));
     const auto w0 = params[0]->data().to_vector();
     std::vector<double> w(w0.begin(), w0.end());
     std::vector<double> m(w.size(), 0.0), v(w.size(), 0.0);
@@ -316,6 +319,10 @@ BOOST_AUTO_TEST_CASE(sgd_with_momentum_and_adam_follow_their_formulas) {
         if (which == 0) {
           m[i] = 0.9 * m[i] - 0.1 * (gi + 0.01 * w[i]);
           w[i] += m[i];
+        } else if (which == 2) {
+          const double decayed = gi + 0.01 * w[i];
+          m[i] = 0.9 * m[i] + decayed;
+          w[i] -= 0.1 * (decayed + 0.9 * m[i]);
         } else {
           m[i] = 0.9 * m[i] + 0.1 * gi;
           v[i] = 0.999 * v[i] + 0.001 * gi * gi;
@@ -403,6 +410,8 @@ BOOST_AUTO_TEST_CASE(misuse_is_reported) {
   BOOST_CHECK_THROW(nn::Trainer(layer.collect_params(), nn::SGD{-1.0f}), std::invalid_argument);
   BOOST_CHECK_THROW(nn::Trainer(layer.collect_params(), nn::SGD{std::nanf("")}), std::invalid_argument);
   BOOST_CHECK_THROW(nn::Trainer(layer.collect_params(), nn::Adam{INFINITY}), std::invalid_argument);
+  BOOST_CHECK_EXCEPTION(nn::Trainer(layer.collect_params(), nn::SGD{0.1f, 0.0f, 0.0f, true}), std::invalid_argument,
+                        [](const std::invalid_argument& e) { return mentions(e, "Nesterov"); });
   BOOST_CHECK_THROW(trainer.set_learning_rate(std::nanf("")), std::invalid_argument);
   BOOST_TEST(trainer.learning_rate() == nn::SGD{}.learning_rate);
   auto twice = layer.collect_params();
@@ -751,6 +760,20 @@ BOOST_AUTO_TEST_CASE(save_and_load_round_trip_and_reject_bad_files) {
   const auto ya = (*a)(x).to_vector();
   const auto file = temp_file("params.bin");
   nn::save_parameters(*a, file);
+  // The writes are atomic: a temporary file beside the target, renamed over
+  // it. A second save replaces the first and leaves no temporary file; one
+  // that cannot replace its target (a directory) says so and leaves it.
+  nn::save_parameters(*a, file);
+  const auto temporary = [](std::filesystem::path p) { return p += ".tmp-" + std::to_string(::getpid()); };
+  BOOST_TEST(!std::filesystem::exists(temporary(file)));
+  const auto directory = temp_file("a_directory");
+  std::filesystem::create_directory(directory);
+  BOOST_CHECK_EXCEPTION(nn::save_parameters(*a, directory), std::runtime_error, [&](const std::runtime_error& e) {
+    return mentions(e, "save_parameters: cannot replace " + directory.string());
+  });
+  BOOST_TEST(std::filesystem::is_directory(directory));
+  BOOST_TEST(!std::filesystem::exists(temporary(directory)));
+  std::filesystem::remove(directory);
 
   // Parameters are matched by their paths in the network ("0.weight"), not
   // by the blocks' names: a second network built the same way (dense2,

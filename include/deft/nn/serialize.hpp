@@ -86,7 +86,8 @@ struct Reader {
 };
 }  // namespace detail_io
 
-/// Writes every parameter of `net` (all must have values) to `file`.
+/// Writes every parameter of `net` (all must have values) to `file`,
+/// atomically: a crash or error midway leaves the file that was there.
 inline void save_parameters(Block& net, const std::filesystem::path& file) {
   const auto params = net.named_params();
   detail_io::require_unique_paths(params, "save_parameters", "a parameter file names each once (give them distinct names)");
@@ -96,21 +97,20 @@ inline void save_parameters(Block& net, const std::filesystem::path& file) {
                           " bytes long; a parameter file holds names of up to ", detail_io::max_name_bytes);
   std::vector<std::vector<float>> values;
   for (const NamedParameter& p : params) values.push_back(p.parameter->data().to_vector());  // throws without a value
-  std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  if (!out) deft::detail::raise<std::runtime_error>("save_parameters: cannot open ", file.string(), " for writing");
-  out.write(detail_io::magic, sizeof detail_io::magic);
-  detail_io::put(out, detail_io::byte_order);
-  detail_io::put(out, std::uint64_t(params.size()));
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const std::string& name = params[i].path;
-    const Shape s = params[i].parameter->shape();
-    detail_io::put(out, std::uint32_t(name.size()));
-    out.write(name.data(), std::streamsize(name.size()));
-    detail_io::put(out, std::uint32_t(s.rank()));
-    for (int d = 0; d < s.rank(); ++d) detail_io::put(out, std::int64_t(s[d]));
-    out.write(reinterpret_cast<const char*>(values[i].data()), std::streamsize(values[i].size() * sizeof(float)));
-  }
-  if (!out.flush()) deft::detail::raise<std::runtime_error>("save_parameters: writing ", file.string(), " failed");
+  deft::detail::write_atomically(file, "save_parameters: ", [&](std::ofstream& out) {
+    out.write(detail_io::magic, sizeof detail_io::magic);
+    detail_io::put(out, detail_io::byte_order);
+    detail_io::put(out, std::uint64_t(params.size()));
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const std::string& name = params[i].path;
+      const Shape s = params[i].parameter->shape();
+      detail_io::put(out, std::uint32_t(name.size()));
+      out.write(name.data(), std::streamsize(name.size()));
+      detail_io::put(out, std::uint32_t(s.rank()));
+      for (int d = 0; d < s.rank(); ++d) detail_io::put(out, std::int64_t(s[d]));
+      out.write(reinterpret_cast<const char*>(values[i].data()), std::streamsize(values[i].size() * sizeof(float)));
+    }
+  });
 }
 
 /// Reads `file` into the parameters of `net`, matching them by path

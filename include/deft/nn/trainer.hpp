@@ -21,10 +21,15 @@
 namespace deft::nn {
 
 /// Stochastic gradient descent, optionally with momentum and weight decay.
+/// With momentum mu each step is m = mu * m - lr * g, w += m (Gluon's form;
+/// PyTorch's buf = mu * buf + g, w -= lr * buf is the same at a constant lr).
 struct SGD {
   float learning_rate = 0.01f;  ///< step size, positive
   float momentum = 0.0f;        ///< 0: plain SGD
   float weight_decay = 0.0f;    ///< L2 penalty added to each gradient (times the weight)
+  /// Nesterov momentum (Sutskever et al.): w += mu * m - lr * g after the
+  /// update of m, as PyTorch's SGD(nesterov=True); needs a momentum.
+  bool nesterov = false;
 };
 /// Where Adam adds epsilon to the denominator.
 enum class AdamEpsilon {
@@ -67,6 +72,8 @@ class Trainer {
   /// for a learning rate that is not positive and finite, or a parameter listed twice.
   Trainer(std::vector<Parameter*> params, std::variant<SGD, Adam> optimizer) : opt_(optimizer) {
     check_learning_rate(learning_rate());
+    if (const auto* sgd = std::get_if<SGD>(&opt_); sgd && sgd->nesterov && !(sgd->momentum > 0.0f))
+      detail::raise("Trainer: Nesterov momentum needs a momentum above 0, got ", sgd->momentum);
     std::unordered_set<const Parameter*> seen;
     for (Parameter* p : params) {
       if (!seen.insert(p).second)
@@ -362,7 +369,8 @@ class Trainer {
     }
     if (!s.m) s.m = zeros<float>(w.shape(), w.device());
     s.m = s.m * o.momentum - (g * rescale + w * o.weight_decay) * o.learning_rate;
-    w += s.m;
+    if (o.nesterov) w += s.m * o.momentum - (g * rescale + w * o.weight_decay) * o.learning_rate;
+    else w += s.m;
   }
   void apply(const Adam& o, std::size_t param, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
     if (!s.m) {

@@ -4,6 +4,7 @@
 
 #include "deft.hpp"
 #include "nn/block.hpp"
+#include "nn/checkpoint.hpp"
 #include "nn/clip.hpp"
 #include "nn/conv_layers.hpp"
 #include "nn/init.hpp"

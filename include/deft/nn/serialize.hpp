@@ -57,11 +57,12 @@ void put(std::ofstream& out, const V& v) { out.write(reinterpret_cast<const char
 struct Reader {
   std::ifstream in;
   std::string file;
+  std::string who = "load_parameters: ";  // the caller, which errors name
   template <class V>
   V get(const std::string& what) {
     V v{};
     if (!in.read(reinterpret_cast<char*>(&v), sizeof v))
-      deft::detail::raise<std::runtime_error>("load_parameters: ", file, " is truncated (while reading ", what, ")");
+      deft::detail::raise<std::runtime_error>(who, file, " is truncated (while reading ", what, ")");
     return v;
   }
   /// The bytes after the read position; none known for a stream that
@@ -81,7 +82,7 @@ struct Reader {
   }
   void bytes(void* dst, std::size_t n, const std::string& what) {
     if (!in.read(static_cast<char*>(dst), std::streamsize(n)))
-      deft::detail::raise<std::runtime_error>("load_parameters: ", file, " is truncated (while reading ", what, ")");
+      deft::detail::raise<std::runtime_error>(who, file, " is truncated (while reading ", what, ")");
   }
 };
 }  // namespace detail_io

@@ -20,6 +20,10 @@
 
 namespace deft::nn {
 
+namespace detail_io {
+struct CheckpointAccess;
+}
+
 /// Stochastic gradient descent, optionally with momentum and weight decay.
 /// With momentum mu each step is m = mu * m - lr * g, w += m (Gluon's form;
 /// PyTorch's buf = mu * buf + g, w -= lr * buf is the same at a constant lr).
@@ -198,6 +202,7 @@ class Trainer {
  private:
   template <class Loss>
   friend class TrainStep;
+  friend struct detail_io::CheckpointAccess;
 
   struct State {
     Tensor<float> m, v;  // momentum / Adam's moments, created at the first step

@@ -313,6 +313,45 @@ BOOST_AUTO_TEST_CASE(a_train_step_updates_the_statistics_as_the_plain_step_does)
   expect_close((*traced)(x0).to_vector(), doubles((*plain)(x0)), 1e-4, "prediction");
 }
 
+// The same seed trained deferred, synchronously (each statement run as it
+// is recorded) and as a TrainStep: the same bits, running statistics too.
+BOOST_AUTO_TEST_CASE(deferred_synchronous_and_traced_training_agree_to_the_bit) {
+  auto train = [](engine::Mode mode, bool traced) {
+    const engine::Mode previous = engine::mode();
+    engine::set_mode(mode);
+    random::seed(36);
+    auto net = std::make_shared<nn::Sequential>();
+    net->add(std::make_shared<nn::Conv2D>(3, 3, 1, 1, nn::Act::none, false), std::make_shared<nn::BatchNorm>(),
+             std::make_shared<nn::Activation>(nn::Act::relu), std::make_shared<nn::GlobalAvgPool2D>(),
+             std::make_shared<nn::Dense>(2));
+    net->initialize(nn::init::kaiming());
+    const Tensor<float> x = random::normal<float>(1, 2, {4, 2, 6, 6});
+    const Tensor<std::int64_t> y(std::vector<std::int64_t>{0, 1, 1, 0}, {4});
+    (void)(*net)(x).to_vector();
+    nn::Trainer trainer(net->collect_params(), nn::SGD{0.1f, 0.9f});
+    nn::TrainStep step(*net, nn::SoftmaxCrossEntropyLoss(), trainer);
+    for (int k = 0; k < 4; ++k) {
+      if (traced) {
+        (void)step(x * float(k + 1), y);
+        continue;
+      }
+      {
+        autograd::record rec;
+        nn::SoftmaxCrossEntropyLoss()((*net)(x * float(k + 1)), y).backward();
+      }
+      trainer.step(4);
+    }
+    std::vector<float> all = (*net)(x).to_vector();
+    for (nn::Parameter* p : net->collect_params())
+      for (float v : p->data().to_vector()) all.push_back(v);
+    engine::set_mode(previous);
+    return all;
+  };
+  const auto deferred = train(engine::Mode::deferred, false);
+  BOOST_TEST(train(engine::Mode::synchronous, false) == deferred, boost::test_tools::per_element());
+  BOOST_TEST(train(engine::Mode::deferred, true) == deferred, boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(resnet)

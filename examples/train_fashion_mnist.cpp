@@ -6,6 +6,7 @@
 //                        ResNet-18, Adam lr 0.001 for LeNet)
 //                       [--shares LIST] [--data DIR] [--csv FILE] [--seed N]
 //                       [--dropout P] [--clip-norm X] [--hybridize]
+//                       [--checkpoint FILE] [--resume FILE]
 //
 // --device takes one device or a comma-separated list (cpu, cpu1, gpu0,
 // cpu,gpu0). With several, training is data-parallel as in Gluon: each
@@ -38,6 +39,12 @@
 // this file compiled by nvcc against deft::cuda (train_fashion_mnist_gpu,
 // built with DEFT_CUDA); every model.
 //
+// --checkpoint FILE saves a checkpoint (nn::save_checkpoint: parameters,
+// BatchNorm's statistics, the optimizer's state, the step count, the random
+// state) after each epoch, atomically; --resume FILE loads one and goes on
+// from the epoch after it up to --epochs, computing what the run that
+// wrote it would have computed (the data order is the loader's seeded
+// order of that epoch).
 // Each epoch prints a progress bar, then the mean loss, train and test
 // accuracy and samples per second; --csv writes those rows (plot them with
 // scripts/plot_training.py). The last line is `test accuracy: 0.xxxx`.
@@ -82,6 +89,7 @@ struct Options {
   float dropout = 0.0f;
   float clip_norm = 0.0f;  // 0: no clipping
   bool hybridize = false;
+  std::string checkpoint, resume;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -91,7 +99,8 @@ struct Options {
                "                           [--lr X]\n"
                "                           [--optimizer sgd|adam] [--device cpu|cpu1|gpu0|cpu,gpu0|...]\n"
                "                           [--shares X,Y,...|auto] [--data DIR] [--csv FILE] [--seed N]\n"
-               "                           [--dropout P] [--clip-norm X] [--hybridize]\n",
+               "                           [--dropout P] [--clip-norm X] [--hybridize]\n"
+               "                           [--checkpoint FILE] [--resume FILE]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -139,6 +148,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--csv") o.csv = value();
     else if (a == "--seed") o.seed = std::uint64_t(number(value()));
     else if (a == "--hybridize") o.hybridize = true;
+    else if (a == "--checkpoint") o.checkpoint = value();
+    else if (a == "--resume") o.resume = value();
     else if (a == "--dropout") o.dropout = float(number(value()));
     else if (a == "--clip-norm") {
       o.clip_norm = float(number(value()));
@@ -290,6 +301,18 @@ int main(int argc, char** argv) try {
 
   data::DataLoader train_loader(train.images, train.labels, opt.batch_size, {.shuffle = true, .seed = opt.seed});
   data::DataLoader test_loader(test.images, test.labels, 1000, {.shuffle = false});
+  const std::int64_t batches = train_loader.num_batches();
+
+  int first_epoch = 1;
+  if (!opt.resume.empty()) {
+    nn::load_checkpoint(*net, trainer, opt.resume);  // after measure_shares: the saved state wins
+    if (trainer.steps() % batches != 0)
+      throw std::runtime_error(opt.resume + " was saved after " + std::to_string(trainer.steps()) +
+                               " steps, not at the end of an epoch of " + std::to_string(batches) + " batches");
+    first_epoch = int(trainer.steps() / batches) + 1;
+    train_loader.set_epoch(std::uint64_t(first_epoch - 1));
+    std::printf("resumed from %s after epoch %d\n", opt.resume.c_str(), first_epoch - 1);
+  }
 
   std::ofstream csv;
   if (!opt.csv.empty()) {
@@ -299,8 +322,7 @@ int main(int argc, char** argv) try {
   }
 
   double test_acc = 0;
-  const std::int64_t batches = train_loader.num_batches();
-  for (int epoch = 1; epoch <= opt.epochs; ++epoch) {
+  for (int epoch = first_epoch; epoch <= opt.epochs; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
     Tensor<float> loss_sum = zeros<float>({}), correct = zeros<float>({});
     // With --clip-norm: the gradients' norms before clipping and how many
@@ -365,6 +387,7 @@ int main(int argc, char** argv) try {
     std::fflush(stdout);
     if (csv) csv << epoch << ',' << train_loss << ',' << train_acc << ',' << test_acc << ',' << double(seen) / secs << ','
                  << secs << '\n';
+    if (!opt.checkpoint.empty()) nn::save_checkpoint(*net, trainer, opt.checkpoint);
   }
   if (hybrid_step)
     std::printf("hybridized steps: %lld traced, %lld replayed of %lld\n", (long long)hybrid_step->traces(),

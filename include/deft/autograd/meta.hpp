@@ -120,6 +120,7 @@ inline bool is_training() { return detail::training_flag(); }
 /// pass that needs gradients, a BatchNorm whose statistics stay frozen).
 class record {
  public:
+  /// Starts recording, in training mode unless `train_mode` is false.
   explicit record(bool train_mode = true)
       : previous_(detail::recording_flag()), previous_training_(detail::training_flag()) {
     detail::recording_flag() = true;
@@ -140,6 +141,7 @@ class record {
 /// run in prediction mode inside it unless `train_mode` is true.
 class pause {
  public:
+  /// Stops recording, in prediction mode unless `train_mode` is true.
   explicit pause(bool train_mode = false)
       : previous_(detail::recording_flag()), previous_training_(detail::training_flag()) {
     detail::recording_flag() = false;
@@ -162,6 +164,7 @@ class pause {
 template <bool Training>
 class mode_scope {
  public:
+  /// Sets the mode until the scope ends.
   mode_scope() : previous_(detail::training_flag()) { detail::training_flag() = Training; }
   ~mode_scope() { detail::training_flag() = previous_; }
   mode_scope(const mode_scope&) = delete;

@@ -73,6 +73,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(unary_functions, T, FloatTypes) {
     check_unary(any, d, [](auto& x) -> Tensor<T> { return deft::abs(x); }, [](double x) { return std::abs(x); }, 0, 0, "abs");
     check_unary(any, d, [](auto& x) -> Tensor<T> { return deft::tanh(x * 0.5); }, [](double x) { return std::tanh(double(T(x * 0.5))); }, rt, at, "tanh");
     check_unary(any, d, [](auto& x) -> Tensor<T> { return deft::sigmoid(x); }, [](double x) { return 1 / (1 + std::exp(-x)); }, rt, at, "sigmoid");
+    check_unary(any, d, [](auto& x) -> Tensor<T> { return deft::sin(x); }, [](double x) { return std::sin(x); }, rt, at, "sin");
+    check_unary(any, d, [](auto& x) -> Tensor<T> { return deft::cos(x); }, [](double x) { return std::cos(x); }, rt, at, "cos");
     check_unary(any, d, [](auto& x) -> Tensor<T> { return deft::relu(x); }, [](double x) { return x > 0 ? x : 0.0; }, 0, 0, "relu");
     // Compositions, fused into one pass.
     check_unary(pos, d, [](auto& x) -> Tensor<T> { return deft::exp(deft::log(x) * 0.5) - deft::sqrt(x); },

@@ -10,7 +10,8 @@
 //   engine/  tasks, the scheduler and its thread pool (where and when),
 //            the profiler (Chrome traces)
 //   ops/     the public vocabulary: elementwise operators and functions,
-//            creation, random, reductions, linalg, convolutions, several
+//            creation, random, reductions, softmax, linalg, convolutions,
+//            slicing and joining (slice, concat, stack, one_hot), several
 //            devices (split_and_load, allreduce)
 //   io/      printing
 //   autograd/ recording, derivatives of every operation, backward()
@@ -22,6 +23,7 @@
 
 #include "autograd/conv.hpp"
 #include "autograd/graph.hpp"
+#include "autograd/indexing.hpp"
 #include "core/config.hpp"
 #include "core/device.hpp"
 #include "core/dtype.hpp"
@@ -34,7 +36,9 @@
 #include "ops/conv.hpp"
 #include "ops/creation.hpp"
 #include "ops/devices.hpp"
+#include "ops/indexing.hpp"
 #include "ops/linalg.hpp"
 #include "ops/random.hpp"
 #include "ops/reduction.hpp"
+#include "ops/softmax.hpp"
 #include "tensor.hpp"

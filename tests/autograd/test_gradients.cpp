@@ -19,6 +19,7 @@ BOOST_AUTO_TEST_CASE(unary_functions) {
   check_gradients({&pos}, [&] { return Tensor<double>(sum(log(pos))); });
   check_gradients({&pos}, [&] { return Tensor<double>(sum(sqrt(pos))); });
   check_gradients({&x}, [&] { return Tensor<double>(sum(tanh(x))); });
+  check_gradients({&x}, [&] { return Tensor<double>(sum(sin(x * 3.0) + cos(x * 2.0))); });
   check_gradients({&x}, [&] { return Tensor<double>(sum(sigmoid(x))); });
   check_gradients({&x}, [&] { return Tensor<double>(sum(relu(x) * x)); });
 }

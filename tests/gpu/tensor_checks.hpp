@@ -341,6 +341,38 @@ inline void autograd_and_sgd() {
   expect_near(on_gpu, std::vector<double>(on_cpu.begin(), on_cpu.end()), 1e-5, "weights after one SGD step, and the loss");
 }
 
+/// slice (a copy and a view), concat, stack, softmax, one_hot and clip on
+/// gpu(0), values and gradients, against the same program on the CPU
+/// (tests/autograd/test_indexing.cpp checks the CPU against double loops).
+inline void slicing_and_joining() {
+  auto run_on = [](deft::Device dev) {
+    const auto vx = random_values(3 * 4 * 5, 14), vy = random_values(3 * 2 * 5, 15);
+    Tensor<float> x = Tensor<float>(vx, {3, 4, 5}).to(dev), y = Tensor<float>(vy, {3, 2, 5}).to(dev);
+    x.attach_grad();
+    y.attach_grad();
+    std::vector<float> out;
+    auto put = [&](const Tensor<float>& t) {
+      const auto v = t.to(deft::cpu()).to_vector();
+      out.insert(out.end(), v.begin(), v.end());
+    };
+    {
+      deft::autograd::record r;
+      const Tensor<float> j = deft::concat({x, y}, 1), s = deft::slice(j, 1, 2, 5), v = deft::slice(j, 0, 1, 2);
+      const Tensor<float> st = deft::stack({s, deft::slice(x, 1, 0, 3)}, 2);
+      const Tensor<float> loss = deft::sum(deft::softmax(st, 1) * deft::clip(st, -1.0f, 1.0f)) + deft::sum(deft::log_softmax(v, 2) * v);
+      loss.backward();
+      put(j), put(s), put(v), put(st), put(loss);
+    }
+    put(x.grad()), put(y.grad());
+    const std::vector<std::int64_t> idx{2, 0, 1, 2};
+    put(deft::one_hot(Tensor<std::int64_t>(idx, {4}).to(dev), 3));
+    return out;
+  };
+  const auto on_cpu = run_on(deft::cpu());
+  expect_near(run_on(deft::gpu(0)), std::vector<double>(on_cpu.begin(), on_cpu.end()), 1e-5,
+              "slices, joins, softmax, clip and one_hot with their gradients");
+}
+
 /// A forward through Dense layers (weight in x units, bias), relu between
 /// them, in double precision from the parameters' current values.
 inline std::vector<double> dense_forward_reference(deft::nn::Block& net, const std::vector<float>& x, i64 rows) {
@@ -516,6 +548,7 @@ inline void train_step_on_gpus() {
 #define DEFT_GPU_TENSOR_CASES(exact)                                                             \
   BOOST_AUTO_TEST_CASE(fused_expression_on_gpu) { gpu_tensors::fused_expression(); }            \
   BOOST_AUTO_TEST_CASE(updates_and_views_on_gpu) { gpu_tensors::updates_and_views(); }          \
+  BOOST_AUTO_TEST_CASE(slicing_and_joining_on_gpu) { gpu_tensors::slicing_and_joining(); }      \
   BOOST_AUTO_TEST_CASE(reductions_on_gpu) { gpu_tensors::reductions(); }                        \
   BOOST_AUTO_TEST_CASE(products_on_gpu) { gpu_tensors::products(); }                            \
   BOOST_AUTO_TEST_CASE(creation_and_random_on_gpu) { gpu_tensors::creation_and_random(exact); } \

@@ -131,6 +131,8 @@ auto unary_grad(const A& a, Up&& up) {
   else if constexpr (std::is_same_v<Op, d::Log>) return std::forward<Up>(up) / a;
   else if constexpr (std::is_same_v<Op, d::Sqrt>) return std::forward<Up>(up) / (sqrt(a) * T(2));
   else if constexpr (std::is_same_v<Op, d::Tanh>) return std::forward<Up>(up) * (T(1) - tanh(a) * tanh(a));
+  else if constexpr (std::is_same_v<Op, d::Sin>) return std::forward<Up>(up) * cos(a);
+  else if constexpr (std::is_same_v<Op, d::Cos>) return -(std::forward<Up>(up) * sin(a));
   else if constexpr (std::is_same_v<Op, d::Relu>) return where(a > T(0), std::forward<Up>(up), T(0));
   else if constexpr (std::is_same_v<Op, d::Sigmoid>) return std::forward<Up>(up) * sigmoid(a) * (T(1) - sigmoid(a));
   else static_assert(sizeof(Op) == 0, "deft autograd: no derivative for this operation");

@@ -103,6 +103,11 @@ void track_conv2d(Tensor<T>& out, const deft::detail::Leaf<T>& x, const deft::de
                   const deft::detail::Leaf<T>* b, const deft::detail::ConvGeom& g);
 template <deft::detail::PoolKind Kind, class T>
 void track_pool2d(Tensor<T>& out, const deft::detail::Leaf<T>& x, const deft::detail::PoolGeom& g);
+// Defined in autograd/indexing.hpp.
+template <class T>
+void track_slice(Tensor<T>& out, const deft::detail::Leaf<T>& in, int axis, std::int64_t begin);
+template <class T>
+void track_concat(Tensor<T>& out, const std::vector<deft::detail::Leaf<T>>& parts, int axis);
 
 }  // namespace detail
 

@@ -107,7 +107,7 @@ struct Abs {
     static constexpr const char* name = label;                       \
     template <class V>                                               \
     DEFT_HD V operator()(const V& a) const {                         \
-      using std::exp; using std::log; using std::sqrt; using std::tanh; \
+      using std::exp; using std::log; using std::sqrt; using std::tanh; using std::sin; using std::cos; \
       return expr;                                                   \
     }                                                                \
   };
@@ -151,6 +151,8 @@ struct Log {
 };
 DEFT_FLOAT_UNARY(Sqrt, "sqrt", 4, sqrt(a))
 DEFT_FLOAT_UNARY(Tanh, "tanh", 12, tanh(a))
+DEFT_FLOAT_UNARY(Sin, "sin", 12, sin(a))
+DEFT_FLOAT_UNARY(Cos, "cos", 12, cos(a))
 DEFT_FLOAT_UNARY(Sigmoid, "sigmoid", 10, V(1) / (V(1) + Exp{}(-a)))  // Exp: the scalar tail's exp in every lane
 #undef DEFT_FLOAT_UNARY
 

@@ -9,6 +9,7 @@
 #include "../core/config.hpp"
 #include "../ops/elementwise.hpp"
 #include "../ops/creation.hpp"
+#include "../ops/indexing.hpp"
 #include "../ops/reduction.hpp"
 #include "../tensor.hpp"
 
@@ -33,26 +34,6 @@ class L2Loss {
 
 }  // namespace deft::nn
 
-namespace deft::detail {
-// A label as a float; one outside [0, classes) fails the task on the CPU.
-// (At namespace scope: nvcc cannot launch kernels on private member types.)
-// A GPU kernel cannot throw: there it becomes NaN, and so does that
-// sample's loss (never a finite, wrong value).
-struct LabelCheck {
-  std::int64_t classes;
-  DEFT_HD float operator()(std::int64_t y) const {
-    if (y < 0 || y >= classes) {
-#if defined(__CUDA_ARCH__)
-      return std::numeric_limits<float>::quiet_NaN();
-#else
-      throw std::out_of_range("deft: SoftmaxCrossEntropyLoss: label " + std::to_string(y) + " is outside [0, " +
-                              std::to_string(classes) + ")");
-#endif
-    }
-    return float(y);
-  }
-};
-}  // namespace deft::detail
 
 namespace deft::nn {
 
@@ -73,7 +54,7 @@ class SoftmaxCrossEntropyLoss {
     const Tensor<float> m = max(pred.detach(), 1, true);
     const Tensor<float> shifted = pred - m;
     const Tensor<float> lse = log(sum(exp(shifted), 1, true));
-    const Tensor<float> y = map(detail::LabelCheck{classes}, label.reshape({n, 1}));
+    const Tensor<float> y = map(detail::IndexCheck<float>{classes, "SoftmaxCrossEntropyLoss: label"}, label.reshape({n, 1}));
     const Tensor<float> onehot = arange<float>(0.0f, float(classes), 1.0f, pred.device()).reshape({1, classes}) == y;
     // Selected, not multiplied by the one-hot mask: a class scored -inf (a
     // masked class) has lse - shifted = inf, and inf * 0 would be NaN.

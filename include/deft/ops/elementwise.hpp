@@ -64,6 +64,8 @@ DEFT_UNARY_FUNCTION(exp, Exp)
 DEFT_UNARY_FUNCTION(log, Log)
 DEFT_UNARY_FUNCTION(sqrt, Sqrt)
 DEFT_UNARY_FUNCTION(tanh, Tanh)
+DEFT_UNARY_FUNCTION(sin, Sin)
+DEFT_UNARY_FUNCTION(cos, Cos)
 DEFT_UNARY_FUNCTION(sigmoid, Sigmoid)
 /// max(x, 0) elementwise (NaN stays NaN); its derivative is 0 for x <= 0.
 DEFT_UNARY_FUNCTION(relu, Relu)
@@ -79,6 +81,15 @@ auto where(C&& cond, A&& a, B&& b) {
   auto x = detail::operand<T>(std::forward<A>(a));
   auto y = detail::operand<T>(std::forward<B>(b));
   return detail::Select<decltype(c), decltype(x), decltype(y)>(std::move(c), std::move(x), std::move(y));
+}
+
+/// x limited to [lo, hi] elementwise (NaN stays NaN); the gradient passes
+/// where lo <= x <= hi and is 0 outside, as PyTorch's clamp. std::invalid_argument when lo > hi.
+template <Operand X>
+auto clip(X&& x, detail::value_t<detail::expr_t<X>> lo, detail::value_t<detail::expr_t<X>> hi) {
+  if (!(lo <= hi)) detail::raise("clip: the lower bound ", lo, " is above the upper bound ", hi);
+  auto e = as_expr(std::forward<X>(x));
+  return where(e < lo, lo, where(e > hi, hi, e));
 }
 
 /// f(x) elementwise, for a function deft does not have: `map([](float v) {

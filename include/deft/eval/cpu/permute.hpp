@@ -1,5 +1,6 @@
-// CPU executor for axis permutations (transpose): a gather along the output
-// order; the 2-D case goes tile by tile so both sides stay in cache.
+// CPU executor for moving elements between layouts: axis permutations
+// (transpose), a gather along the output order whose 2-D case goes tile by
+// tile so both sides stay in cache; and blocks of rows (slices, concat).
 #pragma once
 #include <algorithm>
 #include <array>
@@ -51,6 +52,17 @@ inline void permute(const T* in, const Shape& in_shape, const std::array<int, ma
         idx[d] = 0;
       }
     }
+  });
+}
+
+/// dst[r * dst_pitch + c] = src[r * src_pitch + c] for r < rows, c < width:
+/// a block of one row-major array into a block of another.
+template <class T>
+inline void copy_rows(std::int64_t rows, std::int64_t width, const T* src, std::int64_t src_pitch, T* dst,
+                      std::int64_t dst_pitch) {
+  if (rows <= 0 || width <= 0) return;
+  parallel_range(rows, width, 1, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t r = lo; r < hi; ++r) std::copy_n(src + r * src_pitch, width, dst + r * dst_pitch);
   });
 }
 

@@ -97,6 +97,12 @@ struct Executor<DeviceType::gpu> {
     gpu::Launch on(device, {{in}, {out}});
     gpu::permute(on.policy(), in, in_shape, axes, out);
   }
+  template <class T>
+  void copy_rows(std::int64_t rows, std::int64_t width, const T* src, std::int64_t src_pitch, T* dst,
+                 std::int64_t dst_pitch) const {
+    gpu::Launch on(device, {{src}, {dst}});
+    gpu::copy_rows(on.policy(), rows, width, src, src_pitch, dst, dst_pitch);
+  }
   template <class T, Distribution D>
   void fill_random(T* out, std::int64_t n, std::uint64_t key, std::uint64_t stream, double a, double b) const {
     gpu::Launch on(device, {{}, {out}});

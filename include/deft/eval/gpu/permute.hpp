@@ -1,5 +1,5 @@
-// GPU transposes (eval/cpu/permute.hpp is the CPU's): one thread per
-// output element.
+// GPU transposes and blocks of rows (eval/cpu/permute.hpp is the CPU's):
+// one thread per output element.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -7,6 +7,9 @@
 #include "../../core/config.hpp"
 #include "../../core/shape.hpp"
 #include "elementwise.hpp"
+
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
 
 namespace deft::detail::gpu {
 
@@ -38,6 +41,27 @@ void permute(const Policy& policy, const T* in, const Shape& in_shape, const std
     total *= f.out_ext[d];
   }
   for_each_output(policy, total, f, out);
+}
+
+/// Element i of a block of rows: dst[r * dst_pitch + c] = src[r * src_pitch + c].
+template <class T>
+struct CopyRowsAt {
+  const T* src;
+  T* dst;
+  std::int64_t width, src_pitch, dst_pitch;
+  DEFT_HD void operator()(std::int64_t i) const {
+    const std::int64_t r = i / width, c = i - r * width;
+    dst[r * dst_pitch + c] = src[r * src_pitch + c];
+  }
+};
+
+template <class Policy, class T>
+void copy_rows(const Policy& policy, std::int64_t rows, std::int64_t width, const T* src, std::int64_t src_pitch,
+               T* dst, std::int64_t dst_pitch) {
+  if (rows <= 0 || width <= 0) return;
+  thrust::for_each(policy, thrust::counting_iterator<std::int64_t>(0),
+                   thrust::counting_iterator<std::int64_t>(rows * width),
+                   CopyRowsAt<T>{src, dst, width, src_pitch, dst_pitch});
 }
 
 }  // namespace deft::detail::gpu

@@ -7,6 +7,7 @@
 //                       [--shares LIST] [--data DIR] [--csv FILE] [--seed N]
 //                       [--dropout P] [--clip-norm X] [--hybridize]
 //                       [--checkpoint FILE] [--resume FILE]
+//                       [--schedule constant|cosine] [--warmup N]
 //
 // --device takes one device or a comma-separated list (cpu, cpu1, gpu0,
 // cpu,gpu0). With several, training is data-parallel as in Gluon: each
@@ -39,6 +40,10 @@
 // this file compiled by nvcc against deft::cuda (train_fashion_mnist_gpu,
 // built with DEFT_CUDA); every model.
 //
+// --schedule cosine lowers the learning rate along half a cosine to 0 over
+// all the run's updates (nn::schedule::cosine); --warmup N first raises it
+// linearly over N updates (nn::schedule::warmup). The trainer computes the
+// rate inside each step, so a --hybridize step replays it as it is.
 // --checkpoint FILE saves a checkpoint (nn::save_checkpoint: parameters,
 // BatchNorm's statistics, the optimizer's state, the step count, the random
 // state) after each epoch, atomically; --resume FILE loads one and goes on
@@ -90,6 +95,8 @@ struct Options {
   float clip_norm = 0.0f;  // 0: no clipping
   bool hybridize = false;
   std::string checkpoint, resume;
+  std::string schedule = "constant";
+  std::int64_t warmup = 0;  // updates
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -100,7 +107,8 @@ struct Options {
                "                           [--optimizer sgd|adam] [--device cpu|cpu1|gpu0|cpu,gpu0|...]\n"
                "                           [--shares X,Y,...|auto] [--data DIR] [--csv FILE] [--seed N]\n"
                "                           [--dropout P] [--clip-norm X] [--hybridize]\n"
-               "                           [--checkpoint FILE] [--resume FILE]\n",
+               "                           [--checkpoint FILE] [--resume FILE]\n"
+               "                           [--schedule constant|cosine] [--warmup N]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -132,6 +140,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--batch-size") o.batch_size = std::int64_t(number(value()));
     else if (a == "--lr") o.lr = float(number(value()));
     else if (a == "--optimizer") o.optimizer = value();
+    else if (a == "--schedule") o.schedule = value();
+    else if (a == "--warmup") {
+      o.warmup = std::int64_t(number(value()));
+      if (o.warmup < 0) usage("--warmup must not be negative");
+    }
     else if (a == "--device") o.device = value();
     else if (a == "--shares") {
       const std::string list = value();
@@ -164,6 +177,8 @@ Options parse(int argc, char** argv) {
   if (o.optimizer.empty()) o.optimizer = o.model == "lenet" ? "adam" : "sgd";
   if (o.optimizer != "sgd" && o.optimizer != "adam") usage("--optimizer must be sgd or adam, got '" + o.optimizer + "'");
   if (o.epochs < 1) usage("--epochs must be at least 1");
+  if (o.schedule != "constant" && o.schedule != "cosine")
+    usage("--schedule must be constant or cosine, got '" + o.schedule + "'");
   if (o.batch_size < 1) usage("--batch-size must be at least 1");
   if (!(o.dropout >= 0.0f && o.dropout < 1.0f)) usage("--dropout must be in [0, 1)");
   return o;
@@ -241,8 +256,10 @@ int main(int argc, char** argv) try {
   if (opt.dropout > 0.0f) std::snprintf(dropout, sizeof dropout, " with dropout %g", double(opt.dropout));
   char clip[64] = "";
   if (opt.clip_norm > 0.0f) std::snprintf(clip, sizeof clip, ", gradients clipped to norm %g", double(opt.clip_norm));
+  const std::string schedule = (opt.schedule == "cosine" ? ", cosine schedule" : "") +
+                               (opt.warmup ? ", " + std::to_string(opt.warmup) + " warm-up updates" : std::string());
   const std::string model = opt.model + (opt.model == "resnet18" ? " width " + std::to_string(width) : "") + dropout +
-                            clip + (opt.hybridize ? ", hybridized" : "");
+                            clip + schedule + (opt.hybridize ? ", hybridized" : "");
   std::printf("Fashion-MNIST from %s: %lld train, %lld test images; model %s, %d epochs, batch %lld, %s, %s, %d workers\n",
               dir.string().c_str(), static_cast<long long>(train.size()), static_cast<long long>(test.size()),
               model.c_str(), opt.epochs, static_cast<long long>(opt.batch_size), opt.optimizer.c_str(),
@@ -256,6 +273,10 @@ int main(int argc, char** argv) try {
   nn::Trainer trainer(net->collect_params(),
                       opt.optimizer == "sgd" ? std::variant<nn::SGD, nn::Adam>(nn::SGD{.learning_rate = lr, .momentum = 0.9f})
                                              : std::variant<nn::SGD, nn::Adam>(nn::Adam{.learning_rate = lr}));
+  const std::int64_t updates = opt.epochs * ((train.size() + opt.batch_size - 1) / opt.batch_size);
+  const nn::LRSchedule after = opt.schedule == "cosine" ? nn::schedule::cosine(std::max<std::int64_t>(updates - opt.warmup, 1))
+                                                       : nn::schedule::constant();
+  trainer.set_schedule(nn::schedule::warmup(opt.warmup, after));
   const nn::SoftmaxCrossEntropyLoss loss_fn;
   std::optional<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>> hybrid_step;
   if (opt.hybridize) {

@@ -12,6 +12,7 @@
 #include "nn/loss.hpp"
 #include "nn/norm_layers.hpp"
 #include "nn/resnet.hpp"
+#include "nn/schedule.hpp"
 #include "nn/serialize.hpp"
 #include "nn/train_step.hpp"
 #include "nn/trainer.hpp"

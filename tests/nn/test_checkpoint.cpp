@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -75,17 +76,21 @@ BOOST_AUTO_TEST_SUITE(checkpoints)
 BOOST_AUTO_TEST_CASE(a_resumed_run_computes_the_bits_of_the_straight_run) {
   const auto data = batches(5);
   const auto file = temp_file("resume.ckpt");
-  for (const std::variant<nn::SGD, nn::Adam>& optimizer :
-       {std::variant<nn::SGD, nn::Adam>(nn::SGD{0.05f, 0.9f, 1e-4f, true}),
-        std::variant<nn::SGD, nn::Adam>(nn::Adam{0.01f})}) {
+  // A schedule's count continues from the checkpoint's steps.
+  const std::pair<std::variant<nn::SGD, nn::Adam>, nn::LRSchedule> runs[] = {
+      {nn::SGD{0.05f, 0.9f, 1e-4f, true}, nn::schedule::warmup(2, nn::schedule::cosine(2, 0.2))},
+      {nn::Adam{0.01f}, nn::schedule::step(2, 0.5)}};
+  for (const auto& [optimizer, schedule] : runs) {
     random::seed(7);
     auto straight = make_net();
     nn::Trainer straight_trainer(straight->collect_params(), optimizer);
+    straight_trainer.set_schedule(schedule);
     train(*straight, straight_trainer, data, 0, 5);
 
     random::seed(7);
     auto first = make_net();
     nn::Trainer first_trainer(first->collect_params(), optimizer);
+    first_trainer.set_schedule(schedule);
     train(*first, first_trainer, data, 0, 3);
     nn::save_checkpoint(*first, first_trainer, file);
 
@@ -93,6 +98,7 @@ BOOST_AUTO_TEST_CASE(a_resumed_run_computes_the_bits_of_the_straight_run) {
     auto resumed = make_net();
     (void)random::normal<float>(0, 1, {10}).to_vector();
     nn::Trainer resumed_trainer(resumed->collect_params(), optimizer);
+    resumed_trainer.set_schedule(schedule);
     nn::load_checkpoint(*resumed, resumed_trainer, file);
     BOOST_TEST(resumed_trainer.steps() == 3);
     train(*resumed, resumed_trainer, data, 3, 5);

@@ -254,6 +254,42 @@ BOOST_AUTO_TEST_CASE(traces_again_when_what_it_baked_in_changes) {
   twins.expect_same_parameters(1e-5);
 }
 
+// A schedule changes the rate every update without tracing again: the
+// rate is data the replayed step computes. Changing the schedule traces
+// once more. Replays equal the plain steps under the same schedule.
+BOOST_AUTO_TEST_CASE(a_schedule_replays_without_tracing_again) {
+  const std::vector<Optimizer> optimizers = {nn::SGD{0.1f, 0.9f, 0.0f, true}, nn::adamw(0.01f)};
+  for (std::size_t which = 0; which < optimizers.size(); ++which) {
+    BOOST_TEST_CONTEXT("optimizer " << which) {
+      random::seed(60 + which);
+      std::vector<Tensor<float>> xs;
+      std::vector<Tensor<std::int64_t>> ys;
+      for (int i = 0; i < 9; ++i) xs.push_back(random::normal<float>(0, 1, {12, 8})), ys.push_back(labels(12, 5));
+      Twins twins(xs[0], optimizers[which]);
+      for (nn::Trainer* t : {twins.hybrid_trainer.get(), twins.plain_trainer.get()})
+        t->set_schedule(nn::schedule::warmup(2, nn::schedule::cosine(4, 0.1)));
+      nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer);
+      std::vector<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>::Output> hybrid;
+      std::vector<std::pair<Tensor<float>, Tensor<float>>> plain;
+      for (int i = 0; i < 7; ++i) {
+        hybrid.push_back(step(xs[i], ys[i]));
+        plain.push_back(twins.plain_step(xs[i], ys[i]));
+      }
+      BOOST_TEST(step.traces() == 1);
+      BOOST_TEST(step.replays() == 5);
+      for (nn::Trainer* t : {twins.hybrid_trainer.get(), twins.plain_trainer.get()})
+        t->set_schedule(nn::schedule::step(1, 0.5));
+      for (int i = 7; i < 9; ++i) {
+        hybrid.push_back(step(xs[i], ys[i]));
+        plain.push_back(twins.plain_step(xs[i], ys[i]));
+      }
+      BOOST_TEST(step.traces() == 2);
+      expect_same_outputs(hybrid, plain, 0);
+      twins.expect_same_parameters(0);
+    }
+  }
+}
+
 // The epochs' pattern: full batches and a shorter last one, recorded without
 // a sync between steps. Each shape is traced once; a replay of one shape
 // runs after the other shape's replay it follows (both write the same state).

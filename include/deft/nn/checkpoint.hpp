@@ -214,6 +214,7 @@ inline void CheckpointAccess::load(Block& net, Trainer& t, const std::filesystem
   t.steps_ = std::int64_t(steps);
   t.reduced_.reset();
   t.set_learning_rate(rate);
+  t.restart_rates();  // a schedule counts on from steps_
   auto& random_state = deft::detail::RandomState::get();
   std::lock_guard lock(random_state.m);
   random_state.seed = seed;

@@ -17,6 +17,7 @@
 #include "../ops/creation.hpp"
 #include "../ops/devices.hpp"
 #include "block.hpp"
+#include "schedule.hpp"
 
 namespace deft::nn {
 
@@ -164,6 +165,7 @@ class Trainer {
     ++steps_;
     std::vector<std::vector<Tensor<float>>> values;
     for (std::size_t i : params) values.push_back(params_[i]->list_data());
+    advance_rates(params, values);
     if (const auto* adam = std::get_if<Adam>(&opt_)) advance_clocks(*adam, params, values);
     for (std::size_t k = 0; k < params.size(); ++k) {
       auto& state = state_[params[k]];
@@ -187,15 +189,31 @@ class Trainer {
   /// Changes that bucket size (0: one sum per parameter); the sums' bits do not change.
   void set_allreduce_bucket_bytes(std::size_t bytes) { bucket_bytes_ = bytes; }
 
-  /// The current learning rate.
+  /// The base learning rate (the optimizer's), which the schedule scales.
   float learning_rate() const {
     return std::visit([](const auto& o) { return o.learning_rate; }, opt_);
   }
-  /// Changes the learning rate (schedules); std::invalid_argument unless positive and finite.
+  /// Changes the base learning rate; std::invalid_argument unless positive
+  /// and finite. A TrainStep traces again after a change: for a rate that
+  /// changes as training goes, set a schedule instead.
   void set_learning_rate(float lr) {
     check_learning_rate(lr);
+    if (lr == learning_rate()) return;
     std::visit([lr](auto& o) { o.learning_rate = lr; }, opt_);
+    restart_rates();
   }
+  /// Scales the base rate of each update by `s` (schedule::cosine, ...),
+  /// counting from update 0. The rate is computed on each device, inside
+  /// the step, from a count kept there: a TrainStep replays it as it is.
+  void set_schedule(const LRSchedule& s) {
+    schedule_ = s;
+    restart_rates();
+  }
+  /// The schedule (schedule::constant() unless set).
+  const LRSchedule& schedule() const { return schedule_; }
+  /// The rate the next update will use, computed on the host (a device's
+  /// may differ in the last bit).
+  float scheduled_learning_rate() const { return float(double(learning_rate()) * schedule_.multiplier(steps_)); }
   /// How many steps were made (step() calls and TrainStep's replays).
   std::int64_t steps() const { return steps_; }
 
@@ -206,6 +224,14 @@ class Trainer {
 
   struct State {
     Tensor<float> m, v;  // momentum / Adam's moments, created at the first step
+  };
+  // The learning rate on one device, as the updates read it: a 0-d tensor,
+  // so that a scheduled rate is data a replayed step computes, from
+  // `update` (the update's index; unused without a schedule).
+  struct DeviceRate {
+    Device device;
+    Tensor<double> update;
+    Tensor<float> rate;
   };
   // Adam's update count, shared by the parameters updated equally often
   // (all of them, unless ignore_stale_grad left some out), with the
@@ -231,6 +257,42 @@ class Trainer {
   // Whether each copy of parameter i takes the update on its own device
   // (devices of one kind), or the first copy does and is copied to the others.
   bool updates_each_copy(std::size_t i) const { return detail::one_device_kind(params_[i]->devices()); }
+
+  // Gives each device that updates a copy of `updated` this step's rate.
+  // A scheduled rate counts the updates on its device; a device that
+  // updated no copy this time falls behind and is dropped (made again from
+  // steps_ when it next updates one).
+  void advance_rates(const std::vector<std::size_t>& updated, const std::vector<std::vector<Tensor<float>>>& values) {
+    std::vector<Device> devices;
+    for (std::size_t k = 0; k < updated.size(); ++k)
+      for (std::size_t r = 0; r < (updates_each_copy(updated[k]) ? values[k].size() : 1); ++r)
+        if (std::ranges::find(devices, values[k][r].device()) == devices.end()) devices.push_back(values[k][r].device());
+    const bool scheduled = !schedule_.is_constant();
+    if (scheduled) std::erase_if(rates_, [&](const DeviceRate& r) { return std::ranges::find(devices, r.device) == devices.end(); });
+    for (const Device device : devices) {
+      auto it = std::ranges::find(rates_, device, &DeviceRate::device);
+      if (it == rates_.end()) {
+        rates_.push_back({device, scheduled ? full<double>(Shape{}, double(steps_ - 1), device) : Tensor<double>(),
+                          full<float>(Shape{}, learning_rate(), device)});
+        it = std::prev(rates_.end());
+      } else if (scheduled) {
+        it->update += 1.0;
+      }
+      if (scheduled) it->rate = cast<float>(schedule_.multiplier(it->update) * double(learning_rate()));
+    }
+  }
+  // New rates for the devices that have one, made here rather than inside
+  // the next step: a TrainStep traces that step once, on this storage.
+  void restart_rates() {
+    for (DeviceRate& r : rates_) {
+      r.update = schedule_.is_constant() ? Tensor<double>() : full<double>(Shape{}, double(steps_ - 1), r.device);
+      r.rate = full<float>(Shape{}, learning_rate(), r.device);
+    }
+  }
+  const Tensor<float>& rate_on(Device device) const {
+    if (auto it = std::ranges::find(rates_, device, &DeviceRate::device); it != rates_.end()) return it->rate;
+    detail::raise<std::logic_error>("Trainer: no learning rate on ", device);
+  }
 
   // Advances the clocks of the parameters `updated` (values: their copies).
   // A clock that counts for some of them and not others first splits: the
@@ -265,7 +327,7 @@ class Trainer {
     std::vector<char> advanced(clocks_.size(), 0);
     for (const auto& [c, device] : ticks) join(o, clocks_[c], device);  // all before any tick
     for (const auto& [c, device] : ticks) {
-      tick(o, clocks_[c], device);
+      tick(o, clocks_[c], device, rate_on(device));
       advanced[c] = 1;
     }
     for (std::size_t c = 0; c < clocks_.size(); ++c) {
@@ -289,11 +351,11 @@ class Trainer {
     clock.on.push_back({device, power(&DeviceClock::beta1_t, o.beta1), power(&DeviceClock::beta2_t, o.beta2), {}, {}});
   }
   // Advances `clock`'s data on `device` (see join) to count + 1.
-  static void tick(const Adam& o, Clock& clock, Device device) {
+  static void tick(const Adam& o, Clock& clock, Device device, const Tensor<float>& rate) {
     DeviceClock& d = *std::ranges::find(clock.on, device, &DeviceClock::device);
     d.beta1_t *= double(o.beta1);
     d.beta2_t *= double(o.beta2);
-    d.step_size = cast<float>(sqrt(1.0 - d.beta2_t) * double(o.learning_rate) / (1.0 - d.beta1_t));
+    d.step_size = cast<float>(sqrt(1.0 - d.beta2_t) * cast<double>(rate) / (1.0 - d.beta1_t));
     // m_hat / (sqrt(v_hat) + eps) = m * step_size / (sqrt(v) + eps * sqrt(1 - beta2^t)) / lr;
     // one expression for both placements (before: the factor is exactly 1).
     const double after = o.epsilon_at == AdamEpsilon::after_correction ? 1.0 : 0.0;
@@ -323,6 +385,7 @@ class Trainer {
       for (const State& st : per_device) visit(st.m), visit(st.v);
     for (const Clock& c : clocks_)
       for (const DeviceClock& d : c.on) visit(d.beta1_t), visit(d.beta2_t), visit(d.step_size), visit(d.epsilon);
+    for (const DeviceRate& r : rates_) visit(r.update), visit(r.rate);
     for (Parameter* p : block_state_)
       if (p->initialized())
         for (const auto& v : p->list_data()) visit(v);
@@ -368,13 +431,14 @@ class Trainer {
 
   // One optimizer update of copy w of parameter `param` from its summed gradient g.
   void apply(const SGD& o, std::size_t, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
+    const Tensor<float>& lr = rate_on(w.device());
     if (o.momentum == 0.0f) {
-      w -= (g * rescale + w * o.weight_decay) * o.learning_rate;
+      w -= (g * rescale + w * o.weight_decay) * lr;
       return;
     }
     if (!s.m) s.m = zeros<float>(w.shape(), w.device());
-    s.m = s.m * o.momentum - (g * rescale + w * o.weight_decay) * o.learning_rate;
-    if (o.nesterov) w += s.m * o.momentum - (g * rescale + w * o.weight_decay) * o.learning_rate;
+    s.m = s.m * o.momentum - (g * rescale + w * o.weight_decay) * lr;
+    if (o.nesterov) w += s.m * o.momentum - (g * rescale + w * o.weight_decay) * lr;
     else w += s.m;
   }
   void apply(const Adam& o, std::size_t param, Tensor<float>& w, const Tensor<float>& g, float rescale, State& s) {
@@ -384,12 +448,12 @@ class Trainer {
     }
     // One expression for Adam and AdamW: the unused decay is a zero factor.
     const float l2 = o.decoupled_weight_decay ? 0.0f : o.weight_decay;
-    const float shrink = o.decoupled_weight_decay ? o.learning_rate * o.weight_decay : 0.0f;
+    const float decay = o.decoupled_weight_decay ? o.weight_decay : 0.0f;
     const auto grad = g * rescale + w * l2;
     s.m = s.m * o.beta1 + grad * (1.0f - o.beta1);
     s.v = s.v * o.beta2 + grad * grad * (1.0f - o.beta2);
     const DeviceClock& c = clock_on(param, w.device());
-    w -= s.m * c.step_size / (sqrt(s.v) + c.epsilon) + w * shrink;
+    w -= s.m * c.step_size / (sqrt(s.v) + c.epsilon) + w * (rate_on(w.device()) * decay);
   }
 
   std::vector<Parameter*> params_;       // the trainable ones
@@ -397,6 +461,8 @@ class Trainer {
   std::variant<SGD, Adam> opt_;
   std::vector<std::vector<State>> state_;  // per parameter, per device
   std::vector<Clock> clocks_;
+  LRSchedule schedule_;
+  std::vector<DeviceRate> rates_;
   std::vector<std::size_t> clock_of_;  // per parameter: its clock in clocks_ (no_clock before its first update)
   std::int64_t steps_ = 0;
   std::optional<std::vector<std::size_t>> reduced_;  // the parameters allreduce_grads() summed for update()

@@ -64,6 +64,7 @@ export DEFT_STRESS_TASKS="${DEFT_STRESS_TASKS:-$stress_tasks}"
 export DEFT_FAULT_PROGRAMS="${DEFT_FAULT_PROGRAMS:-300}"
 export DEFT_MEMORY_STEPS="${DEFT_MEMORY_STEPS:-300}"
 export DEFT_FUZZ_PROGRAMS="${DEFT_FUZZ_PROGRAMS:-2000}"
+export DEFT_FUZZ_GRADIENT_PROGRAMS="${DEFT_FUZZ_GRADIENT_PROGRAMS:-1000}"
 # The package checks (label `package`: install, find_package, pkg-config,
 # Conan) and the API reference check (label `docs`) test packaging and
 # comments, not code: the Release run covers them.

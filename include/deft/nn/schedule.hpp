@@ -2,15 +2,15 @@
 // learning_rate times multiplier(t). Trainer evaluates the multiplier on
 // each device from a step count it keeps there, as data: a TrainStep's
 // replays advance it like step() does, so a schedule never traces again.
+// The same scalar function serves the host and the devices.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
 
+#include "../core/config.hpp"
 #include "../core/error.hpp"
-#include "../ops/elementwise.hpp"
-#include "../tensor.hpp"
 
 namespace deft::nn {
 
@@ -19,7 +19,7 @@ namespace deft::nn {
 /// schedule::cosine and schedule::warmup.
 ///
 /// Every form is one formula, m(u) = (a + b * cos(c * min(u, cap))) * gamma^floor(u / every)
-/// of the updates u since the warm-up, so that the device's copy is one kernel.
+/// of the updates u since the warm-up.
 struct LRSchedule {
   std::int64_t warmup = 0;  ///< updates of linear warm-up first: update t < warmup uses (t + 1) / warmup
   double a = 1;  ///< the multiplier's constant term
@@ -29,19 +29,14 @@ struct LRSchedule {
   double gamma = 1;        ///< step decay's factor
   std::int64_t every = 1;  ///< step decay's period, in updates
 
-  /// The multiplier of update t, in double on the host. The devices'
-  /// copies evaluate the same formula; their cos may differ in the last bit.
-  double multiplier(std::int64_t t) const {
-    if (t < warmup) return double(t + 1) / double(warmup);
-    const double u = double(t - warmup);
-    return (a + b * std::cos(c * std::min(u, cap))) * std::pow(gamma, std::floor(u / double(every)));
-  }
-  /// multiplier(t) of a 0-d tensor holding t, an integer (exact in double).
-  Tensor<double> multiplier(const Tensor<double>& t) const {
-    const auto u = t - double(warmup);
-    // u >= 0 wherever the warm-up is over, so truncation is floor there.
-    const auto decayed = (a + b * cos(c * minimum(u, cap))) * pow(gamma, cast<double>(cast<std::int64_t>(u / double(every))));
-    return where(t < double(warmup), (t + 1.0) / double(std::max<std::int64_t>(warmup, 1)), decayed);
+  /// The multiplier of update t (an integer), in double: on the host, and
+  /// on each device inside the step (where cos and pow may differ in the
+  /// last bit).
+  DEFT_HD double multiplier(double t) const {
+    using std::cos, std::floor, std::fmin, std::pow;
+    if (t < double(warmup)) return (t + 1) / double(warmup);
+    const double u = t - double(warmup);
+    return (a + b * cos(c * fmin(u, cap))) * pow(gamma, floor(u / double(every)));
   }
   /// Whether every update uses the base rate (no schedule).
   bool is_constant() const { return warmup == 0 && b == 0 && gamma == 1; }
@@ -88,3 +83,14 @@ inline LRSchedule warmup(std::int64_t steps, LRSchedule after = constant()) {
 
 }  // namespace schedule
 }  // namespace deft::nn
+
+namespace deft::detail {
+/// The rate of the update a 0-d tensor counts, as a float: what Trainer
+/// maps that count to on each device (one scalar call, no vector kernel).
+/// (At namespace scope: nvcc cannot launch kernels on private member types.)
+struct ScheduledRate {
+  nn::LRSchedule schedule;
+  double base;
+  DEFT_HD float operator()(double update) const { return float(schedule.multiplier(update) * base); }
+};
+}  // namespace deft::detail

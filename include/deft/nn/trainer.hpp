@@ -213,7 +213,7 @@ class Trainer {
   const LRSchedule& schedule() const { return schedule_; }
   /// The rate the next update will use, computed on the host (a device's
   /// may differ in the last bit).
-  float scheduled_learning_rate() const { return float(double(learning_rate()) * schedule_.multiplier(steps_)); }
+  float scheduled_learning_rate() const { return detail::ScheduledRate{schedule_, double(learning_rate())}(double(steps_)); }
   /// How many steps were made (step() calls and TrainStep's replays).
   std::int64_t steps() const { return steps_; }
 
@@ -278,7 +278,7 @@ class Trainer {
       } else if (scheduled) {
         it->update += 1.0;
       }
-      if (scheduled) it->rate = cast<float>(schedule_.multiplier(it->update) * double(learning_rate()));
+      if (scheduled) it->rate = map(detail::ScheduledRate{schedule_, double(learning_rate())}, it->update);
     }
   }
   // New rates for the devices that have one, made here rather than inside

@@ -119,64 +119,53 @@ inline bool is_recording() { return detail::recording_flag(); }
 /// it is off (prediction), unless a `train_mode` scope says otherwise.
 inline bool is_training() { return detail::training_flag(); }
 
+namespace detail {
+/// Sets the recording and training flags of this thread for a scope, and
+/// puts the previous ones back when it ends.
+class FlagScope {
+ public:
+  FlagScope(bool recording, bool training) : recording_(recording_flag()), training_(training_flag()) {
+    recording_flag() = recording;
+    training_flag() = training;
+  }
+  ~FlagScope() {
+    recording_flag() = recording_;
+    training_flag() = training_;
+  }
+  FlagScope(const FlagScope&) = delete;
+  FlagScope& operator=(const FlagScope&) = delete;
+
+ private:
+  bool recording_, training_;
+};
+}  // namespace detail
+
 /// Records the operations of its scope (MXNet's `with autograd.record():`):
 /// `{ autograd::record r; auto loss = ...; loss.backward(); }`. Layers run
 /// in training mode inside it unless `train_mode` is false (a validation
 /// pass that needs gradients, a BatchNorm whose statistics stay frozen).
-class record {
+class record : detail::FlagScope {
  public:
   /// Starts recording, in training mode unless `train_mode` is false.
-  explicit record(bool train_mode = true)
-      : previous_(detail::recording_flag()), previous_training_(detail::training_flag()) {
-    detail::recording_flag() = true;
-    detail::training_flag() = train_mode;
-  }
-  ~record() {
-    detail::recording_flag() = previous_;
-    detail::training_flag() = previous_training_;
-  }
-  record(const record&) = delete;
-  record& operator=(const record&) = delete;
-
- private:
-  bool previous_, previous_training_;
+  explicit record(bool train_mode = true) : FlagScope(true, train_mode) {}
 };
 
 /// Stops recording within a recorded scope (MXNet's autograd.pause()); layers
 /// run in prediction mode inside it unless `train_mode` is true.
-class pause {
+class pause : detail::FlagScope {
  public:
   /// Stops recording, in prediction mode unless `train_mode` is true.
-  explicit pause(bool train_mode = false)
-      : previous_(detail::recording_flag()), previous_training_(detail::training_flag()) {
-    detail::recording_flag() = false;
-    detail::training_flag() = train_mode;
-  }
-  ~pause() {
-    detail::recording_flag() = previous_;
-    detail::training_flag() = previous_training_;
-  }
-  pause(const pause&) = delete;
-  pause& operator=(const pause&) = delete;
-
- private:
-  bool previous_, previous_training_;
+  explicit pause(bool train_mode = false) : FlagScope(false, train_mode) {}
 };
 
 /// Sets the layers' mode for its scope, recording or not (MXNet's
 /// train_mode() and predict_mode()): `Training` true runs them as in
 /// training, false as in prediction.
 template <bool Training>
-class mode_scope {
+class mode_scope : detail::FlagScope {
  public:
   /// Sets the mode until the scope ends.
-  mode_scope() : previous_(detail::training_flag()) { detail::training_flag() = Training; }
-  ~mode_scope() { detail::training_flag() = previous_; }
-  mode_scope(const mode_scope&) = delete;
-  mode_scope& operator=(const mode_scope&) = delete;
-
- private:
-  bool previous_;
+  mode_scope() : FlagScope(detail::recording_flag(), Training) {}
 };
 /// Training mode within its scope: `{ autograd::train_mode t; net(x); }`.
 using train_mode = mode_scope<true>;

@@ -63,7 +63,8 @@ BOOST_AUTO_TEST_CASE(slices_along_every_axis_match_a_loop) {
   const Tensor<float> x = random::uniform<float>(-1, 1, shape);
   const auto xv = x.to_vector();
   for (int axis = 0; axis < 3; ++axis)
-    for (auto [b, e] : {std::pair<i64, i64>{0, shape[axis]}, {1, 3}, {2, 2}, {shape[axis] - 1, shape[axis]}}) {
+    for (const auto& range : {std::pair<i64, i64>{0, shape[axis]}, {1, 3}, {2, 2}, {shape[axis] - 1, shape[axis]}}) {
+      const i64 b = range.first, e = range.second;  // (clang 14 cannot capture structured bindings)
       const Tensor<float> s = slice(x, axis, b, e);
       Shape want_shape = shape;
       want_shape[axis] = e - b;

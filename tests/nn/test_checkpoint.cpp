@@ -15,17 +15,13 @@
 
 #include <deft/nn.hpp>
 
+#include "nn_support.hpp"
+
 using namespace deft;
+using nn_test::mentions;
+using nn_test::temp_file;
 
 namespace {
-
-bool mentions(const std::exception& e, const std::string& what) {
-  return std::string(e.what()).find(what) != std::string::npos;
-}
-
-std::filesystem::path temp_file(const std::string& name) {
-  return std::filesystem::temp_directory_path() / ("deft_checkpoint_test_" + std::to_string(::getpid()) + "_" + name);
-}
 
 // Convolution, BatchNorm (running statistics), Dropout (random draws) and Dense.
 std::shared_ptr<nn::Sequential> make_net(std::int64_t classes = 3) {

@@ -1,5 +1,4 @@
 // deft::nn against naive double loops on random inputs.
-#define BOOST_TEST_MODULE deft_nn
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -18,17 +17,13 @@
 #include <deft/engine/graph_dump.hpp>
 #include <deft/nn.hpp>
 
+#include "nn_support.hpp"
+
 using namespace deft;
+using nn_test::mentions;
+using nn_test::temp_file;
 
 namespace {
-
-bool mentions(const std::exception& e, const std::string& what) {
-  return std::string(e.what()).find(what) != std::string::npos;
-}
-
-std::filesystem::path temp_file(const std::string& name) {
-  return std::filesystem::temp_directory_path() / ("deft_nn_test_" + std::to_string(::getpid()) + "_" + name);
-}
 
 /// x (n, k) times w (k, m) plus b (m), in double.
 std::vector<double> affine(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& b,
@@ -169,7 +164,6 @@ BOOST_AUTO_TEST_CASE(sequential_chains_and_collects_parameters_in_order) {
   for (float b : d1->bias().data().to_vector()) BOOST_TEST(b == 0.0f);
   for (float w : d1->weight().data().to_vector()) BOOST_TEST(std::abs(w) <= std::sqrt(6.0 / 9.0));
 }
-
 
 // Dropout zeroes about `rate` of the elements and scales the rest while
 // recording, passes the gradient through the kept ones only, and is the

@@ -14,13 +14,12 @@
 
 #include <deft/nn.hpp>
 
+#include "nn_support.hpp"
+
 using namespace deft;
+using nn_test::mentions;
 
 namespace {
-
-bool mentions(const std::exception& e, const std::string& what) {
-  return std::string(e.what()).find(what) != std::string::npos;
-}
 
 std::vector<double> doubles(const Tensor<float>& t) {
   const auto v = t.to_vector();

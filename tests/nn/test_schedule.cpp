@@ -12,13 +12,12 @@
 
 #include <deft/nn.hpp>
 
+#include "nn_support.hpp"
+
 using namespace deft;
+using nn_test::mentions;
 
 namespace {
-
-bool mentions(const std::exception& e, const std::string& what) {
-  return std::string(e.what()).find(what) != std::string::npos;
-}
 
 // The multipliers as PyTorch documents them, written out for update t.
 double step_formula(std::int64_t t, std::int64_t every, double gamma) { return std::pow(gamma, double(t / every)); }

@@ -12,7 +12,10 @@
 
 #include <deft/nn.hpp>
 
+#include "nn_support.hpp"
+
 using namespace deft;
+using nn_test::mentions;
 
 namespace {
 
@@ -125,10 +128,6 @@ struct DataParallelTwins {
     }
   }
 };
-
-bool mentions(const std::exception& e, const std::string& what) {
-  return std::string(e.what()).find(what) != std::string::npos;
-}
 
 }  // namespace
 

@@ -84,7 +84,7 @@ struct Model {
   bool must_fail = false;
   bool may_fail = false;
 };
-struct Slot {
+struct ModelSlot {
   Tensor<float> t;
   std::shared_ptr<Model> m;
 };
@@ -134,11 +134,11 @@ class Program {
   }
 
  private:
-  Slot fresh() {
+  ModelSlot fresh() {
     std::uniform_real_distribution<float> u(-1.f, 1.f);
     std::vector<float> v(std::size_t(n_), 0.f);
     for (auto& x : v) x = u(rng_);
-    return Slot{Tensor<float>(v, {n_}), std::make_shared<Model>(Model{Values(v.begin(), v.end())})};
+    return ModelSlot{Tensor<float>(v, {n_}), std::make_shared<Model>(Model{Values(v.begin(), v.end())})};
   }
 
   // A new model computed from inputs: it fails if any input must fail.
@@ -155,9 +155,9 @@ class Program {
   void may_fail(Model& m) const { m.may_fail |= every_ != 0; }
 
   void step(int s) {
-    Slot& k = slots_[rng_() % slots_.size()];
-    const Slot& i = slots_[rng_() % slots_.size()];
-    const Slot& j = slots_[rng_() % slots_.size()];
+    ModelSlot& k = slots_[rng_() % slots_.size()];
+    const ModelSlot& i = slots_[rng_() % slots_.size()];
+    const ModelSlot& j = slots_[rng_() % slots_.size()];
     const std::size_t n = std::size_t(n_);
     switch (rng_() % 9) {
       case 0: case 1: {  // the mean of two tensors
@@ -216,7 +216,7 @@ class Program {
     }
   }
 
-  void sync(Slot& s, const char* where) {
+  void sync(ModelSlot& s, const char* where) {
     try {
       const auto got = s.t.to_vector();
       ++fig_.syncs_checked;
@@ -240,7 +240,7 @@ class Program {
   Figures& fig_;
   std::int64_t n_ = 1;
   std::uint64_t every_ = 0;
-  std::vector<Slot> slots_;
+  std::vector<ModelSlot> slots_;
   ThrowLog throws_;
   std::uint64_t ctor_failures_ = 0;
 };

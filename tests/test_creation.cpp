@@ -1,6 +1,4 @@
-// The test module (the one translation unit defining BOOST_TEST_MODULE), the
-// creation, random_numbers and printing suites.
-#define BOOST_TEST_MODULE deft
+// The creation, random_numbers and printing suites.
 #include <tuple>
 
 #include "common.hpp"

@@ -28,7 +28,13 @@ if [ "$sanitizers" = thread ]; then
 else
   extra=(-DDEFT_BUILD_EXAMPLES=ON "-DCMAKE_CUDA_FLAGS_DEBUG=-O0 -G")
 fi
-cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -g1" \
+# Ninja builds the targets listed below in parallel: CMake's Makefiles build
+# a list of targets one after another, and each test runner is one
+# translation unit (tests/CMakeLists.txt), so make -j2 would leave a core idle.
+if [ -f "$build/CMakeCache.txt" ] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$build/CMakeCache.txt"; then
+  rm -rf "$build"  # configured with another generator by an older version of this script
+fi
+cmake -S . -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="${CXX:-clang++}" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -g1" \
   -DDEFT_SANITIZE="$sanitizers" -DDEFT_WERROR=ON "${extra[@]}" >/dev/null
 # TSan is for the concurrent code: the engine and its stress tests, the data
 # loader's prefetch thread, the parallel kernels, hybridized replays and the

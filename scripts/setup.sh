@@ -6,11 +6,11 @@
 # Conan 2, which goes into a virtual environment build/conan-venv (from PyPI,
 # so nothing touches the system Python); doxygen for the API reference and
 # its check that every public name is documented (ctest -L docs).
-# With --sanitizers also clang and its sanitizer runtimes (for
+# With --sanitizers also clang and its sanitizer runtimes, and Ninja (for
 # scripts/sanitize.sh). Safe to run again.
 set -euo pipefail
 packages=(g++ cmake make libxsimd-dev zlib1g-dev libboost-test-dev dataset-fashion-mnist pkg-config python3-venv doxygen)
-if [ "${1:-}" = "--sanitizers" ]; then packages+=(clang libclang-rt-dev); fi
+if [ "${1:-}" = "--sanitizers" ]; then packages+=(clang libclang-rt-dev ninja-build); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

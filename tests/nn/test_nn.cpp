@@ -299,7 +299,10 @@ BOOST_AUTO_TEST_CASE(sgd_with_momentum_nesterov_and_adam_follow_their_formulas) 
                                              : std::variant<nn::SGD, nn::Adam>(nn::SGD{0.1f, 0.9f, 0.01f, true}));
     const auto w0 = params[0]->data().to_vector();
     std::vector<double> w(w0.begin(), w0.end());
-    std::vector<double> m(w.size(), 0.0), v(w.size(), 0.0);
+    nn_test::ReferenceUpdate reference{which == 0   ? nn_test::ReferenceUpdate::sgd
+                                       : which == 1 ? nn_test::ReferenceUpdate::adam
+                                                    : nn_test::ReferenceUpdate::nesterov};
+    reference.decay = which == 1 ? 0.0 : 0.01;
     for (int step = 1; step <= 3; ++step) {
       {
         autograd::record rec;
@@ -308,22 +311,7 @@ BOOST_AUTO_TEST_CASE(sgd_with_momentum_nesterov_and_adam_follow_their_formulas) 
       }
       const auto g = params[0]->grad().to_vector();
       trainer.step(8);
-      for (std::size_t i = 0; i < w.size(); ++i) {
-        const double gi = g[i] / 8.0;
-        if (which == 0) {
-          m[i] = 0.9 * m[i] - 0.1 * (gi + 0.01 * w[i]);
-          w[i] += m[i];
-        } else if (which == 2) {
-          const double decayed = gi + 0.01 * w[i];
-          m[i] = 0.9 * m[i] + decayed;
-          w[i] -= 0.1 * (decayed + 0.9 * m[i]);
-        } else {
-          m[i] = 0.9 * m[i] + 0.1 * gi;
-          v[i] = 0.999 * v[i] + 0.001 * gi * gi;
-          const double lr = 0.01 * std::sqrt(1 - std::pow(0.999, step)) / (1 - std::pow(0.9, step));
-          w[i] -= lr * m[i] / (std::sqrt(v[i]) + 1e-8);
-        }
-      }
+      reference.apply(w, g, 8.0, which == 1 ? 0.01 : 0.1, step);
       const auto now = params[0]->data().to_vector();
       for (std::size_t i = 0; i < w.size(); ++i) {
         BOOST_TEST(std::abs(now[i] - w[i]) <= 1e-5 * std::max(1.0, std::abs(w[i])));

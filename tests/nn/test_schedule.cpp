@@ -79,7 +79,8 @@ BOOST_AUTO_TEST_CASE(a_scheduled_trainer_updates_at_the_scheduled_rate) {
                                              : std::variant<nn::SGD, nn::Adam>(nn::Adam{base}));
       trainer.set_schedule(nn::schedule::warmup(2, nn::schedule::cosine(3, 0.1)));
       const auto w0 = params[0]->data().to_vector();
-      std::vector<double> w(w0.begin(), w0.end()), m(w.size(), 0.0), v(w.size(), 0.0);
+      std::vector<double> w(w0.begin(), w0.end());
+      nn_test::ReferenceUpdate reference{which == 0 ? nn_test::ReferenceUpdate::sgd : nn_test::ReferenceUpdate::adam};
       for (int t = 0; t < 7; ++t) {
         const double lr = double(base) * (t < 2 ? double(t + 1) / 2 : cosine_formula(t - 2, 3, 0.1));
         BOOST_TEST(std::abs(trainer.scheduled_learning_rate() - lr) <= 1e-7 * lr);
@@ -90,18 +91,7 @@ BOOST_AUTO_TEST_CASE(a_scheduled_trainer_updates_at_the_scheduled_rate) {
         }
         const auto g = params[0]->grad().to_vector();
         trainer.step(8);
-        for (std::size_t i = 0; i < w.size(); ++i) {
-          const double gi = g[i] / 8.0;
-          if (which == 0) {
-            m[i] = 0.9 * m[i] - lr * gi;
-            w[i] += m[i];
-          } else {
-            m[i] = 0.9 * m[i] + 0.1 * gi;
-            v[i] = 0.999 * v[i] + 0.001 * gi * gi;
-            const double size = lr * std::sqrt(1 - std::pow(0.999, t + 1)) / (1 - std::pow(0.9, t + 1));
-            w[i] -= size * m[i] / (std::sqrt(v[i]) + 1e-8);
-          }
-        }
+        reference.apply(w, g, 8.0, lr, t + 1);
         const auto now = params[0]->data().to_vector();
         for (std::size_t i = 0; i < w.size(); ++i) {
           BOOST_TEST(std::abs(now[i] - w[i]) <= 1e-5 * std::max(1.0, std::abs(w[i])), "update " << t << " [" << i << "]");

@@ -165,8 +165,9 @@ class Trainer {
     ++steps_;
     std::vector<std::vector<Tensor<float>>> values;
     for (std::size_t i : params) values.push_back(params_[i]->list_data());
-    advance_rates(params, values);
-    if (const auto* adam = std::get_if<Adam>(&opt_)) advance_clocks(*adam, params, values);
+    const auto updating = updating_copies(params, values);
+    advance_rates(updating);
+    if (const auto* adam = std::get_if<Adam>(&opt_)) advance_clocks(*adam, params, updating);
     for (std::size_t k = 0; k < params.size(); ++k) {
       auto& state = state_[params[k]];
       auto& copies = values[k];
@@ -258,15 +259,27 @@ class Trainer {
   // (devices of one kind), or the first copy does and is copied to the others.
   bool updates_each_copy(std::size_t i) const { return detail::one_device_kind(params_[i]->devices()); }
 
-  // Gives each device that updates a copy of `updated` this step's rate.
-  // A scheduled rate counts the updates on its device; a device that
-  // updated no copy this time falls behind and is dropped (made again from
-  // steps_ when it next updates one).
-  void advance_rates(const std::vector<std::size_t>& updated, const std::vector<std::vector<Tensor<float>>>& values) {
-    std::vector<Device> devices;
+  // (k, device) for each copy of updated[k] (values[k]: its copies) that
+  // takes the update itself; where the first copy is updated and copied to
+  // the others, that copy only.
+  using UpdatingCopies = std::vector<std::pair<std::size_t, Device>>;
+  UpdatingCopies updating_copies(const std::vector<std::size_t>& updated,
+                                 const std::vector<std::vector<Tensor<float>>>& values) const {
+    UpdatingCopies copies;
     for (std::size_t k = 0; k < updated.size(); ++k)
       for (std::size_t r = 0; r < (updates_each_copy(updated[k]) ? values[k].size() : 1); ++r)
-        if (std::ranges::find(devices, values[k][r].device()) == devices.end()) devices.push_back(values[k][r].device());
+        copies.emplace_back(k, values[k][r].device());
+    return copies;
+  }
+
+  // Gives each device that updates a copy this step's rate. A scheduled
+  // rate counts the updates on its device; a device that updated no copy
+  // this time falls behind and is dropped (made again from steps_ when it
+  // next updates one).
+  void advance_rates(const UpdatingCopies& updating) {
+    std::vector<Device> devices;
+    for (const auto& copy : updating)
+      if (std::ranges::find(devices, copy.second) == devices.end()) devices.push_back(copy.second);
     const bool scheduled = !schedule_.is_constant();
     if (scheduled) std::erase_if(rates_, [&](const DeviceRate& r) { return std::ranges::find(devices, r.device) == devices.end(); });
     for (const Device device : devices) {
@@ -294,12 +307,11 @@ class Trainer {
     detail::raise<std::logic_error>("Trainer: no learning rate on ", device);
   }
 
-  // Advances the clocks of the parameters `updated` (values: their copies).
+  // Advances the clocks of the parameters `updated` (updating: their copies that take the update).
   // A clock that counts for some of them and not others first splits: the
   // updated ones take a copy of its count and go on alone. A parameter's
   // first update starts a clock from 0.
-  void advance_clocks(const Adam& o, const std::vector<std::size_t>& updated,
-                      const std::vector<std::vector<Tensor<float>>>& values) {
+  void advance_clocks(const Adam& o, const std::vector<std::size_t>& updated, const UpdatingCopies& updating) {
     std::vector<char> is_updated(params_.size(), 0);
     for (std::size_t i : updated) is_updated[i] = 1;
     for (std::size_t c = 0, n = clocks_.size(); c < n; ++c) {
@@ -320,10 +332,9 @@ class Trainer {
     if (!first.params.empty()) clocks_.push_back(std::move(first));
     // Each clock of the updated parameters, on each device that updates a copy.
     std::vector<std::pair<std::size_t, Device>> ticks;
-    for (std::size_t k = 0; k < updated.size(); ++k)
-      for (std::size_t r = 0; r < (updates_each_copy(updated[k]) ? values[k].size() : 1); ++r)
-        if (std::pair tick{clock_of_[updated[k]], values[k][r].device()}; std::ranges::find(ticks, tick) == ticks.end())
-          ticks.push_back(tick);
+    for (const auto& [k, device] : updating)
+      if (std::pair tick{clock_of_[updated[k]], device}; std::ranges::find(ticks, tick) == ticks.end())
+        ticks.push_back(tick);
     std::vector<char> advanced(clocks_.size(), 0);
     for (const auto& [c, device] : ticks) join(o, clocks_[c], device);  // all before any tick
     for (const auto& [c, device] : ticks) {

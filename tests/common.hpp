@@ -96,6 +96,13 @@ using WorkersGuard = ScopedSetting<int, &deft::engine::num_workers, &deft::engin
 using ModeGuard = ScopedSetting<deft::engine::Mode, &deft::engine::mode, &deft::engine::set_mode>;
 using LimitsGuard = ScopedSetting<deft::engine::Limits, &deft::engine::limits, &set_limits_by_value, true>;
 
+/// f() with the engine's worker count set to `workers` (restored after).
+template <class F>
+auto with_workers(int workers, F&& f) {
+  WorkersGuard guard(workers);
+  return f();
+}
+
 /// Shapes for same-shape elementwise checks: a small one with SIMD tails and a
 /// large one that the engine splits across workers.
 inline const std::vector<std::vector<i64>> kElementwiseShapes = {{3, 37}, {300, 257}};

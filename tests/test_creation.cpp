@@ -180,19 +180,7 @@ BOOST_AUTO_TEST_CASE(same_numbers_for_any_worker_count) {
     r.push_back(to_double(deft::random::uniform<std::int64_t>(0, 1000, {200000}).to_vector()));
     return r;
   };
-  std::vector<std::vector<double>> one, two, four;
-  {
-    WorkersGuard w(1);
-    one = draw();
-  }
-  {
-    WorkersGuard w(2);
-    two = draw();
-  }
-  {
-    WorkersGuard w(4);
-    four = draw();
-  }
+  const auto one = with_workers(1, draw), two = with_workers(2, draw), four = with_workers(4, draw);
   for (std::size_t i = 0; i < one.size(); ++i) {
     BOOST_TEST(same_bits(one[i], two[i]), "draw " << i << ": 1 vs 2 workers");
     BOOST_TEST(same_bits(one[i], four[i]), "draw " << i << ": 1 vs 4 workers");

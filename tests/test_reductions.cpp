@@ -352,19 +352,7 @@ BOOST_AUTO_TEST_CASE(same_bits_for_any_worker_count) {
     r.push_back(deft::sum(y.reshape({600, 500}), 0).to_vector());
     return r;
   };
-  std::vector<std::vector<double>> one, two, three;
-  {
-    WorkersGuard w(1);
-    one = compute();
-  }
-  {
-    WorkersGuard w(2);
-    two = compute();
-  }
-  {
-    WorkersGuard w(3);
-    three = compute();
-  }
+  const auto one = with_workers(1, compute), two = with_workers(2, compute), three = with_workers(3, compute);
   BOOST_REQUIRE(one.size() == two.size());
   for (std::size_t i = 0; i < one.size(); ++i) {
     BOOST_TEST(same_bits(one[i], two[i]), "result " << i << " differs between 1 and 2 workers");

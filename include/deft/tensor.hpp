@@ -197,7 +197,7 @@ class Tensor {
     // scarce, and a copy between the CPU's logical devices is a memcpy.
     const bool pinned = device.type == DeviceType::cpu && this->device().type != DeviceType::cpu;
     Tensor out = detail::record_new<T>("to", shape_, detail::Placement(device, pinned), detail::CopyAcross<T>{from},
-                                       [](auto& t) { t.add_input(t.kernel().from.buffer); });
+                                       [](detail::KernelTask& t) { t.add_input(t.kernel<detail::CopyAcross<T>>().from.buffer); });
     if (from.grad) autograd::detail::track_copy(out, from);
     return out;
   }
@@ -363,19 +363,19 @@ class Tensor {
       // value nobody else holds; an owned buffer may have readers of it.
       const bool cancels = overwrites && unshared;
       const std::size_t bytes = std::size_t(size()) * sizeof(T);
-      auto declare = [&](detail::TaskImpl<Kernel>& t) {
+      auto declare = [&](detail::KernelTask& t) {
         if (!cancels) t.add_input(cur);  // ordered after the writer before it
-        detail::add_leaf_inputs(t);
+        detail::add_leaf_inputs<std::remove_cvref_t<decltype(e)>>(t);
         if (cur->device.type != DeviceType::cpu) t.hand_off = true;
       };
       // A loop body writes its tensor with the same kind of expression each
       // time: the task of the time before, finished, takes the new kernel.
       const auto& p = cur->producer;
-      if (p && p->kind == &detail::TaskImpl<Kernel>::kind_tag && detail::same_owner(p->output, cur) &&
+      if (p && p->kind == detail::kernel_ops<Kernel> && detail::same_owner(p->output, cur) &&
           detail::Engine::get().record_again(p, [&](detail::Task& task) {
-            auto& t = static_cast<detail::TaskImpl<Kernel>&>(task);
+            auto& t = static_cast<detail::KernelTask&>(task);
             t.reset_for_reuse(op, 0, bytes);  // allocates nothing: its storage is its previous run's output
-            t.rebuild(std::move(e), offset_);
+            t.build<Kernel>(std::move(e), offset_);
             declare(t);
           }))
         return;
@@ -390,7 +390,7 @@ class Tensor {
       auto t = detail::emplace_task<Kernel>(op, cur->bytes, std::move(e), std::int64_t{offset_},
                                             keeps_cur ? cur : std::shared_ptr<detail::Buffer>(), bool(!whole));
       if (keeps_cur) t->add_input(cur);
-      detail::add_leaf_inputs(*t);
+      detail::add_leaf_inputs<std::remove_cvref_t<decltype(e)>>(*t);
       detail::record_copy_on_write(std::move(t), v.current);  // `cur` now refers to the new version
     }
   }

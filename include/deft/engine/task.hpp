@@ -11,6 +11,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <new>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -97,7 +98,7 @@ class Task {
   // storage in place): what the engine's bounds count as held by deferral.
   std::size_t bytes;
   std::size_t work;  // bytes written and read: the engine's estimate of its cost (see thresholds::inline_task_work)
-  const void* kind;  // identifies the kernel's type (TaskImpl<K>::kind_tag): what a reuse may put in it
+  const void* kind;  // identifies the kernel's type (kernel_ops<K>): what a reuse may put in it
   // Always run on a worker, never on a recording thread: GPU work (a copy
   // may block), and a user's map() function (it may wait for that thread).
   bool hand_off = false;
@@ -125,44 +126,103 @@ class Task {
   void forget_unsubmitted() { counters().count_dropped(bytes); }
 };
 
-template <class Kernel>
-class TaskImpl final : public Task {
+class KernelTask;
+
+/// What a KernelTask does with its kernel: one table per kernel type, so
+/// that the task, its control block and its bookkeeping are one type, and
+/// each kernel type adds only these few functions.
+struct KernelOps {
+  void (*execute)(const void* kernel, Buffer& out);
+  void (*destroy)(void* kernel) noexcept;
+  std::shared_ptr<KernelTask> (*clone)(const KernelTask& from);
+  // Null unless the kernel draws random numbers (Task::draws_random).
+  std::shared_ptr<KernelTask> (*redrawn)(const KernelTask& from, std::uint64_t key, std::uint64_t stream);
+};
+
+/// A task running a kernel object, `kernel(Buffer& out) const`, stored
+/// after the task in the block std::allocate_shared gave both (emplace_task).
+class KernelTask final : public Task {
  public:
-  /// The kernel built in place from `args`.
-  template <class... Args>
-  TaskImpl(const char* task_name, std::size_t out_bytes, std::in_place_t, Args&&... args)
-      : Task(task_name, out_bytes, &kind_tag), kernel_(std::in_place, std::forward<Args>(args)...) {}
-  static constexpr char kind_tag = 0;  // its address is the Task::kind of this kernel type
+  /// The largest alignment a kernel may have.
+  static constexpr std::size_t kernel_alignment = __STDCPP_DEFAULT_NEW_ALIGNMENT__;
+  /// Bytes a kernel of `size` bytes needs after the control block.
+  static constexpr std::size_t storage_bytes(std::size_t size) { return size + kernel_alignment - 1; }
+
+  KernelTask(const char* task_name, std::size_t out_bytes, const KernelOps* ops)
+      : Task(task_name, out_bytes, ops), ops_(ops) {}
+  ~KernelTask() override { release_closure(); }
+
   // Const: a trace's prototype runs in every replay in flight (ChainTask).
-  void execute(Buffer& out) override { std::as_const(*kernel_)(out); }
-  void release_closure() noexcept override { kernel_.reset(); }
-  std::shared_ptr<Task> clone() const override { return clone_with(*kernel_); }
-  bool draws_random() const noexcept override { return redrawable; }
-  std::shared_ptr<Task> redrawn(std::uint64_t key, std::uint64_t stream) const override {
-    if constexpr (redrawable) return clone_with(kernel_->redrawn(key, stream));
-    else return nullptr;
+  void execute(Buffer& out) override { ops_->execute(kernel_, out); }
+  void release_closure() noexcept override {
+    if (void* k = std::exchange(kernel_, nullptr)) ops_->destroy(k);
   }
-  /// The closure, for declaring its reads while recording (before it runs).
-  const Kernel& kernel() const { return *kernel_; }
-  /// A new closure for a finished task being reused (Engine::record_again).
-  template <class... Args>
-  void rebuild(Args&&... args) {
-    kernel_.emplace(std::forward<Args>(args)...);
+  std::shared_ptr<Task> clone() const override { return ops_->clone(*this); }
+  bool draws_random() const noexcept override { return ops_->redrawn != nullptr; }
+  std::shared_ptr<Task> redrawn(std::uint64_t key, std::uint64_t stream) const override {
+    return ops_->redrawn ? ops_->redrawn(*this, key, stream) : nullptr;
+  }
+
+  /// The kernel, of type K (Task::kind is kernel_ops<K>), for declaring
+  /// its reads while recording, before it runs.
+  template <class K>
+  const K& kernel() const noexcept {
+    return *static_cast<const K*>(kernel_);
+  }
+  /// Builds the kernel, a K, in the storage after the task: once after
+  /// emplace_task allocated it, and again for a finished task being reused
+  /// (Engine::record_again), whose kind is K.
+  template <class K, class... Args>
+  void build(Args&&... args) {
+    release_closure();
+    kernel_ = ::new (storage()) K(std::forward<Args>(args)...);
+  }
+  /// A clone's settings besides its kernel: what it costs, where it runs.
+  void copy_settings(const Task& from) noexcept {
+    work = from.work;
+    hand_off = from.hand_off;
+    gpu_inputs = from.gpu_inputs;  // the copy of the closure holds the same buffers
   }
 
  private:
-  static constexpr bool redrawable = requires(const Kernel& k) {
-    { k.redrawn(std::uint64_t{}, std::uint64_t{}) } -> std::same_as<Kernel>;
+  // The kernel's storage: after this object, inside the block that
+  // TaskAllocator extended by storage_bytes (the control block ends at or
+  // after this object's end).
+  void* storage() noexcept {
+    const auto end = reinterpret_cast<std::uintptr_t>(this) + sizeof(KernelTask);
+    return reinterpret_cast<void*>((end + kernel_alignment - 1) / kernel_alignment * kernel_alignment);
+  }
+
+  const KernelOps* ops_;
+  void* kernel_ = nullptr;  // null once released
+};
+
+template <class K, class... Args>
+std::shared_ptr<KernelTask> emplace_task(const char* name, std::size_t bytes, Args&&... args);
+
+/// The table of kernel type K.
+template <class K>
+struct KernelOpsOf {
+  static constexpr bool redrawable = requires(const K& k) {
+    { k.redrawn(std::uint64_t{}, std::uint64_t{}) } -> std::same_as<K>;
   };
-  std::shared_ptr<Task> clone_with(const Kernel& kernel) const {
-    auto t = std::allocate_shared<TaskImpl>(TaskAllocator<TaskImpl>{}, name, bytes, std::in_place, kernel);
-    t->work = work;
-    t->hand_off = hand_off;
-    t->gpu_inputs = gpu_inputs;  // the copy of the closure holds the same buffers
+  static void execute(const void* k, Buffer& out) { (*static_cast<const K*>(k))(out); }
+  static void destroy(void* k) noexcept { static_cast<K*>(k)->~K(); }
+  static std::shared_ptr<KernelTask> clone_with(const KernelTask& from, const K& kernel) {
+    auto t = emplace_task<K>(from.name, from.bytes, kernel);
+    t->copy_settings(from);
     return t;
   }
-  std::optional<Kernel> kernel_;
+  static std::shared_ptr<KernelTask> clone(const KernelTask& from) { return clone_with(from, from.kernel<K>()); }
+  static std::shared_ptr<KernelTask> redrawn(const KernelTask& from, std::uint64_t key, std::uint64_t stream) {
+    if constexpr (redrawable) return clone_with(from, from.kernel<K>().redrawn(key, stream));
+    else return nullptr;
+  }
+  static constexpr KernelOps ops{&execute, &destroy, &clone, redrawable ? &redrawn : nullptr};
 };
+/// The table of K: the Task::kind of every task running a K.
+template <class K>
+inline constexpr const KernelOps* kernel_ops = &KernelOpsOf<K>::ops;
 
 /// Drops a task reference. The last reference to a task frees its closure,
 /// whose buffers free their producers, and so on up a chain that may be as
@@ -186,20 +246,28 @@ inline void bury(std::shared_ptr<Task>&& t) noexcept {
   pending = nullptr;
 }
 
-/// A task running `kernel(Buffer& out)` that writes `bytes` bytes of output.
-/// The kernel is moved straight into the task: an elementwise kernel holds
-/// the whole expression tree, and each extra move of it costs a statement.
-/// make_task with the kernel constructed in place from `args`: an
-/// expression moved into its kernel and the kernel into the task would be
-/// moved twice (each leaf's handle and shape, at every statement).
-template <class Kernel, class... Args>
-std::shared_ptr<TaskImpl<Kernel>> emplace_task(const char* name, std::size_t bytes, Args&&... args) {
-  using Impl = TaskImpl<Kernel>;
-  return std::allocate_shared<Impl>(TaskAllocator<Impl>{}, name, bytes, std::in_place, std::forward<Args>(args)...);
+/// A task whose kernel (of kernel_bytes, its table `ops`) is not built yet.
+/// One function for every kernel type.
+DEFT_NOINLINE inline std::shared_ptr<KernelTask> new_kernel_task(const char* name, std::size_t bytes, const KernelOps* ops,
+                                                                  std::size_t kernel_bytes) {
+  return std::allocate_shared<KernelTask>(TaskAllocator<KernelTask>(KernelTask::storage_bytes(kernel_bytes)), name, bytes,
+                                          ops);
+}
+
+/// A task running a K, constructed in place from `args`, that writes
+/// `bytes` bytes of output. The kernel is built straight into the task's
+/// block: an elementwise kernel holds the whole expression tree, and each
+/// extra move of it (each leaf's handle and shape) costs a statement.
+template <class K, class... Args>
+std::shared_ptr<KernelTask> emplace_task(const char* name, std::size_t bytes, Args&&... args) {
+  static_assert(alignof(K) <= KernelTask::kernel_alignment, "deft: a kernel type needs more than operator new's alignment");
+  auto t = new_kernel_task(name, bytes, kernel_ops<K>, sizeof(K));
+  t->template build<K>(std::forward<Args>(args)...);
+  return t;
 }
 
 template <class K>
-std::shared_ptr<TaskImpl<std::decay_t<K>>> make_task(const char* name, std::size_t bytes, K&& kernel) {
+std::shared_ptr<KernelTask> make_task(const char* name, std::size_t bytes, K&& kernel) {
   return emplace_task<std::decay_t<K>>(name, bytes, std::forward<K>(kernel));
 }
 

@@ -101,18 +101,22 @@ class TaskBlocks {
   std::array<int, classes> counts_{};
 };
 
-/// The allocator of make_task's std::allocate_shared (task and control block in one TaskBlocks block).
+/// The allocator of emplace_task's std::allocate_shared: the task, its
+/// control block and `extra` bytes after them (the kernel, KernelTask) in
+/// one TaskBlocks block.
 template <class T>
 struct TaskAllocator {
   using value_type = T;
   static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "deft: a task type needs more than operator new's alignment");
+  std::size_t extra = 0;
   TaskAllocator() = default;
+  explicit TaskAllocator(std::size_t extra_bytes) noexcept : extra(extra_bytes) {}
   template <class U>
-  TaskAllocator(const TaskAllocator<U>&) noexcept {}
-  T* allocate(std::size_t n) { return static_cast<T*>(TaskBlocks::allocate(n * sizeof(T))); }
-  void deallocate(T* p, std::size_t n) noexcept { TaskBlocks::deallocate(p, n * sizeof(T)); }
+  TaskAllocator(const TaskAllocator<U>& other) noexcept : extra(other.extra) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(TaskBlocks::allocate(n * sizeof(T) + extra)); }
+  void deallocate(T* p, std::size_t n) noexcept { TaskBlocks::deallocate(p, n * sizeof(T) + extra); }
   template <class U>
-  bool operator==(const TaskAllocator<U>&) const noexcept { return true; }
+  bool operator==(const TaskAllocator<U>& other) const noexcept { return extra == other.extra; }
 };
 
 }  // namespace deft::detail

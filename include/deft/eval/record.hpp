@@ -129,16 +129,16 @@ struct CopyAcross {
 
 /// Declares the reads of an EvaluateInto task: every leaf still owning its buffer.
 template <class E>
-void add_leaf_inputs(TaskImpl<EvaluateInto<E>>& t) {
-  t.kernel().e.for_each_leaf([&](const auto& leaf) {
+void add_leaf_inputs(KernelTask& t) {
+  t.kernel<EvaluateInto<E>>().e.for_each_leaf([&](const auto& leaf) {
     if (leaf.buffer) t.add_input(leaf.buffer);
   });
   if constexpr (E::calls_user_code) t.hand_off = true;
 }
 /// add_leaf_inputs as an add_inputs argument of record_new_emplaced.
+template <class E>
 struct DeclareLeafInputs {
-  template <class E>
-  void operator()(TaskImpl<EvaluateInto<E>>& t) const { add_leaf_inputs(t); }
+  void operator()(KernelTask& t) const { add_leaf_inputs<E>(t); }
 };
 
 // The parts of Tensor::write that do not depend on the expression's type,
@@ -191,7 +191,7 @@ Tensor<value_t<E>> record_expression(E e) {
   // Both branches, and Tensor::write, build the task from the same argument
   // types, so each expression compiles one task constructor.
   const auto record = [&](E&& x) {
-    return record_new_emplaced<T, EvaluateInto<E>>("elementwise", shape, dev, DeclareLeafInputs{}, std::move(x),
+    return record_new_emplaced<T, EvaluateInto<E>>("elementwise", shape, dev, DeclareLeafInputs<E>{}, std::move(x),
                                                    std::int64_t{0}, std::shared_ptr<Buffer>(), false);
   };
   if constexpr (Track) {

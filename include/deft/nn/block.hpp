@@ -28,7 +28,7 @@ namespace deft::detail {
 template <class T>
 std::shared_ptr<Task> copy_task(const char* name, std::size_t bytes, const Tensor<T>& source) {
   auto t = make_task(name, bytes, EvaluateInto<Leaf<T>>(source.leaf()));
-  add_leaf_inputs(*t);
+  add_leaf_inputs<Leaf<T>>(*t);
   return t;
 }
 

@@ -307,8 +307,8 @@ void allreduce_bucket(std::vector<std::vector<Tensor<T>>>& tensors, std::size_t 
     PackParts<T> pack;
     for (std::size_t i = begin; i < end; ++i) pack.parts.push_back(as_expr(tensors[i][d]));
     packed.push_back(record_new<T>("allreduce pack", Shape{total}, tensors[begin][d].device(), std::move(pack),
-                                   [](auto& t) {
-                                     for (const auto& p : t.kernel().parts) t.add_input(p.buffer);
+                                   [](KernelTask& t) {
+                                     for (const auto& p : t.kernel<PackParts<T>>().parts) t.add_input(p.buffer);
                                    }));
   }
   allreduce(packed);

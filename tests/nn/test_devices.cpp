@@ -62,6 +62,21 @@ void expect_trained_alike(nn::Block& one, nn::Block& many) {
   }
 }
 
+// `parts` hold `batch`'s rows in order: sizes[p] rows on devices[p].
+void expect_rows_in_order(const std::vector<Tensor<float>>& parts, const Tensor<float>& batch,
+                          const std::vector<Device>& devices, const std::vector<std::int64_t>& sizes) {
+  BOOST_TEST_REQUIRE(parts.size() == devices.size());
+  const auto v = batch.to_vector();
+  const std::int64_t columns = batch.shape()[1];
+  std::size_t at = 0;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    BOOST_TEST(parts[p].device() == devices[p]);
+    BOOST_TEST(parts[p].shape() == (Shape{sizes[p], columns}));
+    for (float x : parts[p].to_vector()) BOOST_TEST(x == v[at++]);
+  }
+  BOOST_TEST(at == v.size());
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(devices)
@@ -122,18 +137,8 @@ BOOST_AUTO_TEST_CASE(gradients_flow_back_across_a_copy) {
 BOOST_AUTO_TEST_CASE(split_and_load_gives_one_balanced_part_per_device) {
   random::seed(13);
   const Tensor<float> batch = random::normal<float>(0, 1, {7, 3});
-  const auto v = batch.to_vector();
   const std::vector<Device> three = {cpu(0), cpu(1), cpu(2)};
-  const auto parts = split_and_load(batch, three);
-  BOOST_TEST_REQUIRE(parts.size() == 3u);
-  const std::int64_t sizes[] = {3, 2, 2};
-  std::size_t at = 0;
-  for (std::size_t p = 0; p < 3; ++p) {
-    BOOST_TEST(parts[p].device() == three[p]);
-    BOOST_TEST(parts[p].shape() == (Shape{sizes[p], 3}));
-    for (float x : parts[p].to_vector()) BOOST_TEST(x == v[at++]);
-  }
-  BOOST_TEST(at == v.size());
+  expect_rows_in_order(split_and_load(batch, three), batch, three, {3, 2, 2});
   BOOST_CHECK_EXCEPTION(split_and_load(batch, three, true), std::invalid_argument,
                         [](const std::invalid_argument& e) { return mentions(e, "7 rows") && mentions(e, "even_split"); });
   BOOST_CHECK_EXCEPTION(split_and_load(batch.rows(0, 2), three), std::invalid_argument,
@@ -149,18 +154,9 @@ BOOST_AUTO_TEST_CASE(split_and_load_gives_one_balanced_part_per_device) {
 BOOST_AUTO_TEST_CASE(split_and_load_shares_rows_in_proportion) {
   random::seed(14);
   const Tensor<float> batch = random::normal<float>(0, 1, {10, 3});
-  const auto v = batch.to_vector();
   const std::vector<Device> three = {cpu(0), cpu(1), cpu(2)};
-  const auto parts = split_and_load(batch, three, std::vector<double>{1, 2.5, 1.5});  // quotas 2, 5, 3
-  BOOST_TEST_REQUIRE(parts.size() == 3u);
-  const std::int64_t sizes[] = {2, 5, 3};
-  std::size_t at = 0;
-  for (std::size_t p = 0; p < 3; ++p) {
-    BOOST_TEST(parts[p].device() == three[p]);
-    BOOST_TEST(parts[p].shape() == (Shape{sizes[p], 3}));
-    for (float x : parts[p].to_vector()) BOOST_TEST(x == v[at++]);
-  }
-  BOOST_TEST(at == v.size());
+  // quotas 2, 5, 3
+  expect_rows_in_order(split_and_load(batch, three, std::vector<double>{1, 2.5, 1.5}), batch, three, {2, 5, 3});
   const auto rows_of = [](const std::vector<Tensor<float>>& ps) {
     std::vector<std::int64_t> r;
     for (const auto& p : ps) r.push_back(p.shape()[0]);

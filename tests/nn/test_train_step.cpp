@@ -93,6 +93,28 @@ void expect_same_outputs(const std::vector<nn::TrainStep<nn::SoftmaxCrossEntropy
   }
 }
 
+// Batches of the given numbers of samples: 8 features, labels among 5 classes.
+struct Batches {
+  std::vector<Tensor<float>> xs;
+  std::vector<Tensor<std::int64_t>> ys;
+  explicit Batches(const std::vector<std::int64_t>& rows) {
+    for (std::int64_t r : rows) xs.push_back(random::normal<float>(0, 1, {r, 8})), ys.push_back(labels(r, 5));
+  }
+  Batches(int count, std::int64_t rows) : Batches(std::vector<std::int64_t>(std::size_t(count), rows)) {}
+};
+
+// What a TrainStep and the plain twin's steps returned, batch by batch.
+struct TwinRuns {
+  std::vector<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>::Output> hybrid;
+  std::vector<std::pair<Tensor<float>, Tensor<float>>> plain;
+  // Batch i through both.
+  void step(nn::TrainStep<nn::SoftmaxCrossEntropyLoss>& hybrid_step, Twins& twins, const Batches& b, std::size_t i) {
+    hybrid.push_back(hybrid_step(b.xs[i], b.ys[i]));
+    plain.push_back(twins.plain_step(b.xs[i], b.ys[i]));
+  }
+  void expect_same(double tol) const { expect_same_outputs(hybrid, plain, tol); }
+};
+
 // Batches of the given rows split over cpu(0) and cpu(1), and two networks
 // on both devices with the same parameters, each with an SGD trainer.
 struct DataParallelTwins {
@@ -141,17 +163,11 @@ BOOST_AUTO_TEST_CASE(replays_match_the_plain_step) {
   for (std::size_t which = 0; which < optimizers.size(); ++which) {
     BOOST_TEST_CONTEXT("optimizer " << which) {
       random::seed(40 + which);
-      std::vector<Tensor<float>> xs;
-      std::vector<Tensor<std::int64_t>> ys;
-      for (int i = 0; i < 7; ++i) xs.push_back(random::normal<float>(0, 1, {12, 8})), ys.push_back(labels(12, 5));
-      Twins twins(xs[0], optimizers[which]);
+      const Batches b(7, 12);
+      Twins twins(b.xs[0], optimizers[which]);
       nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer);
-      std::vector<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>::Output> hybrid;
-      std::vector<std::pair<Tensor<float>, Tensor<float>>> plain;
-      for (int i = 0; i < 7; ++i) {
-        hybrid.push_back(step(xs[i], ys[i]));
-        plain.push_back(twins.plain_step(xs[i], ys[i]));
-      }
+      TwinRuns runs;
+      for (std::size_t i = 0; i < 7; ++i) runs.step(step, twins, b, i);
       BOOST_TEST(step.traces() == 1);
       BOOST_TEST(step.replays() == 5);
       // A replay records the label refill and a few chain tasks (the
@@ -160,14 +176,14 @@ BOOST_AUTO_TEST_CASE(replays_match_the_plain_step) {
       // out inside theirs): 8 here, against 35-45 for the plain step.
       wait_all();
       const auto before = engine::stats().tasks_recorded;
-      hybrid.push_back(step(xs[6], ys[6]));
+      runs.hybrid.push_back(step(b.xs[6], b.ys[6]));
       const auto replayed = engine::stats().tasks_recorded - before;
-      plain.push_back(twins.plain_step(xs[6], ys[6]));
+      runs.plain.push_back(twins.plain_step(b.xs[6], b.ys[6]));
       const auto plain_tasks = engine::stats().tasks_recorded - before - replayed;
       BOOST_TEST(replayed <= 8u);
       BOOST_TEST(3 * replayed < plain_tasks, replayed << " tasks per replay, " << plain_tasks << " per plain step");
       BOOST_TEST(twins.hybrid_trainer->steps() == 8);
-      expect_same_outputs(hybrid, plain, 1e-5);
+      runs.expect_same(1e-5);
       twins.expect_same_parameters(1e-5);
     }
   }
@@ -261,29 +277,20 @@ BOOST_AUTO_TEST_CASE(a_schedule_replays_without_tracing_again) {
   for (std::size_t which = 0; which < optimizers.size(); ++which) {
     BOOST_TEST_CONTEXT("optimizer " << which) {
       random::seed(60 + which);
-      std::vector<Tensor<float>> xs;
-      std::vector<Tensor<std::int64_t>> ys;
-      for (int i = 0; i < 9; ++i) xs.push_back(random::normal<float>(0, 1, {12, 8})), ys.push_back(labels(12, 5));
-      Twins twins(xs[0], optimizers[which]);
+      const Batches b(9, 12);
+      Twins twins(b.xs[0], optimizers[which]);
       for (nn::Trainer* t : {twins.hybrid_trainer.get(), twins.plain_trainer.get()})
         t->set_schedule(nn::schedule::warmup(2, nn::schedule::cosine(4, 0.1)));
       nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer);
-      std::vector<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>::Output> hybrid;
-      std::vector<std::pair<Tensor<float>, Tensor<float>>> plain;
-      for (int i = 0; i < 7; ++i) {
-        hybrid.push_back(step(xs[i], ys[i]));
-        plain.push_back(twins.plain_step(xs[i], ys[i]));
-      }
+      TwinRuns runs;
+      for (std::size_t i = 0; i < 7; ++i) runs.step(step, twins, b, i);
       BOOST_TEST(step.traces() == 1);
       BOOST_TEST(step.replays() == 5);
       for (nn::Trainer* t : {twins.hybrid_trainer.get(), twins.plain_trainer.get()})
         t->set_schedule(nn::schedule::step(1, 0.5));
-      for (int i = 7; i < 9; ++i) {
-        hybrid.push_back(step(xs[i], ys[i]));
-        plain.push_back(twins.plain_step(xs[i], ys[i]));
-      }
+      for (std::size_t i = 7; i < 9; ++i) runs.step(step, twins, b, i);
       BOOST_TEST(step.traces() == 2);
-      expect_same_outputs(hybrid, plain, 0);
+      runs.expect_same(0);
       twins.expect_same_parameters(0);
     }
   }
@@ -294,22 +301,15 @@ BOOST_AUTO_TEST_CASE(a_schedule_replays_without_tracing_again) {
 // runs after the other shape's replay it follows (both write the same state).
 BOOST_AUTO_TEST_CASE(an_epochs_last_shorter_batch_keeps_its_own_trace) {
   random::seed(52);
-  std::vector<Tensor<float>> xs;
-  std::vector<Tensor<std::int64_t>> ys;
-  for (int i = 0; i < 3; ++i) xs.push_back(random::normal<float>(0, 1, {12, 8})), ys.push_back(labels(12, 5));
-  xs.push_back(random::normal<float>(0, 1, {5, 8})), ys.push_back(labels(5, 5));
-  Twins twins(xs[0], nn::Adam{0.01f});
+  const Batches b({12, 12, 12, 5});
+  Twins twins(b.xs[0], nn::Adam{0.01f});
   nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer);
-  std::vector<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>::Output> hybrid;
-  std::vector<std::pair<Tensor<float>, Tensor<float>>> plain;
+  TwinRuns runs;
   for (int epoch = 0; epoch < 3; ++epoch)
-    for (int i = 0; i < 4; ++i) {
-      hybrid.push_back(step(xs[i], ys[i]));
-      plain.push_back(twins.plain_step(xs[i], ys[i]));
-    }
+    for (std::size_t i = 0; i < 4; ++i) runs.step(step, twins, b, i);
   BOOST_TEST(step.traces() == 2);
   BOOST_TEST(step.replays() == 9);
-  expect_same_outputs(hybrid, plain, 1e-5);
+  runs.expect_same(1e-5);
   twins.expect_same_parameters(1e-5);
 }
 
@@ -319,11 +319,8 @@ BOOST_AUTO_TEST_CASE(an_epochs_last_shorter_batch_keeps_its_own_trace) {
 // share), so each snapshot keeps the value from before its step.
 BOOST_AUTO_TEST_CASE(a_dropped_trace_leaves_pending_readers_seen) {
   random::seed(53);
-  const std::vector<std::int64_t> rows = {12, 5, 7};
-  std::vector<Tensor<float>> xs;
-  std::vector<Tensor<std::int64_t>> ys;
-  for (std::int64_t r : rows) xs.push_back(random::normal<float>(0, 1, {r, 8})), ys.push_back(labels(r, 5));
-  Twins twins(xs[0], nn::SGD{0.1f, 0.9f});
+  const Batches b({12, 5, 7});
+  Twins twins(b.xs[0], nn::SGD{0.1f, 0.9f});
   nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer, {.shapes = 2});
   std::vector<Tensor<float>> snapshots, expected;
   const std::vector<std::size_t> order = {0, 0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2};
@@ -332,8 +329,8 @@ BOOST_AUTO_TEST_CASE(a_dropped_trace_leaves_pending_readers_seen) {
       snapshots.push_back(twins.hybrid->collect_params()[0]->data() * 1.0f);
       expected.push_back(twins.plain->collect_params()[0]->data().clone());
     }
-    (void)step(xs[order[i]], ys[order[i]]);
-    (void)twins.plain_step(xs[order[i]], ys[order[i]]);
+    (void)step(b.xs[order[i]], b.ys[order[i]]);
+    (void)twins.plain_step(b.xs[order[i]], b.ys[order[i]]);
   }
   // 1 plain call; each shape change traces (the shape needed was dropped),
   // the call after it replays; no plain step falls in between.
@@ -488,20 +485,18 @@ BOOST_AUTO_TEST_CASE(a_failed_input_fails_what_the_replay_hands_out) {
 // have drawn after the same seed: the same losses, scores and weights.
 BOOST_AUTO_TEST_CASE(dropout_draws_a_new_mask_in_each_replay) {
   random::seed(51);
-  std::vector<Tensor<float>> xs;
-  std::vector<Tensor<std::int64_t>> ys;
-  for (int i = 0; i < 6; ++i) xs.push_back(random::normal<float>(0, 1, {12, 8})), ys.push_back(labels(12, 5));
-  Twins twins(xs[0], nn::SGD{0.1f, 0.9f}, 0.5f);
+  const Batches b(6, 12);
+  Twins twins(b.xs[0], nn::SGD{0.1f, 0.9f}, 0.5f);
   nn::TrainStep step(*twins.hybrid, nn::SoftmaxCrossEntropyLoss(), *twins.hybrid_trainer);
   // The twins draw from one generator: the same seed before each's steps.
   random::seed(52);
   std::vector<nn::TrainStep<nn::SoftmaxCrossEntropyLoss>::Output> hybrid;
-  for (int i = 0; i < 6; ++i) hybrid.push_back(step(xs[i % 2], ys[i % 2]));
+  for (int i = 0; i < 6; ++i) hybrid.push_back(step(b.xs[i % 2], b.ys[i % 2]));
   const auto after_hybrid = random::uniform<float>(0, 1, {4}).to_vector();
   BOOST_TEST(step.replays() == 4);
   random::seed(52);
   std::vector<std::pair<Tensor<float>, Tensor<float>>> plain;
-  for (int i = 0; i < 6; ++i) plain.push_back(twins.plain_step(xs[i % 2], ys[i % 2]));
+  for (int i = 0; i < 6; ++i) plain.push_back(twins.plain_step(b.xs[i % 2], b.ys[i % 2]));
   const auto after_plain = random::uniform<float>(0, 1, {4}).to_vector();
   expect_same_outputs(hybrid, plain, 1e-5);
   // Steps 2 and 4 replay on the same batch and weights that moved a little:

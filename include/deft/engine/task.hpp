@@ -148,19 +148,18 @@ class KernelTask final : public Task {
   /// Bytes a kernel of `size` bytes needs after the control block.
   static constexpr std::size_t storage_bytes(std::size_t size) { return size + kernel_alignment - 1; }
 
-  KernelTask(const char* task_name, std::size_t out_bytes, const KernelOps* ops)
-      : Task(task_name, out_bytes, ops), ops_(ops) {}
+  KernelTask(const char* task_name, std::size_t out_bytes, const KernelOps* ops) : Task(task_name, out_bytes, ops) {}
   ~KernelTask() override { release_closure(); }
 
   // Const: a trace's prototype runs in every replay in flight (ChainTask).
-  void execute(Buffer& out) override { ops_->execute(kernel_, out); }
+  void execute(Buffer& out) override { ops().execute(kernel_, out); }
   void release_closure() noexcept override {
-    if (void* k = std::exchange(kernel_, nullptr)) ops_->destroy(k);
+    if (void* k = std::exchange(kernel_, nullptr)) ops().destroy(k);
   }
-  std::shared_ptr<Task> clone() const override { return ops_->clone(*this); }
-  bool draws_random() const noexcept override { return ops_->redrawn != nullptr; }
+  std::shared_ptr<Task> clone() const override { return ops().clone(*this); }
+  bool draws_random() const noexcept override { return ops().redrawn != nullptr; }
   std::shared_ptr<Task> redrawn(std::uint64_t key, std::uint64_t stream) const override {
-    return ops_->redrawn ? ops_->redrawn(*this, key, stream) : nullptr;
+    return ops().redrawn ? ops().redrawn(*this, key, stream) : nullptr;
   }
 
   /// The kernel, of type K (Task::kind is kernel_ops<K>), for declaring
@@ -193,7 +192,9 @@ class KernelTask final : public Task {
     return reinterpret_cast<void*>((end + kernel_alignment - 1) / kernel_alignment * kernel_alignment);
   }
 
-  const KernelOps* ops_;
+  // The kernel type's table, which Task::kind holds.
+  const KernelOps& ops() const noexcept { return *static_cast<const KernelOps*>(kind); }
+
   void* kernel_ = nullptr;  // null once released
 };
 
@@ -214,11 +215,17 @@ struct KernelOpsOf {
     return t;
   }
   static std::shared_ptr<KernelTask> clone(const KernelTask& from) { return clone_with(from, from.kernel<K>()); }
-  static std::shared_ptr<KernelTask> redrawn(const KernelTask& from, std::uint64_t key, std::uint64_t stream) {
-    if constexpr (redrawable) return clone_with(from, from.kernel<K>().redrawn(key, stream));
+  static std::shared_ptr<KernelTask> redrawn(const KernelTask& from, std::uint64_t key, std::uint64_t stream)
+    requires redrawable
+  {
+    return clone_with(from, from.kernel<K>().redrawn(key, stream));
+  }
+  // Only a kernel that draws random numbers compiles a redrawn().
+  static constexpr auto redraw_op() -> decltype(KernelOps::redrawn) {
+    if constexpr (redrawable) return &redrawn;
     else return nullptr;
   }
-  static constexpr KernelOps ops{&execute, &destroy, &clone, redrawable ? &redrawn : nullptr};
+  static constexpr KernelOps ops{&execute, &destroy, &clone, redraw_op()};
 };
 /// The table of K: the Task::kind of every task running a K.
 template <class K>

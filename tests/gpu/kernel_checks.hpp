@@ -87,6 +87,50 @@ void fused_broadcast(Mem& mem) {
   expect_close(got, want, 1e-6);
 }
 
+/// Broadcasts that no dimension merges away: ranks 4 and 5 after
+/// collapsing (the per-channel operands of a batch norm are rank 3), each
+/// element and a sum along an inner axis against a double loop.
+template <class Mem>
+void high_rank_broadcast(Mem& mem) {
+  deft::random::seed(11);
+  for (const Shape& shape : {Shape{3, 4, 5, 6}, Shape{2, 3, 4, 5, 7}}) {
+    const int r = shape.rank();
+    Shape every_other = shape, the_rest = shape;  // broadcast along dimensions 1, 3, ... and 0, 2, ...
+    for (int d = 0; d < r; ++d) (d % 2 ? every_other : the_rest)[d] = 1;
+    auto a = deft::random::uniform<float>(-2, 2, shape), b = deft::random::uniform<float>(-2, 2, every_other);
+    auto c = deft::random::uniform<float>(-2, 2, the_rest);
+    mem.mirror(a), mem.mirror(b), mem.mirror(c);
+    const auto e = a * b - c;
+    auto v = e.view(e.shape());
+    BOOST_TEST(deft::detail::collapse(v, e.shape()).rank() == r);
+    const auto va = values(a), vb = values(b), vc = values(c);
+    const i64 n = shape.size();
+    std::vector<double> want(n);
+    for (i64 i = 0; i < n; ++i) {
+      i64 rest = i, ib = 0, ic = 0, sb = 1, sc = 1;
+      for (int d = r - 1; d >= 0; --d) {
+        const i64 x = rest % shape[d];
+        rest /= shape[d];
+        if (every_other[d] > 1) ib += x * sb, sb *= shape[d];
+        if (the_rest[d] > 1) ic += x * sc, sc *= shape[d];
+      }
+      want[i] = double(va[i]) * vb[ib] - vc[ic];
+    }
+    BOOST_TEST_CONTEXT("shape " << shape.to_string()) {
+      expect_close(evaluated(mem, e), want, 1e-6);
+      const deft::detail::AxisSplit g(shape, r - 2);
+      std::vector<double> sum(g.outer * g.inner, 0);
+      for (i64 o = 0; o < g.outer; ++o)
+        for (i64 j = 0; j < g.len; ++j)
+          for (i64 k = 0; k < g.inner; ++k) sum[o * g.inner + k] += double(float(want[(o * g.len + j) * g.inner + k]));
+      float* out = mem.template make<float>(g.outer * g.inner);
+      float* scratch = mem.template make<float>(std::max<i64>(gk::AxisPlan(g).scratch(), 1));
+      gk::reduce_axis_elements<deft::detail::SumReducer<float>>(mem.policy(), elements_in(mem, e), g, out, scratch);
+      expect_close(mem.get(out, g.outer * g.inner), sum, 1e-5);
+    }
+  }
+}
+
 /// float64, a transcendental function and a column broadcast along rows.
 template <class Mem>
 void double_column_broadcast(Mem& mem) {
@@ -354,6 +398,7 @@ void random_numbers(Mem& mem, bool exact) {
 #define DEFT_GPU_KERNEL_CASES(Mem)                                                                 \
   BOOST_AUTO_TEST_CASE(fused_tree_with_broadcasting) { Mem m; gpu_checks::fused_broadcast(m); }  \
   BOOST_AUTO_TEST_CASE(float64_column_broadcast) { Mem m; gpu_checks::double_column_broadcast(m); } \
+  BOOST_AUTO_TEST_CASE(high_rank_broadcasts) { Mem m; gpu_checks::high_rank_broadcast(m); }        \
   BOOST_AUTO_TEST_CASE(full_reductions) { Mem m; gpu_checks::reduce_all(m); }                   \
   BOOST_AUTO_TEST_CASE(reductions_along_each_axis) { Mem m; gpu_checks::reduce_axes(m); }        \
   BOOST_AUTO_TEST_CASE(argmax_ties_and_nan) { Mem m; gpu_checks::argmax(m); }                    \

@@ -27,6 +27,7 @@
 #include <thrust/system/cpp/execution_policy.h>
 
 #include <deft/engine/graph_dump.hpp>
+#include <deft/eval/gpu/divider.hpp>
 
 #include "kernel_checks.hpp"
 #include "random_checks.hpp"
@@ -63,6 +64,40 @@ struct HostMemory {
 BOOST_AUTO_TEST_SUITE(gpu_kernels_host)
 
 DEFT_GPU_KERNEL_CASES(HostMemory)
+
+// The multiply-and-shift quotients equal integer division: every divisor
+// up to 2^12 on its critical numerators, random divisors and numerators
+// below 2^31, and the bounds; past 2^31 the plain division takes over.
+BOOST_AUTO_TEST_CASE(divider_quotients_equal_integer_division) {
+  using deft::detail::gpu::Divider;
+  constexpr std::int64_t top = (std::int64_t(1) << 31) - 1;
+  long checked = 0;
+  auto check = [&](const Divider& div, std::int64_t d, std::int64_t n) {
+    std::int64_t q = -1;
+    const std::int64_t r = div.split(n, q);
+    if (q != n / d || r != n % d) BOOST_FAIL(n << " / " << d << ": got " << q << " remainder " << r);
+    ++checked;
+  };
+  for (std::int64_t d = 1; d <= 4096; ++d) {
+    const Divider div(d, top);
+    for (std::int64_t k : {std::int64_t(0), std::int64_t(1), std::int64_t(2), top / d - 1, top / d})
+      for (std::int64_t n : {k * d - 1, k * d, k * d + 1, k * d + d - 1})
+        if (n >= 0 && n <= top) check(div, d, n);
+  }
+  std::mt19937_64 gen(42);
+  for (int i = 0; i < 20000; ++i) {
+    const int bits = 1 + int(gen() % 31);
+    const std::int64_t d = 1 + std::int64_t(gen() % (std::uint64_t(1) << bits)) % top;
+    const Divider div(d, top);
+    check(div, d, top);
+    check(div, d, d - 1);
+    for (int j = 0; j < 50; ++j) check(div, d, std::int64_t(gen() % std::uint64_t(top + 1)));
+  }
+  const std::int64_t wide = std::int64_t(1) << 40;
+  check(Divider(3, wide), 3, wide - 1);            // numerators past 2^31
+  check(Divider(wide + 7, wide * 4), wide + 7, wide * 3);  // a divisor past 2^31
+  BOOST_TEST(checked > 1000000);
+}
 
 BOOST_AUTO_TEST_SUITE_END()
 

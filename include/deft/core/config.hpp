@@ -13,6 +13,17 @@
 #define DEFT_HD
 #endif
 
+// A loop to unroll fully: over max_rank with a test of the rank inside, its
+// indices are constants, so a GPU thread keeps the arrays it walks in
+// registers instead of on its stack.
+#if defined(__CUDACC__) || defined(__clang__)
+#define DEFT_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define DEFT_UNROLL _Pragma("GCC unroll 8")
+#else
+#define DEFT_UNROLL
+#endif
+
 // The CPU's xsimd loops are compiled in every host pass, but not in nvcc's
 // device pass: there their batches would reach the DEFT_HD operators, and
 // nvcc rejects vector types in __device__ code, even code never called

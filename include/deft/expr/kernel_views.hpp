@@ -39,7 +39,10 @@ struct LeafView {
 
   DEFT_HD void set_row(const std::int64_t* idx, int outer) {
     std::int64_t off = 0;
-    for (int d = 0; d < outer; ++d) off += idx[d] * strides[d];
+    // To max_rank, not to outer: unrolled, idx and strides stay in a GPU thread's registers.
+    DEFT_UNROLL
+    for (int d = 0; d < max_rank; ++d)
+      if (d < outer) off += idx[d] * strides[d];
     row = data + off;
   }
   DEFT_HD T at(std::int64_t j) const { return row[j * inner]; }

@@ -16,6 +16,7 @@
 
 #include "../../core/thresholds.hpp"
 #include "../conv_geometry.hpp"
+#include "divider.hpp"
 #include "elementwise.hpp"
 #include "../../device/cuda/scratch.hpp"
 
@@ -28,12 +29,15 @@ template <class T>
 struct Im2colAt {
   ConvGeom g;
   const T* x;
-  i64 ld;
+  Divider ld, p, ow, kw, kh;  // each element's row and column, and their coordinates
+  Im2colAt(const ConvGeom& geom, const T* x_, i64 ld_)
+      : g(geom), x(x_), ld(ld_, geom.k() * ld_), p(geom.p(), ld_), ow(geom.ow, geom.p()), kw(geom.kw, geom.k()),
+        kh(geom.kh, geom.k()) {}
   DEFT_HD T operator()(i64 e) const {
-    const i64 row = e / ld, col = e % ld, P = g.oh * g.ow;
-    const i64 b = col / P, q = col % P, oh = q / g.ow, ow = q % g.ow;
-    const i64 j = row % g.kw, i = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
-    const i64 y = oh * g.sh - g.ph + i, xx = ow * g.sw - g.pw + j;
+    i64 row = 0, b = 0, oh = 0, rest = 0, c = 0;
+    const i64 col = ld.split(e, row), q = p.split(col, b), w_out = ow.split(q, oh);
+    const i64 j = kw.split(row, rest), i = kh.split(rest, c);
+    const i64 y = oh * g.sh - g.ph + i, xx = w_out * g.sw - g.pw + j;
     if (y < 0 || y >= g.h || xx < 0 || xx >= g.w) return T(0);
     return x[((b * g.c + c) * g.h + y) * g.w + xx];
   }
@@ -44,10 +48,14 @@ template <class T>
 struct ImagesFromRows {
   const T* rows;
   const T* bias;  // may be null
-  i64 o, P, ld;
+  i64 ld;
+  Divider p, o;
+  ImagesFromRows(const T* rows_, const T* bias_, i64 channels, i64 positions, i64 ld_)
+      : rows(rows_), bias(bias_), ld(ld_), p(positions, channels * ld_), o(channels, channels * ld_) {}
   DEFT_HD T operator()(i64 e) const {
-    const i64 q = e % P, oc = (e / P) % o, b = e / (P * o);
-    return rows[oc * ld + b * P + q] + (bias ? bias[oc] : T(0));
+    i64 image = 0, b = 0;
+    const i64 q = p.split(e, image), oc = o.split(image, b);
+    return rows[oc * ld + b * p.divisor() + q] + (bias ? bias[oc] : T(0));
   }
 };
 
@@ -55,10 +63,14 @@ struct ImagesFromRows {
 template <class T>
 struct RowsFromImages {
   const T* dy;
-  i64 o, P, ld;
+  i64 o;
+  Divider ld, p;
+  RowsFromImages(const T* dy_, i64 channels, i64 positions, i64 ld_)
+      : dy(dy_), o(channels), ld(ld_, channels * ld_), p(positions, ld_) {}
   DEFT_HD T operator()(i64 e) const {
-    const i64 oc = e / ld, col = e % ld, b = col / P, q = col % P;
-    return dy[(b * o + oc) * P + q];
+    i64 oc = 0, b = 0;
+    const i64 col = ld.split(e, oc), q = p.split(col, b);
+    return dy[(b * o + oc) * p.divisor() + q];
   }
 };
 
@@ -68,17 +80,23 @@ struct Col2imAt {
   ConvGeom g;
   const T* dcols;
   i64 ld;
+  Divider w, h, c, sh, sw;
+  Col2imAt(const ConvGeom& geom, const T* dcols_, i64 ld_, i64 images)
+      : g(geom), dcols(dcols_), ld(ld_), w(geom.w, images * geom.c * geom.h * geom.w),
+        h(geom.h, images * geom.c * geom.h), c(geom.c, images * geom.c), sh(geom.sh, geom.h + geom.ph),
+        sw(geom.sw, geom.w + geom.pw) {}
   DEFT_HD T operator()(i64 e) const {
-    const i64 xx = e % g.w, y = (e / g.w) % g.h, c = (e / (g.w * g.h)) % g.c, b = e / (g.w * g.h * g.c);
+    i64 rows = 0, planes = 0, b = 0, oh = 0, ow = 0;
+    const i64 xx = w.split(e, rows), y = h.split(rows, planes), ch = c.split(planes, b);
     const i64 base = b * g.oh * g.ow;
     T acc = T(0);
     for (i64 i = 0; i < g.kh; ++i) {
       const i64 ty = y + g.ph - i;  // oh * sh
-      if (ty < 0 || ty % g.sh != 0 || ty / g.sh >= g.oh) continue;
+      if (ty < 0 || sh.split(ty, oh) != 0 || oh >= g.oh) continue;
       for (i64 j = 0; j < g.kw; ++j) {
         const i64 tx = xx + g.pw - j;  // ow * sw
-        if (tx < 0 || tx % g.sw != 0 || tx / g.sw >= g.ow) continue;
-        acc += dcols[((c * g.kh + i) * g.kw + j) * ld + base + (ty / g.sh) * g.ow + tx / g.sw];
+        if (tx < 0 || sw.split(tx, ow) != 0 || ow >= g.ow) continue;
+        acc += dcols[((ch * g.kh + i) * g.kw + j) * ld + base + oh * g.ow + ow];
       }
     }
     return acc;
@@ -112,9 +130,9 @@ void conv2d_forward(const Launch& on, int device, const ConvGeom& g, const T* x,
   Scratch<T> cols(device, K * B * P), rows(device, g.o * B * P);
   for (i64 n0 = 0; n0 < g.n; n0 += B) {
     const i64 ld = std::min(B, g.n - n0) * P;
-    for_each_output(on.policy(), K * ld, Im2colAt<T>{g, x + n0 * chw, ld}, cols.get());
+    for_each_output(on.policy(), K * ld, Im2colAt<T>(g, x + n0 * chw, ld), cols.get());
     on.gemm(g.o, ld, K, w, cols.get(), rows.get(), false, false);
-    for_each_output(on.policy(), g.o * ld, ImagesFromRows<T>{rows.get(), bias, g.o, P, ld}, y + n0 * g.o * P);
+    for_each_output(on.policy(), g.o * ld, ImagesFromRows<T>(rows.get(), bias, g.o, P, ld), y + n0 * g.o * P);
   }
 }
 
@@ -129,9 +147,9 @@ void conv2d_backward_input(const Launch& on, int device, const ConvGeom& g, cons
   Scratch<T> dcols(device, K * B * P), rows(device, g.o * B * P);
   for (i64 n0 = 0; n0 < g.n; n0 += B) {
     const i64 m = std::min(B, g.n - n0), ld = m * P;
-    for_each_output(on.policy(), g.o * ld, RowsFromImages<T>{dy + n0 * g.o * P, g.o, P, ld}, rows.get());
+    for_each_output(on.policy(), g.o * ld, RowsFromImages<T>(dy + n0 * g.o * P, g.o, P, ld), rows.get());
     on.gemm(K, ld, g.o, w, rows.get(), dcols.get(), /*trans_a=*/true, false);  // W is O x K
-    for_each_output(on.policy(), m * chw, Col2imAt<T>{g, dcols.get(), ld}, dx + n0 * chw);
+    for_each_output(on.policy(), m * chw, Col2imAt<T>(g, dcols.get(), ld, m), dx + n0 * chw);
   }
 }
 
@@ -158,8 +176,8 @@ void conv2d_backward_weight(const Launch& on, int device, const ConvGeom& g, con
   Scratch<T> cols(device, K * B * P), rows(device, g.o * B * P);
   sum_over_blocks(on, device, g, g.o * K, dw, [&](i64 n0, i64 m, T* to) {
     const i64 ld = m * P;
-    for_each_output(on.policy(), g.o * ld, RowsFromImages<T>{dy + n0 * g.o * P, g.o, P, ld}, rows.get());
-    for_each_output(on.policy(), K * ld, Im2colAt<T>{g, x + n0 * chw, ld}, cols.get());
+    for_each_output(on.policy(), g.o * ld, RowsFromImages<T>(dy + n0 * g.o * P, g.o, P, ld), rows.get());
+    for_each_output(on.policy(), K * ld, Im2colAt<T>(g, x + n0 * chw, ld), cols.get());
     on.gemm(g.o, K, ld, rows.get(), cols.get(), to, false, /*trans_b=*/true);
   });
 }
@@ -172,7 +190,7 @@ void conv2d_backward_bias(const Launch& on, int device, const ConvGeom& g, const
   for_each_output(on.policy(), B * P, Filled<T>{T(1)}, ones.get());
   sum_over_blocks(on, device, g, g.o, db, [&](i64 n0, i64 m, T* to) {
     const i64 ld = m * P;
-    for_each_output(on.policy(), g.o * ld, RowsFromImages<T>{dy + n0 * g.o * P, g.o, P, ld}, rows.get());
+    for_each_output(on.policy(), g.o * ld, RowsFromImages<T>(dy + n0 * g.o * P, g.o, P, ld), rows.get());
     on.gemm(g.o, 1, ld, rows.get(), ones.get(), to, false, false);
   });
 }

@@ -19,6 +19,7 @@
 #include "../../core/shape.hpp"
 #include "../../expr/kernel_views.hpp"
 #include "../../expr/ops.hpp"
+#include "divider.hpp"
 
 namespace deft::detail::gpu {
 
@@ -26,44 +27,39 @@ namespace deft::detail::gpu {
 /// `view`'s leaves may be repointed (for_each_leaf) before use.
 ///
 /// Rank is the collapsed rank when it is 1 or 2 (nearly every tree once
-/// collapsed), 0 for any rank. The fixed ranks index with compile-time
-/// loops, so the view stays in registers; the run-time loop puts a copy of
-/// the whole view on every thread's stack (864 bytes for a*b + c*2 - a,
-/// which then ran at 4% of an H100's bandwidth).
+/// collapsed), 0 for any rank. The loops over dimensions run to max_rank
+/// with a test of the rank inside, so that nvcc unrolls them and the view
+/// and the coordinates stay in registers: a loop bounded by the rank put a
+/// copy of the whole view on every thread's stack (864 bytes for a*b + c*2
+/// - a, which then ran at 4% of an H100's bandwidth). The coordinates come
+/// from Dividers (divider.hpp).
 template <class View, int Rank = 0>
 struct ElementAt {
   using value_type = typename View::value_type;
   View view;
-  std::int64_t ext[max_rank] = {};
+  Divider row_strides[max_rank - 1];  // dimension d's stride in the output, d < rank - 1
   int rank = 0;
 
   ElementAt(const View& v, const Shape& s) : view(v), rank(s.rank()) {
-    for (int d = 0; d < rank; ++d) ext[d] = s[d];
+    std::int64_t stride = 1;
+    for (int d = rank - 1; d > 0; --d) {
+      stride *= s[d];
+      row_strides[d - 1] = Divider(stride, std::max<std::int64_t>(s.size() - 1, 0));
+    }
     if constexpr (Rank == 1) view.set_row(nullptr, 0);  // one row: positioned once, here
   }
   DEFT_HD value_type operator()(std::int64_t i) const {
     if constexpr (Rank == 1) {
       return view.at(i);
-    } else if constexpr (Rank == 2) {
-      View w = view;
-      const std::int64_t r = i / ext[1];
-      w.set_row(&r, 1);
-      return w.at(i - r * ext[1]);
     } else {
-      View w = view;
-      if (rank <= 1) {
-        w.set_row(nullptr, 0);
-        return w.at(i);
-      }
+      const int outer = Rank == 2 ? 1 : rank - 1;
       std::int64_t idx[max_rank] = {};
-      std::int64_t r = i / ext[rank - 1];
-      const std::int64_t j = i % ext[rank - 1];
-      for (int d = rank - 2; d >= 0; --d) {
-        idx[d] = r % ext[d];
-        r /= ext[d];
-      }
-      w.set_row(idx, rank - 1);
-      return w.at(j);
+      DEFT_UNROLL
+      for (int d = 0; d < max_rank - 1; ++d)
+        if (d < outer) i = row_strides[d].split(i, idx[d]);
+      View w = view;
+      w.set_row(idx, outer);
+      return w.at(i);
     }
   }
 };

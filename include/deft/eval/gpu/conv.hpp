@@ -1,6 +1,7 @@
 // The GPU's convolution and pooling kernels, behind Executor<gpu>. Each pass
-// is one Thrust transform of a functor that gathers one output element, so
-// no pass needs atomics and the sums run in a fixed order:
+// is one Thrust call of a functor that gathers one output element (im2col:
+// one channel's taps at one output position), so no pass needs atomics and
+// the sums run in a fixed order:
 //   conv2d: im2col of a block of images, one GEMM (cuBLAS), then the rows
 //   moved back to (N, O, OH, OW) with the bias added;
 //   dx: dY's rows gathered, Wᵀ·dY (GEMM), then col2im as a gather over the
@@ -24,22 +25,33 @@ namespace deft::detail::gpu {
 
 using i64 = std::int64_t;
 
-/// cols[(c,i,j), (b,oh,ow)] = x[b, c, oh*sh - ph + i, ow*sw - pw + j] (zero outside), ld = images * P.
+/// cols[(c,i,j), (b,oh,ow)] = x[b, c, oh*sh - ph + i, ow*sw - pw + j] (zero
+/// outside), ld = images * P: one thread per channel and column writes the
+/// column's kh * kw taps of that channel, so each thread splits its index
+/// once (a thread per element split it five times: the pass's cost), and
+/// neighbouring threads write neighbouring columns of each row.
 template <class T>
-struct Im2colAt {
+struct Im2colTaps {
   ConvGeom g;
   const T* x;
-  Divider ld, p, ow, kw, kh;  // each element's row and column, and their coordinates
-  Im2colAt(const ConvGeom& geom, const T* x_, i64 ld_)
-      : g(geom), x(x_), ld(ld_, geom.k() * ld_), p(geom.p(), ld_), ow(geom.ow, geom.p()), kw(geom.kw, geom.k()),
-        kh(geom.kh, geom.k()) {}
-  DEFT_HD T operator()(i64 e) const {
-    i64 row = 0, b = 0, oh = 0, rest = 0, c = 0;
-    const i64 col = ld.split(e, row), q = p.split(col, b), w_out = ow.split(q, oh);
-    const i64 j = kw.split(row, rest), i = kh.split(rest, c);
-    const i64 y = oh * g.sh - g.ph + i, xx = w_out * g.sw - g.pw + j;
-    if (y < 0 || y >= g.h || xx < 0 || xx >= g.w) return T(0);
-    return x[((b * g.c + c) * g.h + y) * g.w + xx];
+  T* cols;
+  Divider ld, p, ow;
+  Im2colTaps(const ConvGeom& geom, const T* x_, T* cols_, i64 ld_)
+      : g(geom), x(x_), cols(cols_), ld(ld_, geom.c * ld_), p(geom.p(), ld_), ow(geom.ow, geom.p()) {}
+  DEFT_HD void operator()(i64 t) const {
+    i64 c = 0, b = 0, oh = 0;
+    const i64 col = ld.split(t, c), q = p.split(col, b), w_out = ow.split(q, oh);
+    const T* plane = x + (b * g.c + c) * g.h * g.w;
+    T* out = cols + c * g.kh * g.kw * ld.divisor() + col;
+    const i64 y0 = oh * g.sh - g.ph, x0 = w_out * g.sw - g.pw;
+    for (i64 i = 0; i < g.kh; ++i) {
+      const i64 y = y0 + i;
+      const bool inside = y >= 0 && y < g.h;
+      for (i64 j = 0; j < g.kw; ++j, out += ld.divisor()) {
+        const i64 xx = x0 + j;
+        *out = inside && xx >= 0 && xx < g.w ? plane[y * g.w + xx] : T(0);
+      }
+    }
   }
 };
 
@@ -130,7 +142,7 @@ void conv2d_forward(const Launch& on, int device, const ConvGeom& g, const T* x,
   Scratch<T> cols(device, K * B * P), rows(device, g.o * B * P);
   for (i64 n0 = 0; n0 < g.n; n0 += B) {
     const i64 ld = std::min(B, g.n - n0) * P;
-    for_each_output(on.policy(), K * ld, Im2colAt<T>(g, x + n0 * chw, ld), cols.get());
+    for_each_index(on.policy(), g.c * ld, Im2colTaps<T>(g, x + n0 * chw, cols.get(), ld));
     on.gemm(g.o, ld, K, w, cols.get(), rows.get(), false, false);
     for_each_output(on.policy(), g.o * ld, ImagesFromRows<T>(rows.get(), bias, g.o, P, ld), y + n0 * g.o * P);
   }
@@ -177,7 +189,7 @@ void conv2d_backward_weight(const Launch& on, int device, const ConvGeom& g, con
   sum_over_blocks(on, device, g, g.o * K, dw, [&](i64 n0, i64 m, T* to) {
     const i64 ld = m * P;
     for_each_output(on.policy(), g.o * ld, RowsFromImages<T>(dy + n0 * g.o * P, g.o, P, ld), rows.get());
-    for_each_output(on.policy(), K * ld, Im2colAt<T>(g, x + n0 * chw, ld), cols.get());
+    for_each_index(on.policy(), g.c * ld, Im2colTaps<T>(g, x + n0 * chw, cols.get(), ld));
     on.gemm(g.o, K, ld, rows.get(), cols.get(), to, false, /*trans_b=*/true);
   });
 }

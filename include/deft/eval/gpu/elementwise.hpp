@@ -98,6 +98,14 @@ void for_each_output(const Policy& policy, std::int64_t n, const F& f, Out* out)
                     out, f);
 }
 
+/// f(i) for i in [0, n), for functors that write several outputs each.
+template <class Policy, class F>
+void for_each_index(const Policy& policy, std::int64_t n, const F& f) {
+  static_assert(device_safe_functor<F>, "deft: a GPU functor must hold its views by value");
+  if (n <= 0) return;
+  thrust::for_each(policy, thrust::counting_iterator<std::int64_t>(0), thrust::counting_iterator<std::int64_t>(n), f);
+}
+
 /// out (contiguous, e's shape) = e: one kernel for the whole tree.
 template <class Policy, class Expr, class T>
 void evaluate(const Policy& policy, const Expr& e, T* out) {

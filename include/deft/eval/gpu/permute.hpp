@@ -1,11 +1,13 @@
 // GPU transposes and blocks of rows (eval/cpu/permute.hpp is the CPU's):
 // one thread per output element.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
 #include "../../core/config.hpp"
 #include "../../core/shape.hpp"
+#include "divider.hpp"
 #include "elementwise.hpp"
 
 #include <thrust/for_each.h>
@@ -13,19 +15,24 @@
 
 namespace deft::detail::gpu {
 
-/// out[i] = in at the permuted position (out's dimension d is in's axes[d]).
+/// out[i] = in at the permuted position (out's dimension d is in's axes[d]),
+/// the loop unrolled to max_rank and the index split by Dividers (see
+/// ElementAt).
 template <class T>
 struct PermuteAt {
   const T* in;
   int rank;
-  std::int64_t out_ext[max_rank];
+  Divider out_ext[max_rank];
   std::int64_t src_stride[max_rank];
   DEFT_HD T operator()(std::int64_t i) const {
     std::int64_t src = 0;
-    for (int d = rank - 1; d >= 0; --d) {
-      src += (i % out_ext[d]) * src_stride[d];
-      i /= out_ext[d];
-    }
+    DEFT_UNROLL
+    for (int k = 0; k < max_rank; ++k)  // dimension rank - 1 - k
+      if (k < rank) {
+        std::int64_t q = 0;
+        src += out_ext[max_rank - 1 - k].split(i, q) * src_stride[max_rank - 1 - k];
+        i = q;
+      }
     return in[src];
   }
 };
@@ -34,11 +41,10 @@ template <class Policy, class T>
 void permute(const Policy& policy, const T* in, const Shape& in_shape, const std::array<int, max_rank>& axes, T* out) {
   PermuteAt<T> f{in, in_shape.rank(), {}, {}};
   const auto st = contiguous_strides(in_shape);
-  std::int64_t total = 1;
-  for (int d = 0; d < f.rank; ++d) {
-    f.out_ext[d] = in_shape[axes[d]];
-    f.src_stride[d] = st[axes[d]];
-    total *= f.out_ext[d];
+  const std::int64_t total = in_shape.size();
+  for (int d = 0; d < f.rank; ++d) {  // right-aligned: the loop's indices are constants
+    f.out_ext[max_rank - f.rank + d] = Divider(in_shape[axes[d]], std::max<std::int64_t>(total - 1, 0));
+    f.src_stride[max_rank - f.rank + d] = st[axes[d]];
   }
   for_each_output(policy, total, f, out);
 }
@@ -48,9 +54,11 @@ template <class T>
 struct CopyRowsAt {
   const T* src;
   T* dst;
-  std::int64_t width, src_pitch, dst_pitch;
+  Divider width;
+  std::int64_t src_pitch, dst_pitch;
   DEFT_HD void operator()(std::int64_t i) const {
-    const std::int64_t r = i / width, c = i - r * width;
+    std::int64_t r = 0;
+    const std::int64_t c = width.split(i, r);
     dst[r * dst_pitch + c] = src[r * src_pitch + c];
   }
 };
@@ -61,7 +69,7 @@ void copy_rows(const Policy& policy, std::int64_t rows, std::int64_t width, cons
   if (rows <= 0 || width <= 0) return;
   thrust::for_each(policy, thrust::counting_iterator<std::int64_t>(0),
                    thrust::counting_iterator<std::int64_t>(rows * width),
-                   CopyRowsAt<T>{src, dst, width, src_pitch, dst_pitch});
+                   CopyRowsAt<T>{src, dst, Divider(width, rows * width - 1), src_pitch, dst_pitch});
 }
 
 }  // namespace deft::detail::gpu

@@ -50,14 +50,18 @@ def deft_units(root, workdir, args, label=""):
     if not args.no_trainer:
         out.append((f"deft{label}: examples/train_fashion_mnist.cpp", os.path.join(root, "examples", "train_fashion_mnist.cpp"), inc))
     if os.path.exists(os.path.join(root, "include", "deft", "src.hpp")):
-        # The compiled mode: each unit only declares the runtime, which
-        # deft/src.hpp compiles once (timed as a unit of its own).
+        # The compiled mode: each unit only declares the runtime and nn's
+        # layers, which deft/src.hpp and deft/nn_src.hpp compile once (timed
+        # as units of their own).
         sep = inc + ["-DDEFT_SEPARATE_COMPILATION"]
         out.append((f"deft{label}: README hello, compiled mode", out[0][1], sep))
         if not args.no_trainer:
             out.append((f"deft{label}: trainer, compiled mode", os.path.join(root, "examples", "train_fashion_mnist.cpp"), sep))
         out.append((f"deft{label}: the compiled runtime (once per build)",
                     write(workdir, f"runtime{tag}.cpp", "#include <deft/src.hpp>\n"), sep))
+        if os.path.exists(os.path.join(root, "include", "deft", "nn_src.hpp")) and not args.no_trainer:
+            out.append((f"deft{label}: the compiled nn (once per build)",
+                        write(workdir, f"nn{tag}.cpp", "#include <deft/nn_src.hpp>\n"), sep))
     if args.all:
         out.append((f"deft{label}: bench/group_training.cpp", os.path.join(root, "bench", "group_training.cpp"),
                     inc + ["-I" + os.path.join(root, "bench")]))

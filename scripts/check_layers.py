@@ -35,7 +35,7 @@ LAYERS = [
     ("deft.hpp", ["deft.hpp"]),
     ("nn", ["nn/", "nn.hpp"]),
     ("data", ["data/", "data.hpp"]),
-    ("compiled runtime", ["src.hpp"]),  # the compiled mode's one definition of everything above
+    ("compiled runtime", ["src.hpp", "nn_src.hpp"]),  # the compiled mode's definitions of everything above
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 

@@ -77,6 +77,12 @@
 // only declared, and defined once, where deft/src.hpp is included.
 // DEFT_DECL marks them; DEFT_DEFINE_RUNTIME says whether this translation
 // unit compiles their bodies.
+//
+// nn (deft/nn.hpp) has a switch of its own, DEFT_DEFINE_NN, set where
+// deft/nn_src.hpp is included: there its layers' key functions (so their
+// vtables and forward passes), the layer templates' instances and the
+// Trainer's steps are compiled, and nowhere else. Programs without nn need
+// no such file.
 #if defined(DEFT_SEPARATE_COMPILATION)
 #define DEFT_DECL
 #if defined(DEFT_BUILDING_RUNTIME)
@@ -84,7 +90,13 @@
 #else
 #define DEFT_DEFINE_RUNTIME 0
 #endif
+#if defined(DEFT_BUILDING_NN)
+#define DEFT_DEFINE_NN 1
+#else
+#define DEFT_DEFINE_NN 0
+#endif
 #else
 #define DEFT_DECL inline
 #define DEFT_DEFINE_RUNTIME 1
+#define DEFT_DEFINE_NN 1
 #endif

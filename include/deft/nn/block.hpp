@@ -239,7 +239,10 @@ class Block {
  public:
   /// A block named `name` (the prefix of its parameters' names).
   explicit Block(std::string name) : name_(std::move(name)) {}
-  virtual ~Block() = default;
+  // Defined out of the class: the key function, so that in the compiled
+  // mode every layer's vtable and forward pass are compiled once, where
+  // deft/nn_src.hpp is included (core/config.hpp).
+  virtual ~Block();
   Block(const Block&) = delete;
   Block& operator=(const Block&) = delete;
 
@@ -446,6 +449,7 @@ inline std::string auto_name(const std::string& kind) {
 /// Children run one after another (Gluon's Sequential).
 class Sequential : public Block {
  public:
+  ~Sequential() override;
   /// An empty network named "sequentialN".
   Sequential() : Block(auto_name("sequential")) {}
   /// Appends layers: `net.add(std::make_shared<nn::Dense>(256, nn::Act::relu), ...)`.
@@ -464,5 +468,10 @@ class Sequential : public Block {
   /// Number of layers added.
   std::size_t size() const { return children().size(); }
 };
+
+#if DEFT_DEFINE_NN
+DEFT_DECL Block::~Block() = default;
+DEFT_DECL Sequential::~Sequential() = default;
+#endif
 
 }  // namespace deft::nn

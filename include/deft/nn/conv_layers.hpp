@@ -15,6 +15,7 @@ namespace deft::nn {
 /// Without `use_bias` there is no b (a BatchNorm after it has its own shift).
 class Conv2D : public Block {
  public:
+  ~Conv2D() override;
   /// `channels` output channels, a kernel of kh x kw; std::invalid_argument for extents below 1.
   Conv2D(std::int64_t channels, Size2d kernel, Size2d stride = 1, Size2d padding = 0, Act act = Act::none,
          bool use_bias = true)
@@ -96,5 +97,23 @@ class GlobalPool2D : public Block {
 };
 using GlobalMaxPool2D = GlobalPool2D<true>;   ///< the maximum of each channel
 using GlobalAvgPool2D = GlobalPool2D<false>;  ///< the mean of each channel
+
+#if DEFT_DEFINE_NN
+DEFT_DECL Conv2D::~Conv2D() = default;
+#endif
+
+// Compiled once in the compiled mode, like the classes' key functions above.
+#if defined(DEFT_SEPARATE_COMPILATION)
+#if DEFT_DEFINE_NN
+#define DEFT_NN_INSTANCE template
+#else
+#define DEFT_NN_INSTANCE extern template
+#endif
+DEFT_NN_INSTANCE class Pool2D<true>;
+DEFT_NN_INSTANCE class Pool2D<false>;
+DEFT_NN_INSTANCE class GlobalPool2D<true>;
+DEFT_NN_INSTANCE class GlobalPool2D<false>;
+#undef DEFT_NN_INSTANCE
+#endif
 
 }  // namespace deft::nn

@@ -45,6 +45,7 @@ Tensor<float> activate(Act act, X&& x) {
 /// to (batch, -1)); W has shape (in, units), inferred at the first call.
 class Dense : public Block {
  public:
+  ~Dense() override;
   /// `units` outputs (at least 1), then `act`; std::invalid_argument for units < 1.
   explicit Dense(std::int64_t units, Act act = Act::none, bool use_bias = true)
       : Block(auto_name("dense")), units_(units), act_(act), use_bias_(use_bias),
@@ -121,6 +122,7 @@ class Dense : public Block {
 /// An activation function as a layer.
 class Activation : public Block {
  public:
+  ~Activation() override;
   /// A layer applying `act`.
   explicit Activation(Act act) : Block(auto_name("activation")), act_(act) {}
   Tensor<float> forward(const Tensor<float>& x) override { return activate(act_, x); }
@@ -132,6 +134,7 @@ class Activation : public Block {
 /// (batch, d1, d2, ...) -> (batch, d1 * d2 * ...), a view.
 class Flatten : public Block {
  public:
+  ~Flatten() override;
   /// A layer with no parameters.
   Flatten() : Block(auto_name("flatten")) {}
   Tensor<float> forward(const Tensor<float>& x) override {
@@ -149,6 +152,7 @@ class Flatten : public Block {
 /// would have drawn.
 class Dropout : public Block {
  public:
+  ~Dropout() override;
   /// std::invalid_argument unless 0 <= rate < 1.
   explicit Dropout(float rate) : Block(auto_name("dropout")), rate_(rate) {
     if (!(rate >= 0.0f && rate < 1.0f)) detail::raise("Dropout: the rate must be in [0, 1), got ", rate);
@@ -166,5 +170,12 @@ class Dropout : public Block {
  private:
   float rate_;
 };
+
+#if DEFT_DEFINE_NN
+DEFT_DECL Dense::~Dense() = default;
+DEFT_DECL Activation::~Activation() = default;
+DEFT_DECL Flatten::~Flatten() = default;
+DEFT_DECL Dropout::~Dropout() = default;
+#endif
 
 }  // namespace deft::nn

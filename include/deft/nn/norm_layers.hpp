@@ -30,6 +30,7 @@ namespace deft::nn {
 /// first device's.
 class BatchNorm : public Block {
  public:
+  ~BatchNorm() override;
   /// std::invalid_argument unless 0 <= momentum <= 1 and epsilon > 0.
   explicit BatchNorm(float momentum = 0.9f, float epsilon = 1e-5f)
       : Block(auto_name("batchnorm")), momentum_(momentum), epsilon_(epsilon),
@@ -112,5 +113,9 @@ class BatchNorm : public Block {
   Parameter& running_mean_;
   Parameter& running_var_;
 };
+
+#if DEFT_DEFINE_NN
+DEFT_DECL BatchNorm::~BatchNorm() = default;
+#endif
 
 }  // namespace deft::nn

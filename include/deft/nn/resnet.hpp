@@ -18,6 +18,7 @@ namespace deft::nn {
 /// 3x3 convolutions have no bias: BatchNorm's beta shifts their output.
 class Residual : public Block {
  public:
+  ~Residual() override;
   /// std::invalid_argument for fewer than 1 channel or a stride below 1.
   explicit Residual(std::int64_t channels, bool use_1x1conv = false, Size2d stride = 1)
       : Block(auto_name("residual")),
@@ -75,5 +76,9 @@ inline std::shared_ptr<Sequential> resnet18(std::int64_t num_classes, std::int64
   net->add(std::make_shared<GlobalAvgPool2D>(), std::make_shared<Dense>(num_classes));
   return net;
 }
+
+#if DEFT_DEFINE_NN
+DEFT_DECL Residual::~Residual() = default;
+#endif
 
 }  // namespace deft::nn

@@ -99,11 +99,7 @@ class Trainer {
   /// is updated and copied to the others. Every refusal (a bad batch_size, a
   /// parameter without a value or a new gradient) comes before anything is
   /// recorded.
-  void step(std::int64_t batch_size, bool ignore_stale_grad = false) {
-    check_batch_size(batch_size, "step");
-    allreduce_grads(ignore_stale_grad);
-    update(batch_size);
-  }
+  void step(std::int64_t batch_size, bool ignore_stale_grad = false);
 
   /// The first half of step(), for work on the summed gradients before the
   /// update (clip_global_norm): sums each parameter's copies' gradients into
@@ -113,75 +109,12 @@ class Trainer {
   /// parameter without such a gradient on any device (one the loss did not
   /// use, or a step without a backward) is refused, std::logic_error naming
   /// it, unless `ignore_stale_grad`, which leaves it as it is (Gluon's rule).
-  void allreduce_grads(bool ignore_stale_grad = false) {
-    if (reduced_)
-      detail::raise<std::logic_error>("Trainer::allreduce_grads: the gradients are summed already; call "
-                                      "update(batch_size) before the next allreduce_grads()");
-    for (const Parameter* p : params_)
-      if (!p->initialized())
-        detail::raise<std::logic_error>("Trainer: parameter '", p->name(),
-                                        "' has no value yet; run a forward and backward pass before step()");
-    std::vector<std::vector<Tensor<float>>> copies(params_.size());
-    std::vector<std::size_t> fresh;  // the parameters with a new gradient somewhere
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      copies[i] = params_[i]->list_data();
-      if (std::ranges::any_of(copies[i], [](const auto& v) { return autograd::detail::grad_is_fresh(v); }))
-        fresh.push_back(i);
-      else if (!ignore_stale_grad)
-        detail::raise<std::logic_error>(
-            "Trainer: parameter '", params_[i]->name(), "' has no gradient from a backward() since the last step",
-            " (on ", detail::device_list(params_[i]->devices()),
-            "); call backward() on a loss that uses it, or pass ignore_stale_grad = true to leave such parameters "
-            "unchanged");
-    }
-    autograd::pause no_recording;  // updates are never differentiated
-    std::vector<std::vector<Tensor<float>>> grads;
-    for (std::size_t i : fresh) {
-      grads.emplace_back();
-      for (const auto& v : copies[i]) {
-        grads.back().push_back(v.grad());
-        // A copy whose device had no rows holds the last step's gradient: zero adds nothing.
-        if (!autograd::detail::grad_is_fresh(v)) grads.back().back().assign(zeros<float>(v.shape(), v.device()));
-      }
-    }
-    for (const auto& vs : copies)
-      for (const auto& v : vs) autograd::detail::forget_fresh_grad(v);
-    allreduce(grads, bucket_bytes_);
-    reduced_ = std::move(fresh);
-  }
+  void allreduce_grads(bool ignore_stale_grad = false);
 
   /// The second half of step(): updates the parameters allreduce_grads()
   /// summed, from their gradients / batch_size. std::logic_error unless
   /// allreduce_grads() came first.
-  void update(std::int64_t batch_size) {
-    check_batch_size(batch_size, "update");
-    if (!reduced_)
-      detail::raise<std::logic_error>("Trainer::update: no summed gradients; call allreduce_grads() first (step() "
-                                      "does both)");
-    const std::vector<std::size_t> params = std::move(*reduced_);
-    reduced_.reset();
-    const float rescale = 1.0f / float(batch_size);
-    autograd::pause no_recording;
-    ++steps_;
-    std::vector<std::vector<Tensor<float>>> values;
-    for (std::size_t i : params) values.push_back(params_[i]->list_data());
-    const auto updating = updating_copies(params, values);
-    advance_rates(updating);
-    if (const auto* adam = std::get_if<Adam>(&opt_)) advance_clocks(*adam, params, updating);
-    for (std::size_t k = 0; k < params.size(); ++k) {
-      auto& state = state_[params[k]];
-      auto& copies = values[k];
-      const bool each = updates_each_copy(params[k]);
-      follow_devices(state, copies, each);
-      for (std::size_t r = 0; r < copies.size(); ++r) {
-        if (!each && r > 0) {
-          copies[r].assign(copies[0].to(copies[r].device()));  // in place: a TrainStep keeps the storage
-          continue;
-        }
-        std::visit([&](const auto& o) { apply(o, params[k], copies[r], copies[r].grad(), rescale, state[r]); }, opt_);
-      }
-    }
-  }
+  void update(std::int64_t batch_size);
 
   /// The largest bucket, in bytes, that step() packs gradients of several
   /// parameters into for one sum across devices (thresholds::allreduce_bucket_bytes
@@ -479,5 +412,81 @@ class Trainer {
   std::optional<std::vector<std::size_t>> reduced_;  // the parameters allreduce_grads() summed for update()
   std::size_t bucket_bytes_ = thresholds::allreduce_bucket_bytes;
 };
+
+// Out of the class: in the compiled mode, compiled once (core/config.hpp).
+#if DEFT_DEFINE_NN
+DEFT_DECL void Trainer::step(std::int64_t batch_size, bool ignore_stale_grad) {
+  check_batch_size(batch_size, "step");
+  allreduce_grads(ignore_stale_grad);
+  update(batch_size);
+}
+
+DEFT_DECL void Trainer::allreduce_grads(bool ignore_stale_grad) {
+  if (reduced_)
+    detail::raise<std::logic_error>("Trainer::allreduce_grads: the gradients are summed already; call "
+                                    "update(batch_size) before the next allreduce_grads()");
+  for (const Parameter* p : params_)
+    if (!p->initialized())
+      detail::raise<std::logic_error>("Trainer: parameter '", p->name(),
+                                      "' has no value yet; run a forward and backward pass before step()");
+  std::vector<std::vector<Tensor<float>>> copies(params_.size());
+  std::vector<std::size_t> fresh;  // the parameters with a new gradient somewhere
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    copies[i] = params_[i]->list_data();
+    if (std::ranges::any_of(copies[i], [](const auto& v) { return autograd::detail::grad_is_fresh(v); }))
+      fresh.push_back(i);
+    else if (!ignore_stale_grad)
+      detail::raise<std::logic_error>(
+          "Trainer: parameter '", params_[i]->name(), "' has no gradient from a backward() since the last step",
+          " (on ", detail::device_list(params_[i]->devices()),
+          "); call backward() on a loss that uses it, or pass ignore_stale_grad = true to leave such parameters "
+          "unchanged");
+  }
+  autograd::pause no_recording;  // updates are never differentiated
+  std::vector<std::vector<Tensor<float>>> grads;
+  for (std::size_t i : fresh) {
+    grads.emplace_back();
+    for (const auto& v : copies[i]) {
+      grads.back().push_back(v.grad());
+      // A copy whose device had no rows holds the last step's gradient: zero adds nothing.
+      if (!autograd::detail::grad_is_fresh(v)) grads.back().back().assign(zeros<float>(v.shape(), v.device()));
+    }
+  }
+  for (const auto& vs : copies)
+    for (const auto& v : vs) autograd::detail::forget_fresh_grad(v);
+  allreduce(grads, bucket_bytes_);
+  reduced_ = std::move(fresh);
+}
+
+DEFT_DECL void Trainer::update(std::int64_t batch_size) {
+  check_batch_size(batch_size, "update");
+  if (!reduced_)
+    detail::raise<std::logic_error>("Trainer::update: no summed gradients; call allreduce_grads() first (step() "
+                                    "does both)");
+  const std::vector<std::size_t> params = std::move(*reduced_);
+  reduced_.reset();
+  const float rescale = 1.0f / float(batch_size);
+  autograd::pause no_recording;
+  ++steps_;
+  std::vector<std::vector<Tensor<float>>> values;
+  for (std::size_t i : params) values.push_back(params_[i]->list_data());
+  const auto updating = updating_copies(params, values);
+  advance_rates(updating);
+  if (const auto* adam = std::get_if<Adam>(&opt_)) advance_clocks(*adam, params, updating);
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    auto& state = state_[params[k]];
+    auto& copies = values[k];
+    const bool each = updates_each_copy(params[k]);
+    follow_devices(state, copies, each);
+    for (std::size_t r = 0; r < copies.size(); ++r) {
+      if (!each && r > 0) {
+        copies[r].assign(copies[0].to(copies[r].device()));  // in place: a TrainStep keeps the storage
+        continue;
+      }
+      std::visit([&](const auto& o) { apply(o, params[k], copies[r], copies[r].grad(), rescale, state[r]); }, opt_);
+    }
+  }
+}
+#endif
 
 }  // namespace deft::nn

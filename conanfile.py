@@ -7,6 +7,7 @@ import os
 import re
 
 from conan import ConanFile
+from conan.errors import ConanInvalidConfiguration
 from conan.tools.build import check_min_cppstd
 from conan.tools.files import copy, load
 from conan.tools.layout import basic_layout
@@ -24,8 +25,11 @@ class DeftConan(ConanFile):
         "with_xsimd": [True, False],
         # True: adds the deft::cuda component (deft plus the CUDA runtime) for nvcc-compiled code.
         "with_cuda": [True, False],
+        # True: adds the deft::dist component (deft plus the system's MPI, as its
+        # `mpicxx --showme` reports it) for programs that include deft/dist.hpp.
+        "with_mpi": [True, False],
     }
-    default_options = {"with_xsimd": True, "with_cuda": False}
+    default_options = {"with_xsimd": True, "with_cuda": False, "with_mpi": False}
     exports_sources = "include/*"
     no_copy_source = True
 
@@ -78,3 +82,27 @@ class DeftConan(ConanFile):
             # NCCL is loaded with dlopen when allreduce first sums across GPUs.
             cuda.system_libs = ["cudart", "cublas"] + (["dl"] if self.settings.os in ("Linux", "FreeBSD") else [])
             cuda.defines = ["DEFT_CUDA_BACKEND"]
+        if self.options.with_mpi:
+            dist = self.cpp_info.components["dist"]
+            dist.set_property("cmake_target_name", "deft::dist")
+            dist.set_property("pkg_config_name", "deft-dist")
+            dist.requires = ["core"]
+            dist.bindirs = []
+            dist.includedirs, dist.libdirs, dist.system_libs = self._system_mpi()
+
+    def _system_mpi(self):
+        # The system's MPI, as its compiler wrapper reports it (Open MPI and
+        # MPICH both answer --showme / -show); Conan Center's MPI packages
+        # would replace the system one that mpirun starts.
+        import shlex
+        import subprocess
+        try:
+            flags = shlex.split(subprocess.run(["mpicxx", "--showme"], capture_output=True, text=True,
+                                               check=True).stdout)[1:]
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise ConanInvalidConfiguration(f"deft with_mpi: no usable mpicxx on PATH ({e}); install MPI "
+                                            "(Debian: libopenmpi-dev)")
+        incdirs = [f[2:] for f in flags if f.startswith("-I")]
+        libdirs = [f[2:] for f in flags if f.startswith("-L")]
+        libs = [f[2:] for f in flags if f.startswith("-l")]
+        return incdirs, libdirs, libs

@@ -1,5 +1,5 @@
-# Install rules: the headers, the exported targets (deft::deft, and deft::cuda
-# when DEFT_CUDA=ON), deftConfig.cmake with its version file, and deft.pc.
+# Install rules: the headers, the exported targets (deft::deft, deft::cuda
+# when DEFT_CUDA=ON, deft::dist when MPI was found), deftConfig.cmake with its version file, and deft.pc.
 # Everything is architecture-independent, so the package files go under
 # share/ rather than lib/.
 include(GNUInstallDirs)
@@ -13,6 +13,12 @@ install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/deft" DESTINATION "${CMAKE_INST
 set(deft_export_targets deft)
 if(TARGET deft_cuda)
   list(APPEND deft_export_targets deft_cuda)
+endif()
+if(TARGET deft_dist)
+  list(APPEND deft_export_targets deft_dist)
+  set(DEFT_DIST_INSTALLED ON)
+else()
+  set(DEFT_DIST_INSTALLED OFF)
 endif()
 install(TARGETS ${deft_export_targets} EXPORT deftTargets)
 install(EXPORT deftTargets NAMESPACE deft:: DESTINATION "${DEFT_INSTALL_CMAKEDIR}")
@@ -50,3 +56,16 @@ if(DEFT_BLAS)
 endif()
 configure_file("${PROJECT_SOURCE_DIR}/cmake/deft.pc.in" "${PROJECT_BINARY_DIR}/deft.pc" @ONLY)
 install(FILES "${PROJECT_BINARY_DIR}/deft.pc" DESTINATION "${CMAKE_INSTALL_DATADIR}/pkgconfig")
+# deft-dist.pc: deft plus MPI (Open MPI's ompi-cxx, MPICH's mpich).
+if(DEFT_DIST_INSTALLED)
+  set(DEFT_PC_MPI "")
+  foreach(dir IN LISTS MPI_CXX_INCLUDE_DIRS)
+    string(APPEND DEFT_PC_MPI " -I${dir}")
+  endforeach()
+  set(DEFT_PC_MPI_LIBS "")
+  foreach(lib IN LISTS MPI_CXX_LIBRARIES)
+    string(APPEND DEFT_PC_MPI_LIBS " ${lib}")
+  endforeach()
+  configure_file("${PROJECT_SOURCE_DIR}/cmake/deft-dist.pc.in" "${PROJECT_BINARY_DIR}/deft-dist.pc" @ONLY)
+  install(FILES "${PROJECT_BINARY_DIR}/deft-dist.pc" DESTINATION "${CMAKE_INSTALL_DATADIR}/pkgconfig")
+endif()

@@ -33,8 +33,10 @@ LAYERS = [
     ("io", ["io/"]),
     ("autograd", ["autograd/"]),
     ("deft.hpp", ["deft.hpp"]),
+    ("dist", ["dist/"]),  # collectives across processes; only dist/mpi.hpp includes MPI
     ("nn", ["nn/", "nn.hpp"]),
     ("data", ["data/", "data.hpp"]),
+    ("dist.hpp", ["dist.hpp"]),
     ("compiled runtime", ["src.hpp", "nn_src.hpp"]),  # the compiled mode's definitions of everything above
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')

@@ -9,7 +9,7 @@
 # With --sanitizers also clang and its sanitizer runtimes, and Ninja (for
 # scripts/sanitize.sh). Safe to run again.
 set -euo pipefail
-packages=(g++ cmake make libxsimd-dev zlib1g-dev libboost-test-dev dataset-fashion-mnist pkg-config python3-venv doxygen)
+packages=(g++ cmake make libxsimd-dev zlib1g-dev libboost-test-dev dataset-fashion-mnist pkg-config python3-venv doxygen libopenmpi-dev openmpi-bin)
 if [ "${1:-}" = "--sanitizers" ]; then packages+=(clang libclang-rt-dev ninja-build); fi
 missing=()
 for p in "${packages[@]}"; do

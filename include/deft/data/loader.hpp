@@ -42,12 +42,23 @@ struct LoaderOptions {
   std::uint64_t seed = 0;    ///< with the epoch number, determines each epoch's order
   LastBatch last_batch = LastBatch::keep;  ///< what happens to a last, smaller batch
   bool prefetch = true;      ///< gather the next batch on a background thread
+  /// Data parallelism across processes: with num_shards > 1, each batch is
+  /// the batch one process would get (same seed, same order), of which this
+  /// loader yields part `shard` (rows [shard * b / num_shards, (shard + 1) *
+  /// b / num_shards) of its b rows), so that the shards of each batch are
+  /// disjoint and together make it. Every shard yields the same number of
+  /// batches: a last batch with fewer samples than shards is dropped.
+  int num_shards = 1;
+  int shard = 0;  ///< this loader's part, 0..num_shards-1 (dist::rank())
 };
 
 /// One mini-batch: x of shape (b, sample shape...), y of shape (b,).
 struct Batch {
   Tensor<float> x;         ///< the samples, batch first
   Tensor<std::int64_t> y;  ///< their labels
+  /// The rows of the whole batch, all shards together (x's rows unless
+  /// sharded): what Trainer::step takes.
+  std::int64_t rows = 0;
 };
 
 /// Mini-batches of (features, labels) for a range-for, one epoch per loop
@@ -67,6 +78,7 @@ class DataLoader {
     std::shared_ptr<const Data> data;
     std::vector<std::int64_t> order;  // batch k is order[k * batch, (k + 1) * batch) (the last may be short)
     std::int64_t batch = 0, batches = 0, index = 0;  // index: the current batch
+    int shard = 0, num_shards = 1;
     bool prefetch = true;
     Batch current;
     std::future<Batch> next;  // batch index + 1, when prefetching
@@ -78,7 +90,10 @@ class DataLoader {
     }
     Batch gather(std::int64_t k) const {
       const std::int64_t lo = k * batch, hi = std::min<std::int64_t>(lo + batch, std::int64_t(order.size()));
-      return DataLoader::gather(*data, std::span(order).subspan(std::size_t(lo), std::size_t(hi - lo)));
+      const std::int64_t n = hi - lo, from = lo + n * shard / num_shards, to = lo + n * (shard + 1) / num_shards;
+      Batch b = DataLoader::gather(*data, std::span(order).subspan(std::size_t(from), std::size_t(to - from)));
+      b.rows = n;
+      return b;
     }
     void start_next() {
       if (!prefetch || index + 1 >= batches) return;
@@ -114,6 +129,12 @@ class DataLoader {
              LoaderOptions options = {})
       : batch_(batch_size), options_(options) {
     if (batch_size < 1) deft::detail::raise("DataLoader: batch_size must be at least 1, got ", batch_size);
+    if (options.num_shards < 1 || options.shard < 0 || options.shard >= options.num_shards)
+      deft::detail::raise("DataLoader: shard ", options.shard, " of ", options.num_shards,
+                          " shards; needs num_shards >= 1 and 0 <= shard < num_shards");
+    if (batch_size < options.num_shards)
+      deft::detail::raise("DataLoader: batch_size ", batch_size, " is smaller than num_shards ", options.num_shards,
+                          "; every shard needs at least one row of each batch");
     if (features.rank() < 1)
       deft::detail::raise("DataLoader: features need a sample axis (shape (N, ...)), got shape ", features.shape().to_string());
     if (labels.rank() != 1)
@@ -163,6 +184,8 @@ class DataLoader {
     e->data = data_;
     e->batch = batch_;
     e->prefetch = options_.prefetch;
+    e->shard = options_.shard;
+    e->num_shards = options_.num_shards;
     // Nothing of the loader changes until batch 0 is gathered: a failure
     // there (an allocation) leaves the epoch and the carried samples for a retry.
     e->order = carry_;
@@ -223,7 +246,7 @@ class DataLoader {
   // The batches an epoch of `total` samples yields (a short last one only
   // with LastBatch::keep); no overflow for a batch size near INT64_MAX.
   std::int64_t batches_of(std::int64_t total) const {
-    const bool short_one = options_.last_batch == LastBatch::keep && total % batch_ != 0;
+    const bool short_one = options_.last_batch == LastBatch::keep && total % batch_ >= options_.num_shards;
     return total / batch_ + (short_one ? 1 : 0);
   }
   static Batch gather(const Data& d, std::span<const std::int64_t> idx) {
@@ -236,7 +259,8 @@ class DataLoader {
     }
     Shape xs{std::int64_t(idx.size())};
     for (std::int64_t e : d.sample_shape) xs.push_back(e);
-    return Batch{Tensor<float>(std::move(x), xs), Tensor<std::int64_t>(std::move(y), Shape{std::int64_t(idx.size())})};
+    return Batch{Tensor<float>(std::move(x), xs), Tensor<std::int64_t>(std::move(y), Shape{std::int64_t(idx.size())}),
+                 std::int64_t(idx.size())};
   }
 
   std::shared_ptr<const Data> data_;

@@ -206,7 +206,8 @@ class TrainStep {
   // tensor and the other traces alone (else its first write would copy it,
   // not update it).
   bool traceable() {
-    if (trainer_.steps() == 0) return false;
+    // A trace would replay each collective with its place in the sequence fixed.
+    if (trainer_.steps() == 0 || trainer_.communicator()) return false;
     std::vector<std::shared_ptr<deft::detail::Buffer>> state;  // (a gradient's visit holds a temporary tensor)
     trainer_.for_each_state_buffer([&](const std::shared_ptr<deft::detail::Buffer>& b) { state.push_back(b); });
     auto read_elsewhere = [&] {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../autograd/graph.hpp"
+#include "../dist/collectives.hpp"
 #include "../ops/elementwise.hpp"
 #include "../ops/creation.hpp"
 #include "../ops/devices.hpp"
@@ -122,6 +123,24 @@ class Trainer {
   std::size_t allreduce_bucket_bytes() const { return bucket_bytes_; }
   /// Changes that bucket size (0: one sum per parameter); the sums' bits do not change.
   void set_allreduce_bucket_bytes(std::size_t bytes) { bucket_bytes_ = bytes; }
+
+  /// Trains data-parallel across the ranks of `comm` (dist::init()'s world,
+  /// or any dist::Communicator), as PyTorch's DDP and MXNet's dist_sync do:
+  /// every parameter's value, block state included, is broadcast from rank
+  /// `root` now, and each allreduce_grads() then sums the gradients across
+  /// the ranks after the sum across this rank's devices, in buckets of
+  /// allreduce_bucket_bytes() from the last layer back. Both are deferred:
+  /// a bucket's collective runs while the backward of earlier layers is
+  /// still computing. step(batch_size) then takes the global batch, the rows
+  /// of every rank. Every rank must make the same calls. Each rank's block
+  /// state (BatchNorm's running statistics) follows its own rows. A
+  /// TrainStep over this trainer runs its step untraced. std::logic_error,
+  /// with nothing sent, for a parameter without a value (run one forward
+  /// pass first); std::invalid_argument for a root out of range. Null: one
+  /// process again.
+  void set_communicator(std::shared_ptr<dist::Communicator> comm, int root = 0);
+  /// The communicator set_communicator() gave (null: this process alone).
+  const std::shared_ptr<dist::Communicator>& communicator() const { return comm_; }
 
   /// The base learning rate (the optimizer's), which the schedule scales.
   float learning_rate() const {
@@ -411,6 +430,7 @@ class Trainer {
   std::int64_t steps_ = 0;
   std::optional<std::vector<std::size_t>> reduced_;  // the parameters allreduce_grads() summed for update()
   std::size_t bucket_bytes_ = thresholds::allreduce_bucket_bytes;
+  std::shared_ptr<dist::Communicator> comm_;
 };
 
 // Out of the class: in the compiled mode, compiled once (core/config.hpp).
@@ -455,7 +475,36 @@ DEFT_DECL void Trainer::allreduce_grads(bool ignore_stale_grad) {
   for (const auto& vs : copies)
     for (const auto& v : vs) autograd::detail::forget_fresh_grad(v);
   allreduce(grads, bucket_bytes_);
+  if (comm_) {  // then across the ranks: one copy per parameter, given back to the others
+    std::vector<Tensor<float>> first;
+    for (const auto& g : grads) first.push_back(g[0]);
+    dist::allreduce(first, dist::ReduceOp::sum, bucket_bytes_, comm_);
+    for (std::size_t k = 0; k < grads.size(); ++k)
+      for (std::size_t r = 1; r < grads[k].size(); ++r) grads[k][r].assign(first[k].to(grads[k][r].device()));
+  }
   reduced_ = std::move(fresh);
+}
+
+DEFT_DECL void Trainer::set_communicator(std::shared_ptr<dist::Communicator> comm, int root) {
+  if (comm) {
+    if (root < 0 || root >= comm->size())
+      detail::raise("Trainer::set_communicator: root rank ", root, " out of range for ", comm->size(), " ranks");
+    std::vector<Parameter*> all = params_;
+    all.insert(all.end(), block_state_.begin(), block_state_.end());
+    for (const Parameter* p : all)
+      if (!p->initialized())
+        detail::raise<std::logic_error>("Trainer::set_communicator: parameter '", p->name(),
+                                        "' has no value yet; run one forward pass first, so that rank ", root,
+                                        "'s value can be broadcast");
+    autograd::pause no_recording;
+    for (Parameter* p : all) {
+      std::vector<Tensor<float>> copies = p->list_data();
+      Tensor<float> value = copies[0];
+      dist::broadcast(value, root, comm);
+      for (std::size_t r = 1; r < copies.size(); ++r) copies[r].assign(value.to(copies[r].device()));
+    }
+  }
+  comm_ = std::move(comm);
 }
 
 DEFT_DECL void Trainer::update(std::int64_t batch_size) {

@@ -1,0 +1,217 @@
+// Collectives on tensors across the ranks of a Communicator: allreduce,
+// broadcast, allgather, reduce_scatter and barrier. Each is recorded as a
+// deferred task like any op: the call returns at once, the task runs when
+// its input is ready, and computation recorded before or after it overlaps
+// the communication. A communicator's collectives run one at a time in the
+// order they were recorded (each task reads the previous one's output), so
+// that every rank issues them in the same order whatever its workers do.
+// Tensors on a GPU are staged through host memory.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../ops/devices.hpp"
+#include "communicator.hpp"
+
+namespace deft::dist {
+
+/// The communicator collectives use when none is given (set by dist::init).
+inline std::shared_ptr<Communicator>& default_communicator() {
+  static std::shared_ptr<Communicator> c;
+  return c;
+}
+
+namespace detail {
+using deft::detail::Buffer;
+using deft::detail::Leaf;
+
+inline const std::shared_ptr<Communicator>& communicator_or_default(const std::shared_ptr<Communicator>& c,
+                                                                    const char* op) {
+  if (c) return c;
+  if (!default_communicator())
+    deft::detail::raise<std::logic_error>("dist::", op, ": no communicator; call deft::dist::init() first");
+  return default_communicator();
+}
+
+/// The kernel of a collective's task: runs it on this rank's input (a
+/// contiguous range of host memory) into the task's output.
+template <class T>
+struct RunCollective {
+  Leaf<T> in;
+  std::shared_ptr<Buffer> previous;  // the communicator's last collective's output: this one runs after it
+  std::shared_ptr<Communicator> comm;
+  Collective c;
+  void operator()(Buffer& out) const {
+    const T* data = in.source ? in.source->template as<const T>() + in.offset : nullptr;
+    comm->run(c, data, out.data);
+  }
+};
+
+/// Records collective `c` over `in` (on the host), writing a new host tensor
+/// of shape `out_shape`, as the communicator's next collective.
+template <Element T>
+Tensor<T> record_collective(const Tensor<T>& in, Collective c, const Shape& out_shape,
+                            const std::shared_ptr<Communicator>& comm) {
+  using namespace deft::detail;
+  if (active_trace())
+    raise<std::logic_error>("dist::", kind_name(c.kind), ": a collective cannot be traced (hybridize, TrainStep): "
+                            "a replay would repeat its place in the communicator's sequence");
+  autograd::pause no_recording;  // collectives are not differentiated
+  c.dtype = dtype_of<T>;
+  c.count = in.size();
+  c.shape = in.shape();
+  std::shared_ptr<Buffer> output;
+  comm->record_next([&](std::uint64_t sequence, const std::shared_ptr<Buffer>& previous) {
+    c.sequence = sequence;
+    auto task = emplace_task<RunCollective<T>>(kind_name(c.kind), bytes_for<T>(out_shape),
+                                               RunCollective<T>{as_expr(in), previous, comm, c});
+    if (const auto& leaf = task->template kernel<RunCollective<T>>().in; leaf.buffer) task->add_input(leaf.buffer);
+    if (previous) task->add_input(previous);
+    task->hand_off = true;  // it blocks until the other ranks join: never on the recording thread
+    output = record_with_new_output(std::move(task), Device{});
+    return output;
+  });
+  return tensor_from_buffer<T>(std::move(output), out_shape);
+}
+
+/// `t` on the host: itself, or a copy.
+template <Element T>
+Tensor<T> on_host(const Tensor<T>& t) {
+  return t.device().type == DeviceType::cpu ? t : t.to(Device{});
+}
+
+/// Makes `result` (host, t's shape) t's value: its storage when t covers a
+/// whole host storage (no copy), else a copy into t.
+template <Element T>
+void write_back(Tensor<T>& t, const Tensor<T>& result) {
+  using namespace deft::detail;
+  if (t.device().type == DeviceType::cpu)
+    if (auto whole = whole_storage(t); whole && whole->bytes == bytes_for<T>(t.shape())) {
+      replace_storage(t, whole_storage(result));
+      return;
+    }
+  t.assign(result.to(t.device()));
+}
+
+}  // namespace detail
+
+/// Combines `t` across the ranks (elementwise sum, mean, max or min) and
+/// writes the result into t on every rank. Every rank passes a tensor of
+/// the same shape and element type; a rank that differs is named in the
+/// Error raised at the sync point. Not differentiated.
+template <Element T>
+void allreduce(Tensor<T>& t, ReduceOp op = ReduceOp::sum, std::shared_ptr<Communicator> comm = nullptr) {
+  const auto& c = detail::communicator_or_default(comm, "allreduce");
+  Collective d;
+  d.kind = CollectiveKind::allreduce;
+  d.op = op;
+  detail::write_back(t, detail::record_collective(detail::on_host(t), d, t.shape(), c));
+}
+
+/// Writes rank `root`'s value of `t` into t on every rank (same shape and
+/// element type everywhere).
+template <Element T>
+void broadcast(Tensor<T>& t, int root = 0, std::shared_ptr<Communicator> comm = nullptr) {
+  const auto& c = detail::communicator_or_default(comm, "broadcast");
+  if (root < 0 || root >= c->size())
+    deft::detail::raise("dist::broadcast: root rank ", root, " out of range for ", c->size(), " ranks");
+  Collective d;
+  d.kind = CollectiveKind::broadcast;
+  d.root = root;
+  detail::write_back(t, detail::record_collective(detail::on_host(t), d, t.shape(), c));
+}
+
+/// Every rank's `t` (same shape everywhere), concatenated along axis 0 in
+/// rank order: shape (size * rows, ...); a scalar gives shape (size,). On
+/// t's device.
+template <Element T>
+Tensor<T> allgather(const Tensor<T>& t, std::shared_ptr<Communicator> comm = nullptr) {
+  const auto& c = detail::communicator_or_default(comm, "allgather");
+  Shape out = t.shape();
+  if (out.rank() == 0) out = Shape{std::int64_t(c->size())};
+  else out[0] *= c->size();
+  Collective d;
+  d.kind = CollectiveKind::allgather;
+  Tensor<T> r = detail::record_collective(detail::on_host(t), d, out, c);
+  return t.device().type == DeviceType::cpu ? r : r.to(t.device());
+}
+
+/// `t` combined across the ranks, of which this rank keeps its share of
+/// axis 0: rows [rank * n / size, (rank + 1) * n / size). Axis 0 must split
+/// evenly over the ranks.
+template <Element T>
+Tensor<T> reduce_scatter(const Tensor<T>& t, ReduceOp op = ReduceOp::sum, std::shared_ptr<Communicator> comm = nullptr) {
+  const auto& c = detail::communicator_or_default(comm, "reduce_scatter");
+  if (t.rank() == 0 || t.shape()[0] % c->size() != 0)
+    deft::detail::raise("dist::reduce_scatter: axis 0 of shape ", t.shape().to_string(), " does not split evenly over ",
+                        c->size(), " ranks");
+  Shape out = t.shape();
+  out[0] /= c->size();
+  Collective d;
+  d.kind = CollectiveKind::reduce_scatter;
+  d.op = op;
+  Tensor<T> r = detail::record_collective(detail::on_host(t), d, out, c);
+  return t.device().type == DeviceType::cpu ? r : r.to(t.device());
+}
+
+/// Sync point: returns when every rank reached its barrier, after this
+/// rank's collectives recorded before it ran. Throws what they threw.
+inline void barrier(std::shared_ptr<Communicator> comm = nullptr) {
+  const auto& c = detail::communicator_or_default(comm, "barrier");
+  Collective d;
+  d.kind = CollectiveKind::barrier;
+  detail::record_collective(Tensor<float>(std::vector<float>{}, Shape{0}), d, Shape{0}, c).wait_to_read();
+}
+
+/// allreduce of many tensors at once (a model's gradients): consecutive
+/// tensors on one device are packed into buckets of at most `bucket_bytes`,
+/// from the last tensor back (a backward writes the last layers' gradients
+/// first, so the first bucket is ready while the rest is computed), one
+/// collective per bucket. A tensor larger than `bucket_bytes`, or any with
+/// 0, goes alone. Each tensor gets what allreduce(tensors[i]) gives it.
+template <Element T>
+void allreduce(std::vector<Tensor<T>>& tensors, ReduceOp op = ReduceOp::sum,
+               std::size_t bucket_bytes = thresholds::allreduce_bucket_bytes,
+               std::shared_ptr<Communicator> comm = nullptr) {
+  const auto& c = detail::communicator_or_default(comm, "allreduce");
+  for (const auto& t : tensors) (void)t.device();  // an empty handle raises here, before anything is recorded
+  autograd::pause no_recording;
+  const auto bytes_of = [&](std::size_t i) { return std::size_t(tensors[i].size()) * sizeof(T); };
+  for (std::size_t end = tensors.size(); end > 0;) {
+    std::size_t begin = end - 1, bytes = bytes_of(begin);
+    while (bucket_bytes > 0 && begin > 0 && bytes + bytes_of(begin - 1) <= bucket_bytes &&
+           tensors[begin - 1].device() == tensors[begin].device()) {
+      --begin;
+      bytes += bytes_of(begin);
+    }
+    if (end - begin == 1) {
+      allreduce(tensors[begin], op, c);
+    } else {
+      std::int64_t total = 0;
+      deft::detail::PackParts<T> pack;
+      for (std::size_t i = begin; i < end; ++i) {
+        total += tensors[i].size();
+        pack.parts.push_back(as_expr(tensors[i]));
+      }
+      Tensor<T> packed = deft::detail::record_new<T>(
+          "allreduce pack", Shape{total}, Device{}, std::move(pack), [](deft::detail::KernelTask& t) {
+            for (const auto& p : t.kernel<deft::detail::PackParts<T>>().parts) t.add_input(p.buffer);
+          });
+      allreduce(packed, op, c);
+      std::int64_t at = 0;
+      for (std::size_t i = begin; i < end; ++i) {
+        Tensor<T>& part = tensors[i];
+        const std::vector<std::int64_t> dims(part.shape().begin(), part.shape().end());
+        part.assign(packed.rows(at, at + part.size()).reshape(dims).to(part.device()));
+        at += part.size();
+      }
+    }
+    end = begin;
+  }
+}
+
+}  // namespace deft::dist

@@ -1,0 +1,133 @@
+// The interface of a group of processes that run collectives together
+// (deft::dist::Communicator), without any transport: tensors' collectives
+// (collectives.hpp) and the Trainer record against it, and dist/mpi.hpp
+// implements it over MPI. Only programs that include deft/dist.hpp need MPI.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "../core/dtype.hpp"
+#include "../core/shape.hpp"
+#include "../engine/buffer.hpp"
+
+namespace deft::dist {
+
+/// How allreduce and reduce_scatter combine the ranks' elements.
+enum class ReduceOp : std::uint8_t {
+  sum,
+  mean,  ///< the sum divided by the number of ranks (integers: truncated)
+  max,
+  min,
+};
+
+/// Which collective a Collective describes.
+enum class CollectiveKind : std::uint8_t { allreduce, broadcast, allgather, reduce_scatter, barrier };
+
+/// A failure of a collective or of the transport (an MPI error, ranks that
+/// disagree on a collective, a communicator already broken by an earlier one).
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// A collective that some rank did not join within the communicator's timeout.
+struct Timeout : Error {
+  using Error::Error;
+};
+
+/// One collective, as every rank must record it: the same kind, reduction,
+/// element type, element count and root, at the same place in the sequence
+/// of the communicator's collectives.
+struct Collective {
+  CollectiveKind kind = CollectiveKind::allreduce;
+  ReduceOp op = ReduceOp::sum;
+  DType dtype = DType::float32;
+  std::int64_t count = 0;   ///< elements of this rank's input
+  int root = 0;             ///< broadcast's source rank
+  std::uint64_t sequence = 0;  ///< its place among the communicator's collectives, from 0
+  Shape shape;                 ///< this rank's input shape, for messages
+};
+
+inline const char* kind_name(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::allreduce: return "allreduce";
+    case CollectiveKind::broadcast: return "broadcast";
+    case CollectiveKind::allgather: return "allgather";
+    case CollectiveKind::reduce_scatter: return "reduce_scatter";
+    case CollectiveKind::barrier: return "barrier";
+  }
+  return "?";
+}
+
+inline const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::mean: return "mean";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+  }
+  return "?";
+}
+
+/// "allreduce #12 (sum of 1024 float32, shape (32, 32))": how messages name a collective.
+inline std::string describe(const Collective& c) {
+  std::string s = std::string(kind_name(c.kind)) + " #" + std::to_string(c.sequence);
+  if (c.kind == CollectiveKind::barrier) return s;
+  s += " (";
+  if (c.kind == CollectiveKind::allreduce || c.kind == CollectiveKind::reduce_scatter) s += std::string(op_name(c.op)) + " of ";
+  s += std::to_string(c.count) + " " + dtype_name(c.dtype) + ", shape " + c.shape.to_string();
+  if (c.kind == CollectiveKind::broadcast) s += ", from rank " + std::to_string(c.root);
+  return s + ")";
+}
+
+/// A group of processes (ranks 0..size()-1) that run collectives together.
+/// Collectives are recorded as deferred tasks (collectives.hpp) and run one
+/// at a time, in the order they were recorded: every rank must record the
+/// same collectives in the same order, from one thread at a time.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  /// This process's rank, 0..size()-1.
+  virtual int rank() const = 0;
+  /// The number of ranks.
+  virtual int size() const = 0;
+  /// Runs collective `c` on host memory, on the calling thread (a worker),
+  /// until it completes: `in` holds this rank's c.count elements, `out` the
+  /// result (allgather: size() * count; reduce_scatter: count / size()).
+  /// Called in sequence order. Throws Error or Timeout.
+  virtual void run(const Collective& c, const void* in, void* out) = 0;
+
+  /// Records the next collective: `record(sequence, previous)` builds and
+  /// records its task, given its place in the sequence and the last
+  /// collective's output (null for the first), which the task must read, and
+  /// returns its output. Under one lock, so that places and predecessors agree.
+  template <class Record>
+  void record_next(Record&& record) {
+    std::lock_guard lk(m_);
+    auto output = record(next_sequence_, std::as_const(last_output_));
+    last_output_ = std::move(output);
+    ++next_sequence_;
+  }
+  /// The output of the last collective recorded (null before the first):
+  /// waiting for it waits for every collective recorded so far.
+  std::shared_ptr<deft::detail::Buffer> last_output() {
+    std::lock_guard lk(m_);
+    return last_output_;
+  }
+  /// Collectives recorded so far.
+  std::uint64_t recorded() {
+    std::lock_guard lk(m_);
+    return next_sequence_;
+  }
+
+ private:
+  std::mutex m_;
+  std::uint64_t next_sequence_ = 0;
+  std::shared_ptr<deft::detail::Buffer> last_output_;
+};
+
+}  // namespace deft::dist

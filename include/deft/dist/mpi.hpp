@@ -1,0 +1,441 @@
+// deft's Communicator over MPI (Open MPI, MPICH, started by mpirun), and the
+// process-wide set-up: dist::init, rank, size, local rank, default device,
+// finalize. Every MPI call of a collective runs on the engine's worker that
+// runs its task, one collective at a time, so MPI_THREAD_SERIALIZED is
+// enough. Before each collective the ranks exchange its description on a
+// communicator of their own (the rendezvous): ranks that disagree (another
+// collective, shape or element type, a skipped collective) are named at
+// once, and ranks that never arrive are named when the timeout passes (the
+// watchdog), instead of a hang.
+#pragma once
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../core/device.hpp"
+#include "../engine/api.hpp"
+#include "../eval/executor.hpp"
+#include "collectives.hpp"
+
+namespace deft::dist {
+
+/// What a collective that some rank never joins does after the timeout.
+enum class OnTimeout {
+  abort,  ///< print the message and MPI_Abort the job (PyTorch's NCCL watchdog default)
+  raise,  ///< throw Timeout at the sync point; the communicator is then unusable
+};
+
+/// How an MpiCommunicator checks its collectives.
+struct Options {
+  /// How long a rank waits for the others to reach a collective. The
+  /// environment variable DEFT_DIST_TIMEOUT_S (seconds) overrides it.
+  std::chrono::milliseconds timeout{60000};
+  OnTimeout on_timeout = OnTimeout::abort;
+  /// Exchange each collective's description before running it (one small
+  /// message to and from every rank): what names mismatched collectives and
+  /// lets the timeout work. Off: each collective is the bare MPI call.
+  bool rendezvous = true;
+};
+
+namespace detail {
+
+/// What a rank says of its next collective in the rendezvous.
+struct Announcement {
+  std::uint64_t sequence;
+  std::int64_t count;
+  std::int32_t kind, op, dtype, root, rank;
+  std::int32_t dims;
+  std::int64_t shape[6];
+
+  static Announcement of(const Collective& c) {
+    Announcement a{};
+    a.sequence = c.sequence;
+    a.count = c.count;
+    a.kind = std::int32_t(c.kind);
+    a.op = std::int32_t(c.op);
+    a.dtype = std::int32_t(c.dtype);
+    a.root = c.root;
+    a.rank = std::int32_t(c.shape.rank());
+    a.dims = std::min<std::int32_t>(a.rank, 6);
+    for (std::int32_t i = 0; i < a.dims; ++i) a.shape[i] = c.shape[std::size_t(i)];
+    return a;
+  }
+  bool agrees_with(const Announcement& o) const {
+    return sequence == o.sequence && count == o.count && kind == o.kind && op == o.op && dtype == o.dtype &&
+           root == o.root;
+  }
+  Collective collective() const {
+    Collective c;
+    c.sequence = sequence;
+    c.count = count;
+    c.kind = CollectiveKind(kind);
+    c.op = ReduceOp(op);
+    c.dtype = DType(dtype);
+    c.root = root;
+    for (std::int32_t i = 0; i < dims; ++i) c.shape.push_back(shape[i]);
+    return c;
+  }
+};
+
+inline MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::float32: return MPI_FLOAT;
+    case DType::float64: return MPI_DOUBLE;
+    case DType::int32: return MPI_INT32_T;
+    case DType::int64: return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+inline MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::mean: return MPI_SUM;
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+  }
+  return MPI_OP_NULL;
+}
+
+template <class T>
+void divide(void* data, std::int64_t n, int by) {
+  T* p = static_cast<T*>(data);
+  for (std::int64_t i = 0; i < n; ++i) p[i] = T(p[i] / T(by));
+}
+
+inline std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, std::size_t(len));
+}
+
+inline std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+}  // namespace detail
+
+/// A Communicator over an MPI communicator (a duplicate of the one given,
+/// so that deft's messages never match the program's own).
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm, Options options = {}) : options_(options) {
+    if (const char* s = std::getenv("DEFT_DIST_TIMEOUT_S")) {
+      char* end = nullptr;
+      const double seconds = std::strtod(s, &end);
+      if (end == s || !(seconds > 0))
+        deft::detail::raise("dist: DEFT_DIST_TIMEOUT_S must be a positive number of seconds, got '", s, "'");
+      options_.timeout = std::chrono::milliseconds(std::int64_t(seconds * 1000));
+    }
+    check(MPI_Comm_dup(comm, &data_), "MPI_Comm_dup");
+    check(MPI_Comm_dup(comm, &control_), "MPI_Comm_dup");
+    // Errors come back as codes (and become deft exceptions), instead of
+    // MPI's default of aborting the job from inside the call.
+    MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(data_, &rank_);
+    MPI_Comm_size(data_, &size_);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized || broken_) return;  // a broken one may have requests in flight: MPI_Finalize reclaims them
+    MPI_Comm_free(&data_);
+    MPI_Comm_free(&control_);
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  /// deft's duplicate of the communicator it was made from.
+  MPI_Comm comm() const { return data_; }
+  const Options& options() const { return options_; }
+
+  void run(const Collective& c, const void* in, void* out) override {
+    if (broken_)
+      deft::detail::raise<Error>("dist: rank ", rank_, " cannot run ", describe(c),
+                                 ": an earlier collective failed on this communicator (", broken_reason_, ")");
+    if (options_.rendezvous) rendezvous(c);
+    if (c.count > std::numeric_limits<int>::max())
+      deft::detail::raise<Error>("dist: ", describe(c), " has more elements than one MPI call takes (2^31 - 1)");
+    const int n = int(c.count);
+    const MPI_Datatype type = detail::mpi_type(c.dtype);
+    const MPI_Op op = detail::mpi_op(c.op);
+    if (c.kind == CollectiveKind::broadcast && rank_ == c.root && n > 0)
+      std::memcpy(out, in, std::size_t(n) * dtype_size(c.dtype));
+    // With the watchdog, the non-blocking form, polled against the timeout:
+    // a peer that stops after the rendezvous cannot hold this rank forever.
+    if (options_.rendezvous) {
+      requests_.assign(1, MPI_REQUEST_NULL);
+      MPI_Request* r = requests_.data();
+      switch (c.kind) {
+        case CollectiveKind::allreduce: check(MPI_Iallreduce(in, out, n, type, op, data_, r), c); break;
+        case CollectiveKind::broadcast: check(MPI_Ibcast(out, n, type, c.root, data_, r), c); break;
+        case CollectiveKind::allgather: check(MPI_Iallgather(in, n, type, out, n, type, data_, r), c); break;
+        case CollectiveKind::reduce_scatter:
+          check(MPI_Ireduce_scatter_block(in, out, n / size_, type, op, data_, r), c);
+          break;
+        case CollectiveKind::barrier: break;  // the rendezvous was one
+      }
+      await(c, {});
+    } else {
+      switch (c.kind) {
+        case CollectiveKind::allreduce: check(MPI_Allreduce(in, out, n, type, op, data_), c); break;
+        case CollectiveKind::broadcast: check(MPI_Bcast(out, n, type, c.root, data_), c); break;
+        case CollectiveKind::allgather: check(MPI_Allgather(in, n, type, out, n, type, data_), c); break;
+        case CollectiveKind::reduce_scatter: check(MPI_Reduce_scatter_block(in, out, n / size_, type, op, data_), c); break;
+        case CollectiveKind::barrier: check(MPI_Barrier(data_), c); break;
+      }
+    }
+    if (c.op == ReduceOp::mean && c.kind == CollectiveKind::allreduce) divide(out, c.count, c.dtype);
+    if (c.op == ReduceOp::mean && c.kind == CollectiveKind::reduce_scatter) divide(out, c.count / size_, c.dtype);
+  }
+
+ private:
+  static std::size_t dtype_size(DType t) {
+    return t == DType::float32 || t == DType::int32 ? 4 : 8;
+  }
+  // MPI has no mean: the sum, divided here.
+  void divide(void* data, std::int64_t n, DType t) const {
+    switch (t) {
+      case DType::float32: return detail::divide<float>(data, n, size_);
+      case DType::float64: return detail::divide<double>(data, n, size_);
+      case DType::int32: return detail::divide<std::int32_t>(data, n, size_);
+      case DType::int64: return detail::divide<std::int64_t>(data, n, size_);
+    }
+  }
+
+  void fail(std::string reason) {
+    broken_ = true;
+    broken_reason_ = std::move(reason);
+  }
+  void check(int code, const char* call) {
+    if (code != MPI_SUCCESS) deft::detail::raise<Error>("dist: ", call, " failed: ", detail::mpi_error_text(code));
+  }
+  void check(int code, const Collective& c) {
+    if (code == MPI_SUCCESS) return;
+    const std::string text = detail::mpi_error_text(code);
+    fail(text);
+    deft::detail::raise<Error>("dist: ", describe(c), " failed on rank ", rank_, " of ", size_, ": ", text);
+  }
+
+  // Sends `c`'s announcement to every other rank and receives theirs,
+  // polling until all arrived or the timeout passed. Polling drives MPI's
+  // progress (Open MPI has no progress thread by default).
+  void rendezvous(const Collective& c) {
+    if (size_ == 1) return;
+    constexpr int tag = 0x5def;
+    mine_ = detail::Announcement::of(c);
+    theirs_.assign(std::size_t(size_), {});
+    requests_.assign(std::size_t(2 * (size_ - 1)), MPI_REQUEST_NULL);
+    std::vector<int> peer;  // peer[k]: the rank of receive k
+    std::size_t k = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      peer.push_back(r);
+      check(MPI_Irecv(&theirs_[std::size_t(r)], int(sizeof(detail::Announcement)), MPI_BYTE, r, tag, control_,
+                      &requests_[k]),
+            c);
+      ++k;
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      check(MPI_Isend(&mine_, int(sizeof(detail::Announcement)), MPI_BYTE, r, tag, control_, &requests_[k++]), c);
+    }
+    await(c, peer);
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || mine_.agrees_with(theirs_[std::size_t(r)])) continue;
+      const std::string reason = "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " is at " +
+                                 describe(c) + " but rank " + std::to_string(r) + " is at " +
+                                 describe(theirs_[std::size_t(r)].collective()) +
+                                 "; every rank must record the same collectives in the same order";
+      fail(reason);
+      deft::detail::raise<Error>("dist: ", reason);
+    }
+  }
+
+  // Polls requests_ until all completed or the timeout passed (then
+  // timed_out). `peer[k]`, when given, is the rank request k receives from.
+  // Polling drives MPI's progress (Open MPI has no progress thread by default).
+  void await(const Collective& c, const std::vector<int>& peer) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      check(MPI_Testall(int(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE), c);
+      if (done) return;
+      if (std::chrono::steady_clock::now() - start > options_.timeout) {
+        std::vector<int> missing;
+        for (std::size_t i = 0; i < peer.size(); ++i) {  // Testall leaves completed ones in place: test each
+          int arrived = 0;
+          MPI_Test(&requests_[i], &arrived, MPI_STATUS_IGNORE);
+          if (!arrived) missing.push_back(peer[i]);
+        }
+        timed_out(c, missing);
+      }
+      // Spin briefly (a peer a few microseconds behind), then sleep in
+      // growing steps so that a long wait leaves the core to the workers.
+      if (polls < 256) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 * (polls - 255))));
+    }
+  }
+
+  [[noreturn]] void timed_out(const Collective& c, const std::vector<int>& missing) {
+    const double seconds = double(options_.timeout.count()) / 1000.0;
+    const std::string reason = "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " waited " +
+                               std::to_string(seconds).substr(0, std::to_string(seconds).find('.') + 2) + " s at " +
+                               describe(c) +
+                               (missing.empty()
+                                    ? std::string(" for its data; every rank had joined it, so one stopped or is stuck")
+                                    : " for rank(s) " + detail::rank_list(missing) +
+                                          ", which did not reach it (stopped, stuck, or recording other collectives)");
+    if (options_.on_timeout == OnTimeout::abort) {
+      std::fprintf(stderr, "deft: dist: %s; aborting the job\n", reason.c_str());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 3);
+      std::abort();
+    }
+    // The rendezvous's receives from the missing ranks stay posted: cancel
+    // them, so that MPI_Finalize does not wait for them. A collective's
+    // request cannot be cancelled; it stays with the broken communicator.
+    if (!missing.empty())
+      for (auto& r : requests_)
+        if (r != MPI_REQUEST_NULL) {
+          MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
+    fail("timed out: " + reason);
+    deft::detail::raise<Timeout>("dist: ", reason);
+  }
+
+  Options options_;
+  MPI_Comm data_ = MPI_COMM_NULL, control_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  // Only the worker running the current collective touches these (collectives run one at a time).
+  detail::Announcement mine_{};
+  std::vector<detail::Announcement> theirs_;
+  std::vector<MPI_Request> requests_;
+  bool broken_ = false;
+  std::string broken_reason_;
+};
+
+namespace detail {
+struct World {
+  std::shared_ptr<MpiCommunicator> comm;
+  bool owns_mpi = false;  // deft called MPI_Init_thread, so finalize() calls MPI_Finalize
+  int local_rank = 0, local_size = 1;
+};
+inline World& world_state() {
+  static World w;
+  return w;
+}
+inline void finalize_at_exit() noexcept;
+}  // namespace detail
+
+/// Joins the job: initializes MPI unless the program did (MPI_Init_thread,
+/// asking for MPI_THREAD_MULTIPLE; MPI_THREAD_SERIALIZED is enough, as
+/// deft's collectives make one MPI call at a time), and makes a communicator
+/// over `comm` (by default MPI_COMM_WORLD) the default one of every
+/// collective and of Trainer::set_communicator. finalize() runs at exit if
+/// the program does not call it. std::logic_error when called twice;
+/// dist::Error when MPI grants less than MPI_THREAD_SERIALIZED.
+inline std::shared_ptr<MpiCommunicator> init(int* argc = nullptr, char*** argv = nullptr, Options options = {},
+                                             MPI_Comm comm = MPI_COMM_WORLD) {
+  auto& w = detail::world_state();
+  if (w.comm) deft::detail::raise<std::logic_error>("dist::init: called twice (call dist::finalize() first)");
+  int ready = 0, finalized = 0;
+  MPI_Initialized(&ready);
+  MPI_Finalized(&finalized);
+  if (finalized) deft::detail::raise<std::logic_error>("dist::init: MPI was finalized already");
+  int level = 0;
+  if (!ready) {
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &level) != MPI_SUCCESS)
+      deft::detail::raise<Error>("dist::init: MPI_Init_thread failed");
+    w.owns_mpi = true;
+    static const bool registered = std::atexit(detail::finalize_at_exit) == 0;
+    (void)registered;
+  } else {
+    MPI_Query_thread(&level);
+  }
+  if (level < MPI_THREAD_SERIALIZED)
+    deft::detail::raise<Error>("dist::init: MPI grants thread level ", level,
+                               "; deft's collectives run on its worker threads and need MPI_THREAD_SERIALIZED or above");
+  w.comm = std::make_shared<MpiCommunicator>(comm, options);
+  MPI_Comm local;
+  MPI_Comm_split_type(w.comm->comm(), MPI_COMM_TYPE_SHARED, w.comm->rank(), MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &w.local_rank);
+  MPI_Comm_size(local, &w.local_size);
+  MPI_Comm_free(&local);
+  default_communicator() = w.comm;
+  return w.comm;
+}
+
+/// Whether init() was called (and finalize() not yet).
+inline bool initialized() { return detail::world_state().comm != nullptr; }
+
+/// The communicator init() made; std::logic_error before init().
+inline const std::shared_ptr<MpiCommunicator>& world() {
+  const auto& c = detail::world_state().comm;
+  if (!c) deft::detail::raise<std::logic_error>("dist: not initialized; call deft::dist::init() first");
+  return c;
+}
+/// This process's rank in world() (0 before init()).
+inline int rank() { return initialized() ? world()->rank() : 0; }
+/// The number of ranks in world() (1 before init()).
+inline int size() { return initialized() ? world()->size() : 1; }
+/// This process's rank among the ranks on its host.
+inline int local_rank() { return detail::world_state().local_rank; }
+/// The number of ranks on this host.
+inline int local_size() { return detail::world_state().local_size; }
+
+/// The device this rank trains on: GPU local_rank() mod the GPU count when
+/// this build has the CUDA backend and the host has GPUs, else the CPU.
+inline Device default_device() {
+  if (auto* gpus = deft::detail::gpu_backend(); gpus && gpus->device_count() > 0)
+    return Device{DeviceType::gpu, local_rank() % gpus->device_count()};
+  return Device{};
+}
+
+/// Leaves the job: runs the recorded work (every collective included),
+/// releases deft's communicators and, if init() initialized MPI, calls
+/// MPI_Finalize. Rethrows a failure of that work after finalizing.
+inline void finalize() {
+  auto& w = detail::world_state();
+  if (!w.comm) return;
+  std::exception_ptr failure;
+  try {
+    wait_all();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (default_communicator() == w.comm) default_communicator().reset();
+  w.comm.reset();  // other holders (a Trainer) keep theirs; MPI_Finalize then frees its communicators
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (w.owns_mpi && !finalized) MPI_Finalize();
+  w.owns_mpi = false;
+  if (failure) std::rethrow_exception(failure);
+}
+
+inline void detail::finalize_at_exit() noexcept {
+  try {
+    finalize();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "deft: dist: at exit: %s\n", e.what());
+  }
+}
+
+}  // namespace deft::dist

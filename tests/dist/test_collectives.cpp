@@ -1,0 +1,210 @@
+// Collectives on tensors across ranks against a reference each rank computes
+// itself (in double precision) from every rank's inputs; the rendezvous's
+// checks of mismatched collectives and the watchdog's timeout.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include "dist_support.hpp"
+
+using namespace deft;
+using dist_test::values_of;
+using dist_test::mentions;
+
+namespace {
+
+template <class T>
+double tolerance_of(double magnitude) {
+  if constexpr (std::is_integral_v<T>) return 0.0;
+  else return 4.0 * double(std::numeric_limits<T>::epsilon()) * magnitude + 1e-30;
+}
+
+// allreduce with `op` of every rank's values_of<T>(r, key, n), checked on this rank.
+template <class T>
+void check_allreduce(dist::ReduceOp op, std::uint64_t key, Shape shape) {
+  const int ranks = dist::size();
+  const std::int64_t n = shape.size();
+  Tensor<T> t(values_of<T>(dist::rank(), key, n), shape);
+  dist::allreduce(t, op);
+  const std::vector<T> got = t.to_vector();
+  BOOST_REQUIRE_EQUAL(got.size(), std::size_t(n));
+  std::vector<std::vector<T>> all;
+  for (int r = 0; r < ranks; ++r) all.push_back(values_of<T>(r, key, n));
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    double ref = op == dist::ReduceOp::max ? -INFINITY : op == dist::ReduceOp::min ? INFINITY : 0.0, mag = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const double x = double(all[std::size_t(r)][std::size_t(i)]);
+      mag += std::abs(x);
+      if (op == dist::ReduceOp::max) ref = std::max(ref, x);
+      else if (op == dist::ReduceOp::min) ref = std::min(ref, x);
+      else ref += x;
+    }
+    if (op == dist::ReduceOp::mean) ref = std::is_integral_v<T> ? std::trunc(ref / ranks) : ref / ranks;
+    if (std::abs(double(got[std::size_t(i)]) - ref) > tolerance_of<T>(mag)) ++bad;
+  }
+  BOOST_TEST(bad == 0, bad << " of " << n << " elements differ (op " << dist::op_name(op) << ", "
+                                << dtype_name(dtype_of<T>) << ", shape " << shape.to_string() << ")");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(collectives)
+
+BOOST_AUTO_TEST_CASE(allreduce_matches_a_double_reference_for_every_op_and_type) {
+  std::uint64_t key = 1;
+  for (const Shape& s : {Shape{1}, Shape{7, 3}, Shape{1000}, Shape{4, 5, 6}, Shape{0}, Shape{}})
+    for (auto op : {dist::ReduceOp::sum, dist::ReduceOp::mean, dist::ReduceOp::max, dist::ReduceOp::min}) {
+      check_allreduce<float>(op, key++, s);
+      check_allreduce<double>(op, key++, s);
+      check_allreduce<std::int32_t>(op, key++, s);
+      check_allreduce<std::int64_t>(op, key++, s);
+    }
+  // A sum larger than one eager message (Open MPI's shared-memory path changes protocol).
+  check_allreduce<float>(dist::ReduceOp::sum, 777, Shape{3, 1 << 18});
+}
+
+BOOST_AUTO_TEST_CASE(broadcast_writes_the_roots_value_everywhere) {
+  for (int root = 0; root < dist::size(); ++root) {
+    Tensor<float> t(values_of<float>(dist::rank(), 50 + std::uint64_t(root), 33), Shape{3, 11});
+    Tensor<float> view_holder = t;  // another handle of the same tensor sees the new value
+    dist::broadcast(t, root);
+    BOOST_TEST(view_holder.to_vector() == values_of<float>(root, 50 + std::uint64_t(root), 33));
+  }
+  // Into a view: the rows are written in place, the rest is left alone.
+  Tensor<std::int64_t> whole(values_of<std::int64_t>(dist::rank(), 60, 12), Shape{4, 3});
+  Tensor<std::int64_t> rows = whole.rows(1, 3);
+  dist::broadcast(rows, dist::size() - 1);
+  const auto mine = values_of<std::int64_t>(dist::rank(), 60, 12), root = values_of<std::int64_t>(dist::size() - 1, 60, 12);
+  const auto got = whole.to_vector();
+  for (std::size_t i = 0; i < 12; ++i) BOOST_TEST(got[i] == (i >= 3 && i < 9 ? root[i] : mine[i]));
+}
+
+BOOST_AUTO_TEST_CASE(allgather_concatenates_every_rank_in_rank_order) {
+  Tensor<double> t(values_of<double>(dist::rank(), 70, 10), Shape{2, 5});
+  const Tensor<double> g = dist::allgather(t);
+  BOOST_TEST(g.shape() == (Shape{2 * std::int64_t(dist::size()), 5}));
+  std::vector<double> ref;
+  for (int r = 0; r < dist::size(); ++r) {
+    const auto v = values_of<double>(r, 70, 10);
+    ref.insert(ref.end(), v.begin(), v.end());
+  }
+  BOOST_TEST(g.to_vector() == ref);
+  const Tensor<std::int32_t> scalar(std::vector<std::int32_t>{dist::rank() * 3}, Shape{});
+  const Tensor<std::int32_t> all = dist::allgather(scalar);
+  BOOST_TEST(all.shape() == Shape{std::int64_t(dist::size())});
+  for (int r = 0; r < dist::size(); ++r) BOOST_TEST(all.to_vector()[std::size_t(r)] == r * 3);
+}
+
+BOOST_AUTO_TEST_CASE(reduce_scatter_keeps_this_ranks_rows_of_the_sum) {
+  const std::int64_t ranks = dist::size(), rows = 2 * ranks, cols = 3;
+  Tensor<float> t(values_of<float>(dist::rank(), 80, rows * cols), Shape{rows, cols});
+  const Tensor<float> mine = dist::reduce_scatter(t, dist::ReduceOp::max);
+  BOOST_TEST(mine.shape() == (Shape{2, cols}));
+  const auto got = mine.to_vector();
+  std::vector<std::vector<float>> all;
+  for (int r = 0; r < ranks; ++r) all.push_back(values_of<float>(r, 80, rows * cols));
+  for (std::int64_t i = 0; i < 2 * cols; ++i) {
+    float ref = -INFINITY;
+    for (int r = 0; r < ranks; ++r) ref = std::max(ref, all[std::size_t(r)][std::size_t(dist::rank() * 2 * cols + i)]);
+    BOOST_TEST(got[std::size_t(i)] == ref);
+  }
+  BOOST_CHECK_EXCEPTION(dist::reduce_scatter(Tensor<float>(std::vector<float>(std::size_t(ranks + 1)), Shape{ranks + 1})),
+                        std::invalid_argument, [](const auto& e) { return mentions(e, "split evenly"); });
+}
+
+BOOST_AUTO_TEST_CASE(bucketed_allreduce_of_many_tensors_equals_one_at_a_time) {
+  // Tensors of mixed sizes: buckets of 100 bytes hold several small ones, the large ones go alone.
+  const std::vector<Shape> shapes{{3}, {2, 4}, {40}, {1}, {5, 5}, {0}, {7}};
+  for (std::size_t bucket : {std::size_t(0), std::size_t(100), std::size_t(1) << 20}) {
+    std::vector<Tensor<float>> many, one;
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const auto v = values_of<float>(dist::rank(), 90 + i, shapes[i].size());
+      many.emplace_back(v, shapes[i]);
+      one.emplace_back(v, shapes[i]);
+    }
+    dist::allreduce(many, dist::ReduceOp::sum, bucket);
+    for (auto& t : one) dist::allreduce(t);
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      BOOST_TEST(many[i].shape() == shapes[i]);
+      BOOST_TEST(many[i].to_vector() == one[i].to_vector(), "tensor " << i << ", buckets of " << bucket << " bytes");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(collectives_are_deferred_and_run_in_recording_order) {
+  // Recorded now, run at the sync point: a chain of collectives, each reading
+  // what the one before gave, comes out as a loop of blocking calls would.
+  Tensor<double> t(std::vector<double>{1.0 + dist::rank()}, Shape{1});
+  for (int i = 0; i < 20; ++i) {
+    dist::allreduce(t, dist::ReduceOp::mean);
+    t = t * 2.0 + double(dist::rank());
+  }
+  double mean = 0;  // after the first allreduce: the mean of 1..size
+  for (int r = 0; r < dist::size(); ++r) mean += 1.0 + r;
+  mean /= dist::size();
+  for (int i = 1; i < 20; ++i) {
+    double next = 0;
+    for (int r = 0; r < dist::size(); ++r) next += mean * 2.0 + r;
+    mean = next / dist::size();
+  }
+  BOOST_TEST(t.to_vector()[0] == mean * 2.0 + dist::rank(), boost::test_tools::tolerance(1e-12));
+}
+
+BOOST_AUTO_TEST_CASE(a_barrier_is_a_sync_point_of_every_rank) {
+  Tensor<float> t(std::vector<float>{float(dist::rank())}, Shape{1});
+  dist::allreduce(t);
+  dist::barrier();
+  BOOST_TEST(t.to_vector()[0] == float(dist::size() * (dist::size() - 1) / 2));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(collective_errors)
+
+BOOST_AUTO_TEST_CASE(ranks_with_other_shapes_are_named_on_every_rank) {
+  if (dist::size() < 2) return;
+  auto comm = dist_test::fresh();
+  // The last rank sends one element more.
+  const std::int64_t n = dist::rank() == dist::size() - 1 ? 5 : 4;
+  Tensor<float> t(std::vector<float>(std::size_t(n), 1.0f), Shape{n});
+  dist::allreduce(t, dist::ReduceOp::sum, comm);
+  BOOST_CHECK_EXCEPTION(t.wait_to_read(), dist::Error, [&](const dist::Error& e) {
+    BOOST_TEST_MESSAGE(e.what());
+    return mentions(e, "allreduce #0") && mentions(e, "but rank") && mentions(e, "same order");
+  });
+  // Later collectives on it fail with that error.
+  Tensor<float> u(std::vector<float>{1.0f}, Shape{1});
+  dist::allreduce(u, dist::ReduceOp::sum, comm);
+  BOOST_CHECK_EXCEPTION(u.wait_to_read(), dist::Error, [](const auto& e) { return mentions(e, "allreduce #0"); });
+}
+
+BOOST_AUTO_TEST_CASE(a_skipped_collective_is_caught_by_the_watchdog) {
+  if (dist::size() < 2) return;
+  auto comm = dist_test::fresh({.timeout = std::chrono::milliseconds(1500), .on_timeout = dist::OnTimeout::raise});
+  Tensor<float> a(std::vector<float>{1.0f, 2.0f}, Shape{2}), b(std::vector<float>{3.0f, 4.0f}, Shape{2});
+  // Rank 1 skips the first allreduce. Its second, of the same shape, pairs
+  // with the others' first; their second then waits for rank 1 in vain.
+  if (dist::rank() != 1) dist::allreduce(a, dist::ReduceOp::sum, comm);
+  dist::allreduce(b, dist::ReduceOp::sum, comm);
+  if (dist::rank() == 1) {
+    b.wait_to_read();
+    BOOST_TEST(b.to_vector() == (std::vector<float>{float(dist::size() - 1) * 1.0f + 3.0f, float(dist::size() - 1) * 2.0f + 4.0f}));
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    BOOST_CHECK_EXCEPTION(b.wait_to_read(), dist::Timeout, [](const dist::Timeout& e) {
+      BOOST_TEST_MESSAGE(e.what());
+      return mentions(e, "allreduce #1") && mentions(e, "for rank(s) 1,") && mentions(e, "1.5 s");
+    });
+    BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(20)));
+    // Later collectives on it refuse at once.
+    Tensor<float> c(std::vector<float>{1.0f}, Shape{1});
+    dist::allreduce(c, dist::ReduceOp::sum, comm);
+    BOOST_CHECK_EXCEPTION(c.wait_to_read(), dist::Error, [](const auto& e) { return mentions(e, "allreduce #1"); });
+  }
+  dist::barrier();  // every rank meets again on the world's communicator
+}
+
+BOOST_AUTO_TEST_SUITE_END()

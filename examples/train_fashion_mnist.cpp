@@ -7,7 +7,7 @@
 //                       [--shares LIST] [--data DIR] [--csv FILE] [--seed N]
 //                       [--dropout P] [--clip-norm X] [--hybridize]
 //                       [--checkpoint FILE] [--resume FILE]
-//                       [--schedule constant|cosine] [--warmup N]
+//                       [--schedule constant|cosine] [--warmup N] [--dist]
 //
 // --device takes one device or a comma-separated list (cpu, cpu1, gpu0,
 // cpu,gpu0). With several, training is data-parallel as in Gluon: each
@@ -50,6 +50,13 @@
 // from the epoch after it up to --epochs, computing what the run that
 // wrote it would have computed (the data order is the loader's seeded
 // order of that epoch).
+// --dist trains across the processes mpirun started (deft/dist.hpp; built
+// when CMake finds MPI): `mpirun -np 2 train_fashion_mnist --dist`. Each
+// rank loads its shard of every batch (the batch is the global one, split
+// over the ranks), the Trainer broadcasts rank 0's initial parameters and
+// sums the gradients across the ranks, the metrics are summed across them,
+// and rank 0 alone prints and writes the CSV and checkpoints (--resume:
+// every rank loads). BatchNorm's statistics follow each rank's rows.
 // Each epoch prints a progress bar, then the mean loss, train and test
 // accuracy and samples per second; --csv writes those rows (plot them with
 // scripts/plot_training.py). The last line is `test accuracy: 0.xxxx`.
@@ -57,6 +64,9 @@
 // predictions are summed as deferred tensors and read every few batches.
 #include <deft/data.hpp>
 #include <deft/nn.hpp>
+#if DEFT_EXAMPLE_DIST
+#include <deft/dist.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -97,6 +107,7 @@ struct Options {
   std::string checkpoint, resume;
   std::string schedule = "constant";
   std::int64_t warmup = 0;  // updates
+  bool dist = false;  // across mpirun's processes
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -108,7 +119,7 @@ struct Options {
                "                           [--shares X,Y,...|auto] [--data DIR] [--csv FILE] [--seed N]\n"
                "                           [--dropout P] [--clip-norm X] [--hybridize]\n"
                "                           [--checkpoint FILE] [--resume FILE]\n"
-               "                           [--schedule constant|cosine] [--warmup N]\n",
+               "                           [--schedule constant|cosine] [--warmup N] [--dist]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -161,6 +172,13 @@ Options parse(int argc, char** argv) {
     else if (a == "--csv") o.csv = value();
     else if (a == "--seed") o.seed = std::uint64_t(number(value()));
     else if (a == "--hybridize") o.hybridize = true;
+    else if (a == "--dist") {
+#if DEFT_EXAMPLE_DIST
+      o.dist = true;
+#else
+      usage("--dist needs MPI: this build has no deft::dist (install libopenmpi-dev and configure again)");
+#endif
+    }
     else if (a == "--checkpoint") o.checkpoint = value();
     else if (a == "--resume") o.resume = value();
     else if (a == "--dropout") o.dropout = float(number(value()));
@@ -242,6 +260,23 @@ void progress(int epoch, std::int64_t done, std::int64_t total, double loss) {
 
 int main(int argc, char** argv) try {
   const Options opt = parse(argc, argv);
+  int rank = 0, ranks = 1;
+#if DEFT_EXAMPLE_DIST
+  if (opt.dist) {
+    dist::init(&argc, &argv);
+    rank = dist::rank();
+    ranks = dist::size();
+    if (rank != 0 && !std::freopen("/dev/null", "w", stdout)) throw std::runtime_error("cannot silence rank " + std::to_string(rank));
+  }
+#endif
+  // Sums a metric over the ranks (each holds its own rows' share).
+  auto over_ranks = [&opt](Tensor<float>& t) {
+#if DEFT_EXAMPLE_DIST
+    if (opt.dist) dist::allreduce(t);
+#endif
+    (void)opt;
+    (void)t;
+  };
   const std::vector<Device> devices = parse_devices(opt.device);
   if (!opt.shares.empty() && opt.shares.size() != devices.size())
     usage("--shares needs one share per device (" + std::to_string(devices.size()) + "), got " +
@@ -260,10 +295,11 @@ int main(int argc, char** argv) try {
                                (opt.warmup ? ", " + std::to_string(opt.warmup) + " warm-up updates" : std::string());
   const std::string model = opt.model + (opt.model == "resnet18" ? " width " + std::to_string(width) : "") + dropout +
                             clip + schedule + (opt.hybridize ? ", hybridized" : "");
-  std::printf("Fashion-MNIST from %s: %lld train, %lld test images; model %s, %d epochs, batch %lld, %s, %s, %d workers\n",
+  const std::string processes = ranks > 1 ? " in each of " + std::to_string(ranks) + " processes" : "";
+  std::printf("Fashion-MNIST from %s: %lld train, %lld test images; model %s, %d epochs, batch %lld, %s, %s, %d workers%s\n",
               dir.string().c_str(), static_cast<long long>(train.size()), static_cast<long long>(test.size()),
               model.c_str(), opt.epochs, static_cast<long long>(opt.batch_size), opt.optimizer.c_str(),
-              names(devices).c_str(), engine::num_workers());
+              names(devices).c_str(), engine::num_workers(), processes.c_str());
 
   random::seed(opt.seed);
   auto net = build(opt.model, opt.dropout, width);
@@ -320,8 +356,17 @@ int main(int argc, char** argv) try {
     return std::pair{split_and_load(x, use, part), split_and_load(y, use, part)};
   };
 
-  data::DataLoader train_loader(train.images, train.labels, opt.batch_size, {.shuffle = true, .seed = opt.seed});
-  data::DataLoader test_loader(test.images, test.labels, 1000, {.shuffle = false});
+  data::DataLoader train_loader(train.images, train.labels, opt.batch_size,
+                                {.shuffle = true, .seed = opt.seed, .num_shards = ranks, .shard = rank});
+  data::DataLoader test_loader(test.images, test.labels, 1000, {.shuffle = false, .num_shards = ranks, .shard = rank});
+#if DEFT_EXAMPLE_DIST
+  if (opt.dist) {
+    // The parameters get their shapes from a first input; then rank 0's
+    // values go to every rank, and each step sums the gradients across ranks.
+    (void)(*net)(as_input(train.images.rows(0, 1)).to(devices[0]));
+    trainer.set_communicator(dist::world());
+  }
+#endif
   const std::int64_t batches = train_loader.num_batches();
 
   int first_epoch = 1;
@@ -353,7 +398,7 @@ int main(int argc, char** argv) try {
       norm_sum = norm_sum + norm.to(cpu());
       clipped = clipped + cast<float>(norm.to(cpu()) > opt.clip_norm);
     };
-    std::int64_t seen = 0, done = 0;
+    std::int64_t seen = 0, seen_here = 0, done = 0;  // rows of every rank / of this one
     for (auto& batch : train_loader) {
       const auto [xs, ys] = split(as_input(batch.x), batch.y);
       std::vector<Tensor<float>> scores(xs.size());
@@ -377,16 +422,20 @@ int main(int argc, char** argv) try {
         if (opt.clip_norm > 0) {
           trainer.allreduce_grads();  // sums the devices' gradients
           watch_norm(nn::clip_global_norm(net->collect_params(), opt.clip_norm));
-          trainer.update(batch.x.shape()[0]);
+          trainer.update(batch.rows);
         } else {
-          trainer.step(batch.x.shape()[0]);  // sums the devices' gradients first
+          trainer.step(batch.rows);  // sums the devices' (and ranks') gradients first
         }
       }
       for (std::size_t d = 0; d < xs.size(); ++d)
         correct = correct + sum(cast<float>(argmax(scores[d].detach(), 1) == ys[d])).to(cpu());
-      seen += batch.x.shape()[0];
-      if (++done % 20 == 0 || done == batches) progress(epoch, done, batches, loss_sum.item() / double(seen));
+      seen += batch.rows;
+      seen_here += batch.x.shape()[0];
+      ++done;
+      if (rank == 0 && (done % 20 == 0 || done == batches)) progress(epoch, done, batches, loss_sum.item() / double(seen_here));
     }
+    over_ranks(loss_sum);
+    over_ranks(correct);
     const double train_loss = loss_sum.item() / double(seen), train_acc = correct.item() / double(seen);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -396,8 +445,9 @@ int main(int argc, char** argv) try {
       const auto [xs, ys] = split(as_input(batch.x), batch.y);
       for (std::size_t d = 0; d < xs.size(); ++d)
         test_correct = test_correct + sum(cast<float>(argmax((*net)(xs[d]), 1) == ys[d])).to(cpu());
-      test_seen += batch.x.shape()[0];
+      test_seen += batch.rows;
     }
+    over_ranks(test_correct);
     test_acc = test_correct.item() / double(test_seen);
     if (isatty(fileno(stderr))) std::fprintf(stderr, "\n");
     std::printf("epoch %2d  loss %.4f  train acc %.4f  test acc %.4f  %.0f samples/s (%.1f s)\n", epoch, train_loss,
@@ -408,7 +458,7 @@ int main(int argc, char** argv) try {
     std::fflush(stdout);
     if (csv) csv << epoch << ',' << train_loss << ',' << train_acc << ',' << test_acc << ',' << double(seen) / secs << ','
                  << secs << '\n';
-    if (!opt.checkpoint.empty()) nn::save_checkpoint(*net, trainer, opt.checkpoint);
+    if (!opt.checkpoint.empty() && rank == 0) nn::save_checkpoint(*net, trainer, opt.checkpoint);
   }
   if (hybrid_step)
     std::printf("hybridized steps: %lld traced, %lld replayed of %lld\n", (long long)hybrid_step->traces(),
@@ -421,6 +471,9 @@ int main(int argc, char** argv) try {
                   d.to_string().c_str(), double(m.held_bytes) / (1 << 20), double(m.cached_bytes) / (1 << 20),
                   (unsigned long long)m.hits, (unsigned long long)m.misses, (unsigned long long)m.splits);
     }
+#if DEFT_EXAMPLE_DIST
+  if (opt.dist) dist::finalize();
+#endif
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "\ntrain_fashion_mnist: %s\n", e.what());

@@ -38,7 +38,8 @@ enum class OnTimeout {
 /// How an MpiCommunicator checks its collectives.
 struct Options {
   /// How long a rank waits for the others to reach a collective. The
-  /// environment variable DEFT_DIST_TIMEOUT_S (seconds) overrides it.
+  /// environment variable DEFT_DIST_TIMEOUT_S (seconds) replaces this
+  /// default, not a timeout the program sets.
   std::chrono::milliseconds timeout{60000};
   OnTimeout on_timeout = OnTimeout::abort;
   /// Exchange each collective's description before running it (one small
@@ -133,7 +134,8 @@ inline std::string rank_list(const std::vector<int>& ranks) {
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm, Options options = {}) : options_(options) {
-    if (const char* s = std::getenv("DEFT_DIST_TIMEOUT_S")) {
+    const char* s = options.timeout == Options{}.timeout ? std::getenv("DEFT_DIST_TIMEOUT_S") : nullptr;
+    if (s) {
       char* end = nullptr;
       const double seconds = std::strtod(s, &end);
       if (end == s || !(seconds > 0))

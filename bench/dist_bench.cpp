@@ -1,0 +1,180 @@
+// deft_bench_dist: deft's collectives across processes against raw MPI on the
+// same buffers, in the same run (mpirun -np N deft_bench_dist; rank 0 prints).
+//   1. allreduce (sum, float32) from 4 KiB to 64 MiB: dist::allreduce with
+//      the rendezvous and watchdog (the default), without them, and a bare
+//      MPI_Allreduce; interleaved repeats, medians; ratio = MPI's time / deft's
+//      (deft's share of MPI's bandwidth: 1 is equal).
+//   2. the chapter's MLP (784-256-10) and LeNet steps (global batch 256, SGD)
+//      on one worker per rank: steps per second, and how much of the gradients'
+//      allreduce the backward hides, estimated as
+//      (local step + allreduce alone - distributed step) / allreduce alone.
+// Options: --repeats N (default 15), --max-mib N (default 64).
+#include <deft/dist.hpp>
+#include <deft/nn.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dense_net.hpp"
+
+using namespace deft;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+int repeats = 15;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times each of `fs` once per round, in turn, after one warm-up of each; every
+// rank runs the same calls, and a barrier starts each call, so rank 0's time
+// covers the slowest rank. Seconds, medians.
+std::vector<double> interleaved(const std::vector<std::function<void()>>& fs) {
+  std::vector<std::vector<double>> t(fs.size());
+  for (int round = -1; round < repeats; ++round)
+    for (std::size_t i = 0; i < fs.size(); ++i) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto start = clock_type::now();
+      fs[i]();
+      const double s = std::chrono::duration<double>(clock_type::now() - start).count();
+      if (round >= 0) t[i].push_back(s);
+    }
+  std::vector<double> out;
+  for (auto& v : t) out.push_back(median(v));
+  return out;
+}
+
+void allreduce_rows(std::int64_t max_bytes) {
+  auto plain = std::make_shared<dist::MpiCommunicator>(MPI_COMM_WORLD, dist::Options{.rendezvous = false});
+  if (dist::rank() == 0) {
+    std::printf("\nallreduce, sum of float32, %d ranks (median of %d interleaved repeats)\n", dist::size(), repeats);
+    std::printf("%10s %12s %12s %12s %10s %10s %10s\n", "bytes", "MPI us", "deft us", "deft-bare us", "MPI GB/s",
+                "deft/MPI", "bare/MPI");
+  }
+  for (std::int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+    const std::int64_t n = bytes / 4;
+    std::vector<float> in(static_cast<std::size_t>(n), 1.0f), out(static_cast<std::size_t>(n));
+    Tensor<float> a(in, Shape{n}), b(in, Shape{n});
+    const auto times = interleaved({
+        [&] { MPI_Allreduce(in.data(), out.data(), int(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+        [&] {
+          dist::allreduce(a);
+          a.wait_to_read();
+        },
+        [&] {
+          dist::allreduce(b, dist::ReduceOp::sum, plain);
+          b.wait_to_read();
+        },
+    });
+    if (dist::rank() == 0)
+      std::printf("%10lld %12.1f %12.1f %12.1f %10.2f %10.3f %10.3f\n", static_cast<long long>(bytes), times[0] * 1e6,
+                  times[1] * 1e6, times[2] * 1e6, double(bytes) / times[0] / 1e9, times[0] / times[1],
+                  times[0] / times[2]);
+  }
+}
+
+// One model's step across the ranks; `make` builds it, `sample` is one input's shape.
+void step_rows(const char* title, const std::function<std::shared_ptr<nn::Sequential>()>& make,
+               std::vector<std::int64_t> sample, std::size_t bucket) {
+  engine::set_num_workers(1);
+  const std::int64_t batch = 256, rows = batch / dist::size();
+  random::seed(1);
+  auto shape = [&](std::int64_t n) {
+    Shape s{n};
+    for (std::int64_t e : sample) s.push_back(e);
+    return s;
+  };
+  auto labels = [](std::int64_t n) {
+    std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::int64_t(i % 10);
+    return Tensor<std::int64_t>(v, Shape{n});
+  };
+  const Tensor<float> x = random::normal<float>(0, 1, shape(rows)), x_all = random::normal<float>(0, 1, shape(batch));
+  const Tensor<std::int64_t> y = labels(rows), y_all = labels(batch);
+
+  auto local = make(), shared = make(), single = make();
+  for (auto* net : {local.get(), shared.get(), single.get()}) (void)(*net)(x.rows(0, 1));
+  nn::Trainer t_local(local->collect_params(), nn::SGD{0.01f}), t_shared(shared->collect_params(), nn::SGD{0.01f}),
+      t_single(single->collect_params(), nn::SGD{0.01f});
+  t_shared.set_communicator(dist::world());
+  t_shared.set_allreduce_bucket_bytes(bucket);
+  std::vector<Tensor<float>> grads;
+  std::int64_t floats = 0;
+  for (nn::Parameter* p : local->collect_params()) {
+    grads.push_back(p->data().clone());
+    floats += p->data().size();
+  }
+
+  auto step = [&](nn::Sequential& net, nn::Trainer& tr, const Tensor<float>& xs, const Tensor<std::int64_t>& ys) {
+    {
+      autograd::record rec;
+      nn::SoftmaxCrossEntropyLoss()(net(xs), ys).backward();
+    }
+    tr.step(batch);
+    wait_all();
+  };
+  const auto times = interleaved({
+      [&] { step(*local, t_local, x, y); },  // this rank's rows, no communication
+      [&] {                                  // the gradients' allreduce alone, same buckets
+        dist::allreduce(grads, dist::ReduceOp::sum, bucket);
+        wait_all();
+      },
+      [&] { step(*shared, t_shared, x, y); },          // the data-parallel step
+      [&] { step(*single, t_single, x_all, y_all); },  // the whole batch in this process
+  });
+  if (dist::rank() != 0) return;
+  const double hidden = (times[0] + times[1] - times[2]) / times[1];
+  std::printf("\n%s step, global batch %lld, %lld parameters, 1 worker per rank, %d ranks, buckets of %zu KiB\n", title,
+              static_cast<long long>(batch), static_cast<long long>(floats), dist::size(), bucket >> 10);
+  std::printf("  step on this rank's %lld rows alone:  %8.3f ms\n", static_cast<long long>(rows), times[0] * 1e3);
+  std::printf("  gradients' allreduce alone:          %8.3f ms\n", times[1] * 1e3);
+  std::printf("  data-parallel step:                  %8.3f ms  (%.0f samples/s)\n", times[2] * 1e3,
+              double(batch) / times[2]);
+  std::printf("  whole batch in one process:          %8.3f ms  (%.0f samples/s)\n", times[3] * 1e3,
+              double(batch) / times[3]);
+  std::printf("  allreduce hidden by the step:        %8.0f %%\n", 100.0 * std::clamp(hidden, 0.0, 1.0));
+  std::printf("  speed-up over one process:           %8.2fx\n", times[3] / times[2]);
+}
+
+std::shared_ptr<nn::Sequential> mlp() {
+  auto net = bench::dense_net({{256, nn::Act::relu}, {10, nn::Act::none}});
+  net->initialize(nn::init::xavier());
+  return net;
+}
+
+// D2L's LeNet with ReLU and max pooling, as the example trainer builds it.
+std::shared_ptr<nn::Sequential> lenet() {
+  auto net = std::make_shared<nn::Sequential>();
+  net->add(std::make_shared<nn::Conv2D>(6, 5, 1, 2, nn::Act::relu), std::make_shared<nn::MaxPool2D>(2),
+           std::make_shared<nn::Conv2D>(16, 5, 1, 0, nn::Act::relu), std::make_shared<nn::MaxPool2D>(2),
+           std::make_shared<nn::Dense>(120, nn::Act::relu), std::make_shared<nn::Dense>(84, nn::Act::relu),
+           std::make_shared<nn::Dense>(10));
+  net->initialize(nn::init::xavier());
+  return net;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dist::init(&argc, &argv);
+  std::int64_t max_mib = 64;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--repeats") repeats = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--max-mib") max_mib = std::max(1, std::atoi(argv[i + 1]));
+  }
+  allreduce_rows(max_mib << 20);
+  // Buckets of 64 KiB (the default is 25 MiB, one bucket for these models),
+  // so that the first buckets' sums can overlap the rest of the backward.
+  step_rows("MLP 784-256-10", mlp, {784}, std::size_t(64) << 10);
+  step_rows("LeNet", lenet, {1, 28, 28}, std::size_t(64) << 10);
+  dist::finalize();
+}

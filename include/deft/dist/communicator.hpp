@@ -43,15 +43,16 @@ struct Timeout : Error {
 /// element type, element count and root, at the same place in the sequence
 /// of the communicator's collectives.
 struct Collective {
-  CollectiveKind kind = CollectiveKind::allreduce;
-  ReduceOp op = ReduceOp::sum;
-  DType dtype = DType::float32;
+  CollectiveKind kind = CollectiveKind::allreduce;  ///< which collective
+  ReduceOp op = ReduceOp::sum;                      ///< how allreduce and reduce_scatter combine
+  DType dtype = DType::float32;                     ///< the element type
   std::int64_t count = 0;   ///< elements of this rank's input
   int root = 0;             ///< broadcast's source rank
   std::uint64_t sequence = 0;  ///< its place among the communicator's collectives, from 0
   Shape shape;                 ///< this rank's input shape, for messages
 };
 
+/// The collective's name, as messages print it.
 inline const char* kind_name(CollectiveKind k) {
   switch (k) {
     case CollectiveKind::allreduce: return "allreduce";
@@ -63,6 +64,7 @@ inline const char* kind_name(CollectiveKind k) {
   return "?";
 }
 
+/// The reduction's name, as messages print it.
 inline const char* op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: return "sum";

@@ -41,7 +41,7 @@ struct Options {
   /// environment variable DEFT_DIST_TIMEOUT_S (seconds) replaces this
   /// default, not a timeout the program sets.
   std::chrono::milliseconds timeout{60000};
-  OnTimeout on_timeout = OnTimeout::abort;
+  OnTimeout on_timeout = OnTimeout::abort;  ///< what a collective that times out does
   /// Exchange each collective's description before running it (one small
   /// message to and from every rank): what names mismatched collectives and
   /// lets the timeout work. Off: each collective is the bare MPI call.
@@ -133,6 +133,8 @@ inline std::string rank_list(const std::vector<int>& ranks) {
 /// so that deft's messages never match the program's own).
 class MpiCommunicator final : public Communicator {
  public:
+  /// A communicator over the ranks of `comm` (collective: every rank of
+  /// `comm` makes one, in the same order). dist::Error when MPI fails.
   explicit MpiCommunicator(MPI_Comm comm, Options options = {}) : options_(options) {
     const char* s = options.timeout == Options{}.timeout ? std::getenv("DEFT_DIST_TIMEOUT_S") : nullptr;
     if (s) {
@@ -165,6 +167,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   /// deft's duplicate of the communicator it was made from.
   MPI_Comm comm() const { return data_; }
+  /// Its options (the timeout after DEFT_DIST_TIMEOUT_S).
   const Options& options() const { return options_; }
 
   void run(const Collective& c, const void* in, void* out) override {

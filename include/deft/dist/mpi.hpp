@@ -46,6 +46,11 @@ struct Options {
   /// message to and from every rank): what names mismatched collectives and
   /// lets the timeout work. Off: each collective is the bare MPI call.
   bool rendezvous = true;
+  /// dist::init adds one worker to the engine: a collective holds the
+  /// worker that runs it until every rank joined, and the extra one keeps
+  /// the computation going meanwhile (the backward the gradients' sums
+  /// should overlap). It mostly sleeps while collectives wait.
+  bool extra_worker = true;
 };
 
 namespace detail {
@@ -379,6 +384,7 @@ inline std::shared_ptr<MpiCommunicator> init(int* argc = nullptr, char*** argv =
     deft::detail::raise<Error>("dist::init: MPI grants thread level ", level,
                                "; deft's collectives run on its worker threads and need MPI_THREAD_SERIALIZED or above");
   w.comm = std::make_shared<MpiCommunicator>(comm, options);
+  if (options.extra_worker) engine::set_num_workers(engine::num_workers() + 1);
   MPI_Comm local;
   MPI_Comm_split_type(w.comm->comm(), MPI_COMM_TYPE_SHARED, w.comm->rank(), MPI_INFO_NULL, &local);
   MPI_Comm_rank(local, &w.local_rank);

@@ -181,6 +181,17 @@ BOOST_AUTO_TEST_CASE(ranks_with_other_shapes_are_named_on_every_rank) {
   BOOST_CHECK_EXCEPTION(u.wait_to_read(), dist::Error, [](const auto& e) { return mentions(e, "allreduce #0"); });
 }
 
+BOOST_AUTO_TEST_CASE(the_same_count_in_another_shape_is_named) {
+  if (dist::size() < 2) return;
+  auto comm = dist_test::fresh();
+  const Shape s = dist::rank() == 0 ? Shape{2, 3} : Shape{3, 2};
+  Tensor<float> t(std::vector<float>(6, 1.0f), s);
+  dist::allreduce(t, dist::ReduceOp::sum, comm);
+  BOOST_CHECK_EXCEPTION(t.wait_to_read(), dist::Error, [](const dist::Error& e) {
+    return mentions(e, "shape (2, 3)") && mentions(e, "shape (3, 2)");
+  });
+}
+
 BOOST_AUTO_TEST_CASE(a_skipped_collective_is_caught_by_the_watchdog) {
   if (dist::size() < 2) return;
   auto comm = dist_test::fresh({.timeout = std::chrono::milliseconds(1500), .on_timeout = dist::OnTimeout::raise});

@@ -21,6 +21,8 @@
 #include <stdexcept>
 #include <system_error>
 #include <utility>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "../core/error.hpp"
@@ -53,12 +55,33 @@ struct LoaderOptions {
 };
 
 /// One mini-batch: x of shape (b, sample shape...), y of shape (b,).
+/// `auto [x, y] = batch` binds x and y (Batch is a pair for structured
+/// bindings; rows is read by name).
 struct Batch {
   Tensor<float> x;         ///< the samples, batch first
   Tensor<std::int64_t> y;  ///< their labels
   /// The rows of the whole batch, all shards together (x's rows unless
   /// sharded): what Trainer::step takes.
   std::int64_t rows = 0;
+
+  /// Element I of the pair (x, y), for structured bindings.
+  template <std::size_t I>
+  auto& get() & {
+    if constexpr (I == 0) return x;
+    else return y;
+  }
+  /// Element I of the pair (x, y), for structured bindings.
+  template <std::size_t I>
+  const auto& get() const& {
+    if constexpr (I == 0) return x;
+    else return y;
+  }
+  /// Element I of the pair (x, y), for structured bindings.
+  template <std::size_t I>
+  auto&& get() && {
+    if constexpr (I == 0) return std::move(x);
+    else return std::move(y);
+  }
 };
 
 /// Mini-batches of (features, labels) for a range-for, one epoch per loop
@@ -271,3 +294,15 @@ class DataLoader {
 };
 
 }  // namespace deft::data
+
+// Batch binds as the pair (x, y): `for (const auto& [x, y] : loader)`.
+/// @cond
+namespace std {
+template <>
+struct tuple_size<deft::data::Batch> : integral_constant<size_t, 2> {};
+template <size_t I>
+struct tuple_element<I, deft::data::Batch> {
+  using type = conditional_t<I == 0, deft::Tensor<float>, deft::Tensor<int64_t>>;
+};
+}  // namespace std
+/// @endcond

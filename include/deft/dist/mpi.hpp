@@ -77,8 +77,9 @@ struct Announcement {
     return a;
   }
   bool agrees_with(const Announcement& o) const {
+    // Shapes too: (2, 3) against (3, 2) would combine elements of different meaning.
     return sequence == o.sequence && count == o.count && kind == o.kind && op == o.op && dtype == o.dtype &&
-           root == o.root;
+           root == o.root && rank == o.rank && std::equal(shape, shape + dims, o.shape);
   }
   Collective collective() const {
     Collective c;

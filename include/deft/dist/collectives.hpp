@@ -89,12 +89,8 @@ Tensor<T> on_host(const Tensor<T>& t) {
 template <Element T>
 void write_back(Tensor<T>& t, const Tensor<T>& result) {
   using namespace deft::detail;
-  if (t.device().type == DeviceType::cpu)
-    if (auto whole = whole_storage(t); whole && whole->bytes == bytes_for<T>(t.shape())) {
-      replace_storage(t, whole_storage(result));
-      return;
-    }
-  t.assign(result.to(t.device()));
+  if (t.device().type == DeviceType::cpu && whole_storage(t)) replace_storage(t, whole_storage(result));
+  else t.assign(result.to(t.device()));
 }
 
 }  // namespace detail

@@ -114,12 +114,6 @@ class Communicator {
     last_output_ = std::move(output);
     ++next_sequence_;
   }
-  /// The output of the last collective recorded (null before the first):
-  /// waiting for it waits for every collective recorded so far.
-  std::shared_ptr<deft::detail::Buffer> last_output() {
-    std::lock_guard lk(m_);
-    return last_output_;
-  }
   /// Collectives recorded so far.
   std::uint64_t recorded() {
     std::lock_guard lk(m_);

@@ -3,7 +3,10 @@
 #pragma once
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +36,46 @@ std::vector<T> values_of(int r, std::uint64_t key, std::int64_t n) {
 /// Whether what() contains `text`.
 inline bool mentions(const std::exception& e, const std::string& text) {
   return std::string(e.what()).find(text) != std::string::npos;
+}
+
+/// The tolerance of a float sum of elements of total magnitude `magnitude`
+/// (integers: exact).
+template <class T>
+double tolerance_of(double magnitude) {
+  if constexpr (std::is_integral_v<T>) return 0.0;
+  else return 4.0 * double(std::numeric_limits<T>::epsilon()) * magnitude + 1e-30;
+}
+
+/// allreduce with `op` of every rank's values_of<T>(r, key, n) on `device`,
+/// checked on this rank against a double reference of every rank's values.
+template <class T>
+void check_allreduce(deft::dist::ReduceOp op, std::uint64_t key, deft::Shape shape, deft::Device device = {}) {
+  using deft::dist::ReduceOp;
+  const int ranks = deft::dist::size();
+  const std::int64_t n = shape.size();
+  deft::Tensor<T> t = deft::Tensor<T>(values_of<T>(deft::dist::rank(), key, n), shape).to(device);
+  deft::dist::allreduce(t, op);
+  BOOST_TEST(t.device() == device);
+  const std::vector<T> got = t.to_vector();
+  BOOST_REQUIRE_EQUAL(got.size(), std::size_t(n));
+  std::vector<std::vector<T>> all;
+  for (int r = 0; r < ranks; ++r) all.push_back(values_of<T>(r, key, n));
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    double ref = op == ReduceOp::max ? -INFINITY : op == ReduceOp::min ? INFINITY : 0.0, mag = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const double x = double(all[std::size_t(r)][std::size_t(i)]);
+      mag += std::abs(x);
+      if (op == ReduceOp::max) ref = std::max(ref, x);
+      else if (op == ReduceOp::min) ref = std::min(ref, x);
+      else ref += x;
+    }
+    if (op == ReduceOp::mean) ref = std::is_integral_v<T> ? std::trunc(ref / ranks) : ref / ranks;
+    if (std::abs(double(got[std::size_t(i)]) - ref) > tolerance_of<T>(mag)) ++bad;
+  }
+  BOOST_TEST(bad == 0, bad << " of " << n << " elements differ (op " << deft::dist::op_name(op) << ", "
+                                << deft::dtype_name(deft::dtype_of<T>) << ", shape " << shape.to_string() << ", on "
+                                << device << ")");
 }
 
 /// A communicator of its own over MPI_COMM_WORLD (a failure test breaks it,

@@ -11,44 +11,7 @@
 using namespace deft;
 using dist_test::values_of;
 using dist_test::mentions;
-
-namespace {
-
-template <class T>
-double tolerance_of(double magnitude) {
-  if constexpr (std::is_integral_v<T>) return 0.0;
-  else return 4.0 * double(std::numeric_limits<T>::epsilon()) * magnitude + 1e-30;
-}
-
-// allreduce with `op` of every rank's values_of<T>(r, key, n), checked on this rank.
-template <class T>
-void check_allreduce(dist::ReduceOp op, std::uint64_t key, Shape shape) {
-  const int ranks = dist::size();
-  const std::int64_t n = shape.size();
-  Tensor<T> t(values_of<T>(dist::rank(), key, n), shape);
-  dist::allreduce(t, op);
-  const std::vector<T> got = t.to_vector();
-  BOOST_REQUIRE_EQUAL(got.size(), std::size_t(n));
-  std::vector<std::vector<T>> all;
-  for (int r = 0; r < ranks; ++r) all.push_back(values_of<T>(r, key, n));
-  std::int64_t bad = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    double ref = op == dist::ReduceOp::max ? -INFINITY : op == dist::ReduceOp::min ? INFINITY : 0.0, mag = 0;
-    for (int r = 0; r < ranks; ++r) {
-      const double x = double(all[std::size_t(r)][std::size_t(i)]);
-      mag += std::abs(x);
-      if (op == dist::ReduceOp::max) ref = std::max(ref, x);
-      else if (op == dist::ReduceOp::min) ref = std::min(ref, x);
-      else ref += x;
-    }
-    if (op == dist::ReduceOp::mean) ref = std::is_integral_v<T> ? std::trunc(ref / ranks) : ref / ranks;
-    if (std::abs(double(got[std::size_t(i)]) - ref) > tolerance_of<T>(mag)) ++bad;
-  }
-  BOOST_TEST(bad == 0, bad << " of " << n << " elements differ (op " << dist::op_name(op) << ", "
-                                << dtype_name(dtype_of<T>) << ", shape " << shape.to_string() << ")");
-}
-
-}  // namespace
+using dist_test::check_allreduce;
 
 BOOST_AUTO_TEST_SUITE(collectives)
 

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "../core/collective.hpp"
 #include "../core/device.hpp"
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
@@ -51,6 +52,26 @@ struct SumPart {
   int device;
   const void* from;  ///< the part's elements, on `device`
   void* to;          ///< receives the sum of every part's `from`, on `device`
+};
+
+/// This process's GPU in a group of processes that run collectives between
+/// their GPUs (an NCCL communicator across processes), made by
+/// DeviceBackend::join_process_group on every rank. Its collectives run one
+/// at a time, in the same order on every rank (dist::Communicator's order).
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  /// Queues collective `kind` on the GPU's collective lane, after the
+  /// earlier conflicting work there, and returns once it is queued: `in`
+  /// holds this rank's `count` elements, `out` the result (allgather:
+  /// ranks * count, reduce_scatter: count / ranks), both on the group's GPU.
+  virtual void queue(dist::CollectiveKind kind, dist::ReduceOp op, DType dtype, std::size_t count, int root,
+                     const void* in, void* out) = 0;
+  /// Whether the last queued collective finished; raises the GPU's failure.
+  virtual bool finished() = 0;
+  /// Ends the group at once (after a timeout): its queued collectives may
+  /// never finish, and it takes no more.
+  virtual void abort() noexcept = 0;
 };
 
 class DeviceBackend {
@@ -120,6 +141,22 @@ class DeviceBackend {
   /// conflicting work there; returns once it is queued.
   virtual void sum_across(const std::vector<SumPart>& /*parts*/, std::size_t /*count*/, DType /*dtype*/) {
     raise<std::logic_error>("the ", name(), " backend cannot sum across devices");
+  }
+
+  /// Whether join_process_group can make groups of processes (NCCL loads).
+  virtual bool groups_processes() { return false; }
+  /// The id of a new process group (ncclGetUniqueId's bytes): one rank
+  /// makes it and sends it to the others.
+  virtual std::vector<std::byte> new_process_group_id() {
+    raise<std::logic_error>("the ", name(), " backend cannot run collectives between processes");
+  }
+  /// Joins the group named `id` of `ranks` processes as `rank`, with GPU
+  /// `device` (ncclCommInitRank): every rank calls it, and it returns once
+  /// all did. Raises the collective library's error text.
+  virtual std::unique_ptr<ProcessGroup> join_process_group(const std::vector<std::byte>& id, int ranks, int rank,
+                                                           int device) {
+    (void)id, (void)ranks, (void)rank, (void)device;
+    raise<std::logic_error>("the ", name(), " backend cannot run collectives between processes");
   }
 };
 

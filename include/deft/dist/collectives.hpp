@@ -5,7 +5,8 @@
 // the communication. A communicator's collectives run one at a time in the
 // order they were recorded (each task reads the previous one's output), so
 // that every rank issues them in the same order whatever its workers do.
-// Tensors on a GPU are staged through host memory.
+// Tensors on a GPU stay there where the communicator runs collectives on it
+// (NCCL), and are staged through host memory otherwise.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -48,19 +49,23 @@ struct RunCollective {
   void operator()(Buffer& out) const {
     const T* data = in.source ? in.source->template as<const T>() + in.offset : nullptr;
     comm->run(c, data, out.data);
+    if (out.device.type != DeviceType::cpu) deft::detail::read_after_sum(out);  // written on the collective lane
   }
 };
 
-/// Records collective `c` over `in` (on the host), writing a new host tensor
-/// of shape `out_shape`, as the communicator's next collective.
+/// Records collective `c` over `t`, writing a new tensor of shape
+/// `out_shape` where the communicator runs it (t's GPU, or the host, to
+/// which t is then copied), as the communicator's next collective.
 template <Element T>
-Tensor<T> record_collective(const Tensor<T>& in, Collective c, const Shape& out_shape,
+Tensor<T> record_collective(const Tensor<T>& t, Collective c, const Shape& out_shape,
                             const std::shared_ptr<Communicator>& comm) {
   using namespace deft::detail;
   if (active_trace())
     raise<std::logic_error>("dist::", kind_name(c.kind), ": a collective cannot be traced (hybridize, TrainStep): "
                             "a replay would repeat its place in the communicator's sequence");
   autograd::pause no_recording;  // collectives are not differentiated
+  c.device = comm->runs_on(t.device());
+  const Tensor<T> in = t.device() == c.device ? t : t.to(c.device);
   c.dtype = dtype_of<T>;
   c.count = in.size();
   c.shape = in.shape();
@@ -72,25 +77,25 @@ Tensor<T> record_collective(const Tensor<T>& in, Collective c, const Shape& out_
     if (const auto& leaf = task->template kernel<RunCollective<T>>().in; leaf.buffer) task->add_input(leaf.buffer);
     if (previous) task->add_input(previous);
     task->hand_off = true;  // it blocks until the other ranks join: never on the recording thread
-    output = record_with_new_output(std::move(task), Device{});
+    output = record_with_new_output(std::move(task), c.device);
     return output;
   });
   return tensor_from_buffer<T>(std::move(output), out_shape);
 }
 
-/// `t` on the host: itself, or a copy.
-template <Element T>
-Tensor<T> on_host(const Tensor<T>& t) {
-  return t.device().type == DeviceType::cpu ? t : t.to(Device{});
-}
-
-/// Makes `result` (host, t's shape) t's value: its storage when t covers a
-/// whole host storage (no copy), else a copy into t.
+/// Makes `result` (t's shape) t's value: its storage when both are on one
+/// device and t covers a whole storage (no copy), else a copy into t.
 template <Element T>
 void write_back(Tensor<T>& t, const Tensor<T>& result) {
   using namespace deft::detail;
-  if (t.device().type == DeviceType::cpu && whole_storage(t)) replace_storage(t, whole_storage(result));
+  if (t.device() == result.device() && whole_storage(t)) replace_storage(t, whole_storage(result));
   else t.assign(result.to(t.device()));
+}
+
+/// `r` on `d`: itself, or a copy.
+template <Element T>
+Tensor<T> on(Device d, const Tensor<T>& r) {
+  return r.device() == d ? r : r.to(d);
 }
 
 }  // namespace detail
@@ -105,7 +110,7 @@ void allreduce(Tensor<T>& t, ReduceOp op = ReduceOp::sum, std::shared_ptr<Commun
   Collective d;
   d.kind = CollectiveKind::allreduce;
   d.op = op;
-  detail::write_back(t, detail::record_collective(detail::on_host(t), d, t.shape(), c));
+  detail::write_back(t, detail::record_collective(t, d, t.shape(), c));
 }
 
 /// Writes rank `root`'s value of `t` into t on every rank (same shape and
@@ -118,7 +123,7 @@ void broadcast(Tensor<T>& t, int root = 0, std::shared_ptr<Communicator> comm = 
   Collective d;
   d.kind = CollectiveKind::broadcast;
   d.root = root;
-  detail::write_back(t, detail::record_collective(detail::on_host(t), d, t.shape(), c));
+  detail::write_back(t, detail::record_collective(t, d, t.shape(), c));
 }
 
 /// Every rank's `t` (same shape everywhere), concatenated along axis 0 in
@@ -132,8 +137,7 @@ Tensor<T> allgather(const Tensor<T>& t, std::shared_ptr<Communicator> comm = nul
   else out[0] *= c->size();
   Collective d;
   d.kind = CollectiveKind::allgather;
-  Tensor<T> r = detail::record_collective(detail::on_host(t), d, out, c);
-  return t.device().type == DeviceType::cpu ? r : r.to(t.device());
+  return detail::on(t.device(), detail::record_collective(t, d, out, c));
 }
 
 /// `t` combined across the ranks, of which this rank keeps its share of
@@ -150,8 +154,7 @@ Tensor<T> reduce_scatter(const Tensor<T>& t, ReduceOp op = ReduceOp::sum, std::s
   Collective d;
   d.kind = CollectiveKind::reduce_scatter;
   d.op = op;
-  Tensor<T> r = detail::record_collective(detail::on_host(t), d, out, c);
-  return t.device().type == DeviceType::cpu ? r : r.to(t.device());
+  return detail::on(t.device(), detail::record_collective(t, d, out, c));
 }
 
 /// Sync point: returns when every rank reached its barrier, after this
@@ -177,37 +180,16 @@ void allreduce(std::vector<Tensor<T>>& tensors, ReduceOp op = ReduceOp::sum,
   for (const auto& t : tensors) (void)t.device();  // an empty handle raises here, before anything is recorded
   autograd::pause no_recording;
   const auto bytes_of = [&](std::size_t i) { return std::size_t(tensors[i].size()) * sizeof(T); };
-  for (std::size_t end = tensors.size(); end > 0;) {
-    std::size_t begin = end - 1, bytes = bytes_of(begin);
-    while (bucket_bytes > 0 && begin > 0 && bytes + bytes_of(begin - 1) <= bucket_bytes &&
-           tensors[begin - 1].device() == tensors[begin].device()) {
-      --begin;
-      bytes += bytes_of(begin);
-    }
-    if (end - begin == 1) {
-      allreduce(tensors[begin], op, c);
-    } else {
-      std::int64_t total = 0;
-      deft::detail::PackParts<T> pack;
-      for (std::size_t i = begin; i < end; ++i) {
-        total += tensors[i].size();
-        pack.parts.push_back(as_expr(tensors[i]));
-      }
-      Tensor<T> packed = deft::detail::record_new<T>(
-          "allreduce pack", Shape{total}, Device{}, std::move(pack), [](deft::detail::KernelTask& t) {
-            for (const auto& p : t.kernel<deft::detail::PackParts<T>>().parts) t.add_input(p.buffer);
-          });
-      allreduce(packed, op, c);
-      std::int64_t at = 0;
-      for (std::size_t i = begin; i < end; ++i) {
-        Tensor<T>& part = tensors[i];
-        const std::vector<std::int64_t> dims(part.shape().begin(), part.shape().end());
-        part.assign(packed.rows(at, at + part.size()).reshape(dims).to(part.device()));
-        at += part.size();
-      }
-    }
-    end = begin;
-  }
+  const auto joins = [&](std::size_t a, std::size_t b) { return tensors[a].device() == tensors[b].device(); };
+  deft::detail::for_each_bucket(tensors.size(), bucket_bytes, bytes_of, joins, [&](std::size_t begin, std::size_t end) {
+    if (end - begin == 1) return allreduce(tensors[begin], op, c);
+    std::vector<Tensor<T>*> parts;
+    for (std::size_t i = begin; i < end; ++i) parts.push_back(&tensors[i]);
+    // Packed where the collective runs: on the GPU with NCCL, else on the host.
+    Tensor<T> packed = deft::detail::pack(parts, c->runs_on(tensors[begin].device()));
+    allreduce(packed, op, c);
+    deft::detail::unpack(packed, parts);
+  });
 }
 
 }  // namespace deft::dist

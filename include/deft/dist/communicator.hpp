@@ -11,22 +11,13 @@
 #include <string>
 #include <utility>
 
+#include "../core/collective.hpp"
+#include "../core/device.hpp"
 #include "../core/dtype.hpp"
 #include "../core/shape.hpp"
 #include "../engine/buffer.hpp"
 
 namespace deft::dist {
-
-/// How allreduce and reduce_scatter combine the ranks' elements.
-enum class ReduceOp : std::uint8_t {
-  sum,
-  mean,  ///< the sum divided by the number of ranks (integers: truncated)
-  max,
-  min,
-};
-
-/// Which collective a Collective describes.
-enum class CollectiveKind : std::uint8_t { allreduce, broadcast, allgather, reduce_scatter, barrier };
 
 /// A failure of a collective or of the transport (an MPI error, ranks that
 /// disagree on a collective, a communicator already broken by an earlier one).
@@ -50,30 +41,11 @@ struct Collective {
   int root = 0;             ///< broadcast's source rank
   std::uint64_t sequence = 0;  ///< its place among the communicator's collectives, from 0
   Shape shape;                 ///< this rank's input shape, for messages
+  /// Where its input and output are: the host, or a GPU when the
+  /// communicator runs collectives there (Communicator::runs_on). Ranks
+  /// agree on the type; each has its own GPU.
+  Device device;
 };
-
-/// The collective's name, as messages print it.
-inline const char* kind_name(CollectiveKind k) {
-  switch (k) {
-    case CollectiveKind::allreduce: return "allreduce";
-    case CollectiveKind::broadcast: return "broadcast";
-    case CollectiveKind::allgather: return "allgather";
-    case CollectiveKind::reduce_scatter: return "reduce_scatter";
-    case CollectiveKind::barrier: return "barrier";
-  }
-  return "?";
-}
-
-/// The reduction's name, as messages print it.
-inline const char* op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::mean: return "mean";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
-  }
-  return "?";
-}
 
 /// "allreduce #12 (sum of 1024 float32, shape (32, 32))": how messages name a collective.
 inline std::string describe(const Collective& c) {
@@ -83,6 +55,7 @@ inline std::string describe(const Collective& c) {
   if (c.kind == CollectiveKind::allreduce || c.kind == CollectiveKind::reduce_scatter) s += std::string(op_name(c.op)) + " of ";
   s += std::to_string(c.count) + " " + dtype_name(c.dtype) + ", shape " + c.shape.to_string();
   if (c.kind == CollectiveKind::broadcast) s += ", from rank " + std::to_string(c.root);
+  if (c.device.type == DeviceType::gpu) s += ", on the GPU";
   return s + ")";
 }
 
@@ -97,11 +70,18 @@ class Communicator {
   virtual int rank() const = 0;
   /// The number of ranks.
   virtual int size() const = 0;
-  /// Runs collective `c` on host memory, on the calling thread (a worker),
-  /// until it completes: `in` holds this rank's c.count elements, `out` the
-  /// result (allgather: size() * count; reduce_scatter: count / size()).
-  /// Called in sequence order. Throws Error or Timeout.
+  /// Runs collective `c` on memory of c.device, on the calling thread (a
+  /// worker), until it completes: `in` holds this rank's c.count elements,
+  /// `out` the result (allgather: size() * count; reduce_scatter: count /
+  /// size()). Called in sequence order. Throws Error or Timeout.
   virtual void run(const Collective& c, const void* in, void* out) = 0;
+  /// Where collectives on tensors on `d` run: `d` itself where this
+  /// communicator runs them there (a GPU, through NCCL), else the host,
+  /// through which such tensors are staged.
+  virtual Device runs_on(Device d) {
+    (void)d;
+    return Device{};
+  }
 
   /// Records the next collective: `record(sequence, previous)` builds and
   /// records its task, given its place in the sequence and the last

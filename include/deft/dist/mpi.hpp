@@ -2,7 +2,9 @@
 // process-wide set-up: dist::init, rank, size, local rank, default device,
 // finalize. Every MPI call of a collective runs on the engine's worker that
 // runs its task, one collective at a time, so MPI_THREAD_SERIALIZED is
-// enough. Before each collective the ranks exchange its description on a
+// enough. GPU tensors' collectives run on the GPU over NCCL, whose
+// communicator is bootstrapped over MPI (ncclGetUniqueId on rank 0, then
+// MPI_Bcast), where the CUDA backend loads NCCL. Before each collective the ranks exchange its description on a
 // communicator of their own (the rendezvous): ranks that disagree (another
 // collective, shape or element type, a skipped collective) are named at
 // once, and ranks that never arrive are named when the timeout passes (the
@@ -16,8 +18,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,6 +56,11 @@ struct Options {
   /// the computation going meanwhile (the backward the gradients' sums
   /// should overlap). It mostly sleeps while collectives wait.
   bool extra_worker = true;
+  /// Collectives on GPU tensors run on the GPU, over an NCCL communicator
+  /// between the ranks (bootstrapped over MPI on first use), where the CUDA
+  /// backend loads NCCL. Off, or without NCCL: they are staged through host
+  /// memory and MPI. Every rank must take the same path (checked).
+  bool gpu_collectives = true;
 };
 
 namespace detail {
@@ -60,7 +70,7 @@ struct Announcement {
   std::uint64_t sequence;
   std::int64_t count;
   std::int32_t kind, op, dtype, root, rank;
-  std::int32_t dims;
+  std::int32_t dims, device;
   std::int64_t shape[6];
 
   static Announcement of(const Collective& c) {
@@ -71,6 +81,7 @@ struct Announcement {
     a.op = std::int32_t(c.op);
     a.dtype = std::int32_t(c.dtype);
     a.root = c.root;
+    a.device = std::int32_t(c.device.type);
     a.rank = std::int32_t(c.shape.rank());
     a.dims = std::min<std::int32_t>(a.rank, 6);
     for (std::int32_t i = 0; i < a.dims; ++i) a.shape[i] = c.shape[std::size_t(i)];
@@ -79,7 +90,7 @@ struct Announcement {
   bool agrees_with(const Announcement& o) const {
     // Shapes too: (2, 3) against (3, 2) would combine elements of different meaning.
     return sequence == o.sequence && count == o.count && kind == o.kind && op == o.op && dtype == o.dtype &&
-           root == o.root && rank == o.rank && std::equal(shape, shape + dims, o.shape);
+           root == o.root && device == o.device && rank == o.rank && std::equal(shape, shape + dims, o.shape);
   }
   Collective collective() const {
     Collective c;
@@ -89,6 +100,7 @@ struct Announcement {
     c.op = ReduceOp(op);
     c.dtype = DType(dtype);
     c.root = root;
+    c.device.type = DeviceType(device);
     for (std::int32_t i = 0; i < dims; ++i) c.shape.push_back(shape[i]);
     return c;
   }
@@ -171,6 +183,18 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  /// A GPU's tensors stay there (NCCL) when Options::gpu_collectives is on
+  /// and the CUDA backend loads NCCL; one GPU per rank, the first one asked
+  /// for: tensors on another go through the host.
+  Device runs_on(Device d) override {
+    if (d.type != DeviceType::gpu || !options_.gpu_collectives) return Device{};
+    std::lock_guard lk(gpu_m_);
+    if (!gpu_) {
+      deft::detail::DeviceBackend* backend = deft::detail::gpu_backend();
+      gpu_ = backend && backend->groups_processes() ? d : Device{};
+    }
+    return *gpu_ == d ? d : Device{};
+  }
   /// deft's duplicate of the communicator it was made from.
   MPI_Comm comm() const { return data_; }
   /// Its options (the timeout after DEFT_DIST_TIMEOUT_S).
@@ -181,6 +205,7 @@ class MpiCommunicator final : public Communicator {
       deft::detail::raise<Error>("dist: rank ", rank_, " cannot run ", describe(c),
                                  ": an earlier collective failed on this communicator (", broken_reason_, ")");
     if (options_.rendezvous) rendezvous(c);
+    if (c.device.type == DeviceType::gpu) return run_on_gpu(c, in, out);
     if (c.count > std::numeric_limits<int>::max())
       deft::detail::raise<Error>("dist: ", describe(c), " has more elements than one MPI call takes (2^31 - 1)");
     const int n = int(c.count);
@@ -244,6 +269,69 @@ class MpiCommunicator final : public Communicator {
     deft::detail::raise<Error>("dist: ", describe(c), " failed on rank ", rank_, " of ", size_, ": ", text);
   }
 
+  // GPU memory, over the NCCL communicator made by the first such
+  // collective; waits for the GPU to finish it, against the timeout.
+  void run_on_gpu(const Collective& c, const void* in, void* out) {
+    if (!group_) join_gpu_group(c);
+    const auto breaks = [&](auto&& step) {  // a failed NCCL collective leaves its communicator unusable
+      try {
+        return step();
+      } catch (const std::exception& e) {
+        fail(e.what());
+        throw;
+      }
+    };
+    breaks([&] { group_->queue(c.kind, c.op, c.dtype, std::size_t(c.count), c.root, in, out); });
+    const auto start = std::chrono::steady_clock::now();
+    for (int polls = 0; !breaks([&] { return group_->finished(); }); ++polls) {
+      if (std::chrono::steady_clock::now() - start > options_.timeout) {
+        if (options_.on_timeout == OnTimeout::raise) group_->abort();
+        timed_out(c, {});
+      }
+      pause(polls);
+    }
+  }
+
+  // NCCL's bootstrap: rank 0 makes the id and broadcasts it over MPI, then
+  // every rank joins with its GPU. A rank 0 that cannot make one sends an
+  // empty id, so that every rank raises instead of waiting.
+  void join_gpu_group(const Collective& c) {
+    deft::detail::DeviceBackend& backend = *deft::detail::gpu_backend();
+    std::vector<std::byte> id;
+    std::string why;
+    if (rank_ == 0) try {
+        id = backend.new_process_group_id();
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    std::int64_t bytes = std::int64_t(id.size());
+    requests_.assign(1, MPI_REQUEST_NULL);
+    check(MPI_Ibcast(&bytes, 1, MPI_INT64_T, 0, control_, requests_.data()), c);
+    await(c, {});
+    if (bytes == 0) {
+      fail("rank 0 could not make an NCCL communicator's id");
+      deft::detail::raise<Error>("dist: ", describe(c), ": rank 0 could not make an NCCL communicator's id",
+                                 why.empty() ? "" : ": ", why);
+    }
+    id.resize(std::size_t(bytes));
+    requests_.assign(1, MPI_REQUEST_NULL);
+    check(MPI_Ibcast(id.data(), int(bytes), MPI_BYTE, 0, control_, requests_.data()), c);
+    await(c, {});
+    try {
+      group_ = backend.join_process_group(id, size_, rank_, c.device.index);
+    } catch (const std::exception& e) {
+      fail(e.what());
+      throw;
+    }
+  }
+
+  // Spin briefly (a peer a few microseconds behind), then sleep in growing
+  // steps so that a long wait leaves the core to the workers.
+  static void pause(int polls) {
+    if (polls < 256) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 * (polls - 255))));
+  }
+
   // Sends `c`'s announcement to every other rank and receives theirs,
   // polling until all arrived or the timeout passed. Polling drives MPI's
   // progress (Open MPI has no progress thread by default).
@@ -297,10 +385,7 @@ class MpiCommunicator final : public Communicator {
         }
         timed_out(c, missing);
       }
-      // Spin briefly (a peer a few microseconds behind), then sleep in
-      // growing steps so that a long wait leaves the core to the workers.
-      if (polls < 256) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 * (polls - 255))));
+      pause(polls);
     }
   }
 
@@ -341,6 +426,9 @@ class MpiCommunicator final : public Communicator {
   std::vector<MPI_Request> requests_;
   bool broken_ = false;
   std::string broken_reason_;
+  std::mutex gpu_m_;
+  std::optional<Device> gpu_;  // the GPU whose tensors' collectives run there (the host: none); decided once
+  std::unique_ptr<deft::detail::ProcessGroup> group_;  // NCCL over gpu_, made by the first such collective
 };
 
 namespace detail {

@@ -295,32 +295,64 @@ struct PackParts {
   }
 };
 
+/// The elements of `parts`, one part after another, in one new tensor on
+/// `device` (a bucket of a bucketed allreduce).
+template <Element T>
+Tensor<T> pack(const std::vector<Tensor<T>*>& parts, Device device) {
+  std::int64_t total = 0;
+  PackParts<T> pack;
+  for (const Tensor<T>* p : parts) {
+    total += p->size();
+    pack.parts.push_back(as_expr(*p));
+  }
+  return record_new<T>("allreduce pack", Shape{total}, device, std::move(pack), [](KernelTask& t) {
+    for (const auto& p : t.kernel<PackParts<T>>().parts) t.add_input(p.buffer);
+  });
+}
+
+/// Writes each part's slice of `packed` (pack's layout) into it, on its device.
+template <Element T>
+void unpack(const Tensor<T>& packed, const std::vector<Tensor<T>*>& parts) {
+  std::int64_t at = 0;
+  for (Tensor<T>* part : parts) {
+    const std::vector<std::int64_t> dims(part->shape().begin(), part->shape().end());
+    Tensor<T> slice = packed.rows(at, at + part->size()).reshape(dims);
+    part->assign(slice.device() == part->device() ? slice : slice.to(part->device()));
+    at += part->size();
+  }
+}
+
+/// Walks items [0, n) in buckets from the last back (a backward writes the
+/// last layers' gradients first): item i - 1 joins item i's bucket when
+/// `joins(i - 1, i)` and the bucket stays within `bucket_bytes`; an item of
+/// no bytes, or any when `bucket_bytes` is 0, goes alone. Calls
+/// `bucket(begin, end)` for each, last bucket first.
+template <class BytesOf, class Joins, class Bucket>
+void for_each_bucket(std::size_t n, std::size_t bucket_bytes, BytesOf bytes_of, Joins joins, Bucket bucket) {
+  for (std::size_t end = n; end > 0;) {
+    std::size_t begin = end - 1, bytes = bytes_of(begin);
+    while (bytes > 0 && begin > 0 && joins(begin - 1, begin) && bytes + bytes_of(begin - 1) <= bucket_bytes) {
+      --begin;
+      bytes += bytes_of(begin);
+    }
+    bucket(begin, end);
+    end = begin;
+  }
+}
+
 /// Sums tensors[begin, end) (parts on the same devices) as one bucket: a
 /// packed tensor per device, one allreduce of those, and a copy of each
 /// tensor's slice of the sum back into its parts.
 template <Element T>
 void allreduce_bucket(std::vector<std::vector<Tensor<T>>>& tensors, std::size_t begin, std::size_t end) {
-  std::int64_t total = 0;
-  for (std::size_t i = begin; i < end; ++i) total += tensors[i][0].size();
   std::vector<Tensor<T>> packed;
-  for (std::size_t d = 0; d < tensors[begin].size(); ++d) {
-    PackParts<T> pack;
-    for (std::size_t i = begin; i < end; ++i) pack.parts.push_back(as_expr(tensors[i][d]));
-    packed.push_back(record_new<T>("allreduce pack", Shape{total}, tensors[begin][d].device(), std::move(pack),
-                                   [](KernelTask& t) {
-                                     for (const auto& p : t.kernel<PackParts<T>>().parts) t.add_input(p.buffer);
-                                   }));
+  std::vector<std::vector<Tensor<T>*>> parts(tensors[begin].size());
+  for (std::size_t d = 0; d < parts.size(); ++d) {
+    for (std::size_t i = begin; i < end; ++i) parts[d].push_back(&tensors[i][d]);
+    packed.push_back(pack(parts[d], tensors[begin][d].device()));
   }
   allreduce(packed);
-  for (std::size_t d = 0; d < packed.size(); ++d) {
-    std::int64_t at = 0;
-    for (std::size_t i = begin; i < end; ++i) {
-      Tensor<T>& part = tensors[i][d];
-      const std::vector<std::int64_t> dims(part.shape().begin(), part.shape().end());
-      part.assign(packed[d].rows(at, at + part.size()).reshape(dims));
-      at += part.size();
-    }
-  }
+  for (std::size_t d = 0; d < packed.size(); ++d) unpack(packed[d], parts[d]);
 }
 
 /// Whether tensors a and b have their parts on the same devices, in order.
@@ -347,18 +379,17 @@ void allreduce(std::vector<std::vector<Tensor<T>>>& tensors,
   for (std::size_t i = 0; i < tensors.size(); ++i)
     detail::check_parts(tensors[i], "allreduce: tensor " + std::to_string(i) + ": ");
   autograd::pause no_recording;
-  const auto bytes_of = [&](std::size_t i) { return std::size_t(tensors[i][0].size()) * sizeof(T); };
-  for (std::size_t end = tensors.size(); end > 0;) {
-    std::size_t begin = end - 1, bytes = tensors[begin].size() < 2 ? 0 : bytes_of(begin);
-    while (bytes > 0 && begin > 0 && tensors[begin - 1].size() >= 2 && bytes + bytes_of(begin - 1) <= bucket_bytes &&
-           detail::same_devices(tensors[begin - 1], tensors[begin])) {
-      --begin;
-      bytes += bytes_of(begin);
-    }
+  // A tensor with one part has nothing to sum: it goes alone, as a bucket of no bytes.
+  const auto bytes_of = [&](std::size_t i) {
+    return tensors[i].size() < 2 ? 0 : std::size_t(tensors[i][0].size()) * sizeof(T);
+  };
+  const auto joins = [&](std::size_t a, std::size_t b) {
+    return tensors[a].size() >= 2 && detail::same_devices(tensors[a], tensors[b]);
+  };
+  detail::for_each_bucket(tensors.size(), bucket_bytes, bytes_of, joins, [&](std::size_t begin, std::size_t end) {
     if (end - begin == 1) allreduce(tensors[begin]);
     else detail::allreduce_bucket(tensors, begin, end);
-    end = begin;
-  }
+  });
 }
 
 namespace detail {

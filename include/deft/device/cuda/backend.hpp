@@ -2,10 +2,10 @@
 // pool, copies between the host and GPUs on the devices' lanes (through
 // pinned blocks, staging.hpp, except into page-locked host memory, which
 // the DMA reaches itself), the lanes' ordering (lanes.hpp), device programs
-// as CUDA graphs (program.hpp), sums across GPUs through NCCL
-// (collective.hpp), and waits that raise the CUDA error text. Plain C++
-// over the CUDA runtime (g++ and nvcc both compile it); including it
-// registers the backend.
+// as CUDA graphs (program.hpp), sums across GPUs and collectives between
+// processes through NCCL (collective.hpp), and waits that raise the CUDA
+// error text. Plain C++ over the CUDA runtime (g++ and nvcc both compile
+// it); including it registers the backend.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -120,6 +120,12 @@ class CudaBackend final : public DeviceBackend {
   bool sums_across(const std::vector<int>& devices) override { return nccl_sums_across(devices); }
   void sum_across(const std::vector<SumPart>& parts, std::size_t count, DType dtype) override {
     nccl_sum(*this, parts, count, dtype);
+  }
+  bool groups_processes() override { return nccl_groups_processes(); }
+  std::vector<std::byte> new_process_group_id() override { return nccl_new_group_id(); }
+  std::unique_ptr<ProcessGroup> join_process_group(const std::vector<std::byte>& id, int ranks, int rank,
+                                                   int device) override {
+    return nccl_join_group(*this, id, ranks, rank, device);
   }
 
   void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) override {

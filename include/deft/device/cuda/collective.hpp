@@ -1,4 +1,5 @@
-// Sums across GPUs (allreduce) through NCCL, for the CUDA backend. NCCL is
+// Sums across GPUs (allreduce) through NCCL, for the CUDA backend, and
+// NCCL's collectives between processes (ProcessGroup, for deft::dist). NCCL is
 // loaded with dlopen when a sum first needs it, not linked: a program that
 // never sums across GPUs, or a machine without libnccl, runs without it, and
 // allreduce then sums through copies. Its header is needed at compile time
@@ -7,8 +8,11 @@
 #pragma once
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,6 +40,13 @@ struct NcclLibrary {
   decltype(&ncclGroupStart) group_start = nullptr;
   decltype(&ncclGroupEnd) group_end = nullptr;
   decltype(&ncclGetErrorString) error_string = nullptr;
+  // Across processes:
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) comm_init_rank = nullptr;
+  decltype(&ncclCommAbort) comm_abort = nullptr;
+  decltype(&ncclBroadcast) broadcast = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
+  decltype(&ncclReduceScatter) reduce_scatter = nullptr;
 
   /// The library, or null where it cannot be loaded (asked once).
   static const NcclLibrary* get() {
@@ -61,7 +72,12 @@ struct NcclLibrary {
     auto* lib = new NcclLibrary;  // leaked with the handle: communicators live as long as the process
     const bool found = find(handle, "ncclCommInitAll", lib->comm_init_all) && find(handle, "ncclAllReduce", lib->all_reduce) &&
                        find(handle, "ncclGroupStart", lib->group_start) && find(handle, "ncclGroupEnd", lib->group_end) &&
-                       find(handle, "ncclGetErrorString", lib->error_string);
+                       find(handle, "ncclGetErrorString", lib->error_string) &&
+                       find(handle, "ncclGetUniqueId", lib->get_unique_id) &&
+                       find(handle, "ncclCommInitRank", lib->comm_init_rank) &&
+                       find(handle, "ncclCommAbort", lib->comm_abort) && find(handle, "ncclBroadcast", lib->broadcast) &&
+                       find(handle, "ncclAllGather", lib->all_gather) &&
+                       find(handle, "ncclReduceScatter", lib->reduce_scatter);
     if (found) return lib;
     delete lib;
     return nullptr;
@@ -81,6 +97,16 @@ inline ncclDataType_t nccl_type(DType t) {
     case DType::int64: return ncclInt64;
   }
   return ncclFloat32;
+}
+
+inline ncclRedOp_t nccl_op(dist::ReduceOp op) {
+  switch (op) {
+    case dist::ReduceOp::sum: return ncclSum;
+    case dist::ReduceOp::mean: return ncclAvg;
+    case dist::ReduceOp::max: return ncclMax;
+    case dist::ReduceOp::min: return ncclMin;
+  }
+  return ncclSum;
 }
 
 /// NCCL's communicators, one clique per set of GPUs (made on first use, by
@@ -155,13 +181,114 @@ class Collectives {
   Cliques cliques_;  // never destroyed, see DeviceContext
 };
 
+/// This process's GPU in an NCCL communicator across processes
+/// (ncclCommInitRank). Its collectives go on the GPU's collective stream;
+/// an event after the last one tells when it finished. Never destroyed
+/// while the process runs (see DeviceContext): ncclCommDestroy at exit
+/// would race the CUDA runtime's own teardown.
+class NcclProcessGroup final : public ProcessGroup {
+ public:
+  NcclProcessGroup(DeviceBackend& backend, const std::vector<std::byte>& id, int ranks, int rank, int device)
+      : backend_(backend), nccl_(*NcclLibrary::get()), device_(device), ranks_(ranks) {
+    ncclUniqueId unique{};
+    if (id.size() != sizeof unique)
+      raise<std::invalid_argument>("NCCL process group: an id of ", id.size(), " bytes, not ", sizeof unique);
+    std::memcpy(&unique, id.data(), sizeof unique);
+    DeviceGuard on(device);
+    (void)context(device);  // the GPU's streams exist before NCCL binds to the device
+    check(nccl_.comm_init_rank(&comm_, ranks, unique, rank), "ncclCommInitRank");
+    gpu::check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate", device);
+  }
+
+  void queue(dist::CollectiveKind kind, dist::ReduceOp op, DType dtype, std::size_t count, int root, const void* in,
+             void* out) override {
+    if (!comm_) raise<std::logic_error>("NCCL process group on ", deft::gpu(device_), ": aborted after a timeout");
+    DeviceContext& ctx = context(device_);
+    DeviceGuard on(device_);
+    LaneAccess access(backend_, device_, DeviceContext::collective_lane, {{in}, {out}});
+    std::lock_guard no_frees(collective_launches());
+    const cudaStream_t stream = ctx.collective_stream;
+    const ncclDataType_t type = nccl_type(dtype);
+    ncclResult_t status = ncclSuccess;
+    switch (kind) {
+      case dist::CollectiveKind::allreduce:
+        status = nccl_.all_reduce(in, out, count, type, nccl_op(op), comm_, stream);
+        break;
+      case dist::CollectiveKind::broadcast: status = nccl_.broadcast(in, out, count, type, root, comm_, stream); break;
+      case dist::CollectiveKind::allgather: status = nccl_.all_gather(in, out, count, type, comm_, stream); break;
+      case dist::CollectiveKind::reduce_scatter:
+        status = nccl_.reduce_scatter(in, out, count / std::size_t(ranks_), type, nccl_op(op), comm_, stream);
+        break;
+      case dist::CollectiveKind::barrier: break;  // no data: the host's barrier
+    }
+    check(status, dist::kind_name(kind));
+    gpu::check(cudaEventRecord(done_, stream), "cudaEventRecord", device_);
+  }
+
+  bool finished() override {
+    DeviceGuard on(device_);
+    const cudaError_t status = cudaEventQuery(done_);
+    if (status == cudaErrorNotReady) {
+      discard(status);
+      return false;
+    }
+    gpu::check(status, "an NCCL collective", device_);
+    return true;
+  }
+
+  void abort() noexcept override {
+    if (comm_) (void)nccl_.comm_abort(comm_);
+    comm_ = nullptr;
+  }
+
+ private:
+  void check(ncclResult_t status, const char* what) const {
+    if (status != ncclSuccess)
+      raise<std::runtime_error>("NCCL ", what, " across processes on ", deft::gpu(device_), ": ",
+                                nccl_.error_string(status));
+  }
+
+  DeviceBackend& backend_;
+  const NcclLibrary& nccl_;
+  int device_, ranks_;
+  ncclComm_t comm_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+};
+
+inline bool nccl_groups_processes() { return NcclLibrary::get() != nullptr; }
+
+inline std::vector<std::byte> nccl_new_group_id() {
+  const NcclLibrary* nccl = NcclLibrary::get();
+  if (!nccl) raise<std::runtime_error>("NCCL process group: libnccl cannot be loaded");
+  ncclUniqueId id{};
+  if (const ncclResult_t status = nccl->get_unique_id(&id); status != ncclSuccess)
+    raise<std::runtime_error>("ncclGetUniqueId: ", nccl->error_string(status));
+  std::vector<std::byte> bytes(sizeof id);
+  std::memcpy(bytes.data(), &id, sizeof id);
+  return bytes;
+}
+
+inline std::unique_ptr<ProcessGroup> nccl_join_group(DeviceBackend& backend, const std::vector<std::byte>& id,
+                                                     int ranks, int rank, int device) {
+  if (!NcclLibrary::get()) raise<std::runtime_error>("NCCL process group: libnccl cannot be loaded");
+  return std::make_unique<NcclProcessGroup>(backend, id, ranks, rank, device);
+}
+
 inline bool nccl_sums_across(const std::vector<int>& devices) { return Collectives::get().usable(devices); }
 
 inline void nccl_sum(DeviceBackend& backend, const std::vector<SumPart>& parts, std::size_t count, DType dtype) {
   Collectives::get().sum(backend, parts, count, dtype);
 }
 
-#else  // no NCCL header: allreduce sums through copies
+#else  // no NCCL header: allreduce sums through copies, and collectives across processes go through the host
+
+inline bool nccl_groups_processes() { return false; }
+inline std::vector<std::byte> nccl_new_group_id() {
+  raise<std::logic_error>("deft was compiled without NCCL's header: no collectives between processes on GPUs");
+}
+inline std::unique_ptr<ProcessGroup> nccl_join_group(DeviceBackend&, const std::vector<std::byte>&, int, int, int) {
+  raise<std::logic_error>("deft was compiled without NCCL's header: no collectives between processes on GPUs");
+}
 
 inline bool nccl_sums_across(const std::vector<int>&) { return false; }
 inline void nccl_sum(DeviceBackend&, const std::vector<SumPart>&, std::size_t, DType) {

@@ -35,7 +35,8 @@ int device_memory_of(const void* p, std::size_t bytes);
 void collective_group(bool open);
 
 /// How many times `what` was queued so far: a launch's name (for_each,
-/// transform, cublas gemm, ncclAllReduce) or one of cudaMemcpyAsync,
+/// transform, cublas gemm, ncclAllReduce, ncclBroadcast, ncclAllGather,
+/// ncclReduceScatter) or one of cudaMemcpyAsync,
 /// cudaMemcpyPeerAsync, cudaStreamWaitEvent, cudaStreamBeginCapture and
 /// cudaGraphLaunch: tests check that their work took the paths they mean.
 unsigned long long calls(const char* what);

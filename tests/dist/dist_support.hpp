@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <utility>
 #include <random>
 #include <string>
 #include <vector>
@@ -83,5 +85,53 @@ void check_allreduce(deft::dist::ReduceOp op, std::uint64_t key, deft::Shape sha
 inline std::shared_ptr<deft::dist::MpiCommunicator> fresh(deft::dist::Options o = {}) {
   return std::make_shared<deft::dist::MpiCommunicator>(MPI_COMM_WORLD, o);
 }
+
+/// A small data-parallel training problem, shared by the CPU and GPU tests.
+namespace training {
+
+/// 5 -> 16 -> 8 -> 3, Kaiming-initialized on `device` at the first forward.
+inline std::shared_ptr<deft::nn::Sequential> make_net(deft::Device device = {}) {
+  namespace nn = deft::nn;
+  auto net = std::make_shared<nn::Sequential>();
+  // No BatchNorm: its batch statistics are each rank's own rows, which one
+  // process at the global batch would not compute.
+  net->add(std::make_shared<nn::Dense>(16, nn::Act::relu), std::make_shared<nn::Dense>(8, nn::Act::relu),
+           std::make_shared<nn::Dense>(3));
+  net->initialize(nn::init::kaiming(), {device});
+  return net;
+}
+
+/// Every parameter's values, in collect_params() order.
+inline std::vector<std::vector<float>> values(deft::nn::Sequential& net) {
+  std::vector<std::vector<float>> out;
+  for (deft::nn::Parameter* p : net.collect_params()) out.push_back(p->data().to_vector());
+  return out;
+}
+
+/// 96 samples of 5 features, 3 classes.
+inline std::pair<deft::Tensor<float>, deft::Tensor<std::int64_t>> data_set() {
+  std::vector<float> x(96 * 5);
+  std::vector<std::int64_t> y(96);
+  std::mt19937 gen(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (auto& v : x) v = d(gen);
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::int64_t((x[i * 5] > 0) + (x[i * 5 + 1] > 0.5f));
+  return {deft::Tensor<float>(x, deft::Shape{96, 5}), deft::Tensor<std::int64_t>(y, deft::Shape{96})};
+}
+
+/// `epochs` passes over `loader`, each batch moved to `device`.
+inline void train(deft::nn::Sequential& net, deft::nn::Trainer& trainer, deft::data::DataLoader& loader, int epochs,
+                  deft::Device device = {}) {
+  for (int e = 0; e < epochs; ++e)
+    for (const deft::data::Batch& b : loader) {
+      {
+        deft::autograd::record rec;
+        deft::nn::SoftmaxCrossEntropyLoss()(net(b.x.to(device)), b.y.to(device)).backward();
+      }
+      trainer.step(b.rows);
+    }
+}
+
+}  // namespace training
 
 }  // namespace dist_test

@@ -126,4 +126,38 @@ BOOST_AUTO_TEST_CASE(a_rank_on_the_host_where_the_others_are_on_gpus_is_named) {
   });
 }
 
+BOOST_AUTO_TEST_CASE(ranks_training_on_gpus_over_nccl_match_one_process_on_the_host) {
+  using namespace dist_test::training;
+  const auto [x, y] = data_set();
+  auto single = make_net(), parallel = make_net(this_ranks_gpu());
+  random::seed(3000 + std::uint64_t(dist::rank()));  // set_communicator broadcasts rank 0's values
+  (void)(*parallel)(x.rows(0, 2).to(this_ranks_gpu()));
+  random::seed(3000);
+  (void)(*single)(x.rows(0, 2));
+  nn::Trainer one(single->collect_params(), nn::SGD{0.1f, 0.9f}), many(parallel->collect_params(), nn::SGD{0.1f, 0.9f});
+  many.set_communicator(dist::world());
+  many.set_allreduce_bucket_bytes(512);  // several buckets, packed on the GPU
+  data::DataLoader whole(x, y, 24, {.seed = 5, .prefetch = false});
+  data::DataLoader part(x, y, 24, {.seed = 5, .prefetch = false, .num_shards = dist::size(), .shard = dist::rank()});
+  const auto before = fake_cuda::calls("ncclAllReduce");
+  train(*single, one, whole, 2);
+  train(*parallel, many, part, 2, this_ranks_gpu());
+  const auto a = values(*single), b = values(*parallel);
+  BOOST_TEST(fake_cuda::calls("ncclAllReduce") > before);  // the gradients went over NCCL
+  const auto params = parallel->collect_params();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    BOOST_TEST(params[i]->data().device() == this_ranks_gpu());
+    double worst = 0;
+    for (std::size_t k = 0; k < a[i].size(); ++k)
+      worst = std::max(worst, std::abs(double(a[i][k]) - double(b[i][k])) / (1e-3 + std::abs(double(a[i][k]))));
+    // Float sums in another order, over 8 steps: relative 1e-3.
+    BOOST_TEST(worst < 1e-3, params[i]->name() << ": relative difference " << worst);
+    // The same bits on every rank: each rank's values gathered over NCCL.
+    const auto all = dist::allgather(params[i]->data().reshape({std::int64_t(b[i].size())})).to_vector();
+    for (int r = 0; r < dist::size(); ++r)
+      BOOST_TEST(std::equal(b[i].begin(), b[i].end(), all.begin() + std::ptrdiff_t(r) * std::ptrdiff_t(b[i].size())),
+                 params[i]->name() << " differs on rank " << r);
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -9,48 +9,7 @@
 
 using namespace deft;
 using dist_test::mentions;
-
-namespace {
-
-std::shared_ptr<nn::Sequential> make_net() {
-  auto net = std::make_shared<nn::Sequential>();
-  // No BatchNorm: its batch statistics are each rank's own rows, which one
-  // process at the global batch would not compute.
-  net->add(std::make_shared<nn::Dense>(16, nn::Act::relu), std::make_shared<nn::Dense>(8, nn::Act::relu),
-           std::make_shared<nn::Dense>(3));
-  net->initialize(nn::init::kaiming());
-  return net;
-}
-
-std::vector<std::vector<float>> values(nn::Sequential& net) {
-  std::vector<std::vector<float>> out;
-  for (nn::Parameter* p : net.collect_params()) out.push_back(p->data().to_vector());
-  return out;
-}
-
-// 96 samples of 5 features, 3 classes.
-std::pair<Tensor<float>, Tensor<std::int64_t>> data_set() {
-  std::vector<float> x(96 * 5);
-  std::vector<std::int64_t> y(96);
-  std::mt19937 gen(7);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  for (auto& v : x) v = d(gen);
-  for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::int64_t((x[i * 5] > 0) + (x[i * 5 + 1] > 0.5f));
-  return {Tensor<float>(x, Shape{96, 5}), Tensor<std::int64_t>(y, Shape{96})};
-}
-
-void train(nn::Sequential& net, nn::Trainer& trainer, data::DataLoader& loader, int epochs) {
-  for (int e = 0; e < epochs; ++e)
-    for (const data::Batch& b : loader) {
-      {
-        autograd::record rec;
-        nn::SoftmaxCrossEntropyLoss()(net(b.x), b.y).backward();
-      }
-      trainer.step(b.rows);
-    }
-}
-
-}  // namespace
+using namespace dist_test::training;
 
 BOOST_AUTO_TEST_SUITE(data_parallel)
 

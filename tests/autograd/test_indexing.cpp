@@ -86,6 +86,33 @@ BOOST_AUTO_TEST_CASE(slices_along_every_axis_match_a_loop) {
   BOOST_TEST(y.to_vector()[20] == xv[20] + 1.0f);
 }
 
+BOOST_AUTO_TEST_CASE(slices_with_steps_and_negative_bounds_match_a_loop) {
+  random::seed(35);
+  const Shape shape{4, 7, 5};
+  const Tensor<double> x = uniform(shape);
+  const auto xv = x.to_vector();
+  struct Case {
+    i64 begin, end, step;
+  };
+  for (int axis = 0; axis < 3; ++axis)
+    for (const Case c : {Case{0, shape[axis], 2}, Case{1, shape[axis], 3}, Case{-3, -1, 1}, Case{-shape[axis], -1, 2},
+                         Case{0, shape[axis], 100}, Case{2, 2, 2}, Case{1, -1, 2}}) {
+      const i64 b = c.begin < 0 ? c.begin + shape[axis] : c.begin, e = c.end < 0 ? c.end + shape[axis] : c.end;
+      const Tensor<double> s = slice(x, axis, c.begin, c.end, c.step);
+      Shape want_shape = shape;
+      want_shape[axis] = (e - b + c.step - 1) / c.step;
+      BOOST_TEST_CONTEXT("axis " << axis << " [" << c.begin << ", " << c.end << ") step " << c.step) {
+        BOOST_TEST(s.shape() == want_shape);
+        std::vector<double> want;
+        for_each_index(want_shape, [&](std::vector<i64> at) {
+          at[std::size_t(axis)] = b + at[std::size_t(axis)] * c.step;
+          want.push_back(xv[flat(shape, at)]);
+        });
+        BOOST_TEST(s.to_vector() == want, boost::test_tools::per_element());
+      }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(concat_and_stack_match_a_loop) {
   random::seed(32);
   for (int axis = 0; axis < 3; ++axis) {
@@ -136,6 +163,8 @@ BOOST_AUTO_TEST_CASE(gradients_of_slices_joins_softmax_and_clip) {
   // A copy (a middle axis) and views (the first axis).
   check_gradients({&x}, [&] { return Tensor<double>(sum(slice(x, 1, 1, 4) * w)); });
   check_gradients({&x}, [&] { return Tensor<double>(sum(slice(x, 0, 1, 3) * exp(slice(x, 0, 0, 2)))); });
+  // Steps and negative bounds: every step-th element gets the upstream gradient, the rest none.
+  check_gradients({&x}, [&] { return Tensor<double>(sum(exp(slice(x, 1, 0, -1, 2)) * slice(x, -2, -3, 4, 2))); });
   check_gradients({&x, &y}, [&] { return Tensor<double>(sum(tanh(concat({x, y, x}, 1)) * wc)); });
   check_gradients({&x, &y}, [&] { return Tensor<double>(sum(stack({slice(x, 1, 0, 2), y}, 3) * ws)); });
   // A part without a gradient is skipped; the others still get theirs.
@@ -225,6 +254,8 @@ BOOST_AUTO_TEST_CASE(bad_arguments_are_named_before_any_work) {
   BOOST_CHECK_EXCEPTION(slice(x, 1, 2, 4), std::invalid_argument, names({"slice", "[2, 4)", "axis 1", "(2, 3, 4)"}));
   BOOST_CHECK_EXCEPTION(slice(x, 1, 2, 1), std::invalid_argument, names({"slice", "[2, 1)"}));
   BOOST_CHECK_EXCEPTION(slice(x, 3, 0, 1), std::invalid_argument, names({"slice", "axis 3"}));
+  BOOST_CHECK_EXCEPTION(slice(x, 1, 0, 3, 0), std::invalid_argument, names({"slice", "step 0", "at least 1"}));
+  BOOST_CHECK_EXCEPTION(slice(x, 2, -5, 4), std::invalid_argument, names({"slice", "[-5, 4)", "count from the end"}));
   BOOST_CHECK_EXCEPTION(concat({x, y}, 2), std::invalid_argument, names({"concat", "tensor 1", "(2, 5, 4)", "(2, 3, 4)"}));
   BOOST_CHECK_EXCEPTION(concat({x, zeros<float>(Shape{2, 3})}, 0), std::invalid_argument, names({"concat", "tensor 1", "(2, 3)"}));
   BOOST_CHECK_EXCEPTION(concat({x, zeros<float>(Shape{2, 3, 4}, cpu(1))}, 0), std::invalid_argument,

@@ -61,7 +61,7 @@ struct Step {
   int a = 0, b = 0;
   int axis = 0;
   bool keepdims = false;
-  i64 begin = 0, end = 0;
+  i64 begin = 0, end = 0, step = 1;
   std::vector<int> perm;
   int weight = -1;  // dot's extra input
 };
@@ -126,7 +126,7 @@ struct Runner {
       case Op::transpose: return deft::transpose(a, s.perm);
       case Op::flatten: return a.reshape({-1});
       case Op::rows: return a.rows(s.begin, s.end);
-      case Op::slice: return deft::slice(a, s.axis, s.begin, s.end);
+      case Op::slice: return deft::slice(a, s.axis, s.begin, s.end, s.step);
       case Op::add: return a + partner(a, b);
       case Op::sub: return a - partner(a, b);
       case Op::mul: return a * partner(a, b);
@@ -227,8 +227,9 @@ Program generate(std::uint64_t seed) {
         s.axis = axis;
         s.begin = i64(src.below(std::uint64_t(a[axis])));
         s.end = s.begin + 1 + i64(src.below(std::uint64_t(a[axis] - s.begin)));
+        if (s.op == Op::slice) s.step = 1 + i64(src.below(3));
         std::vector<i64> d(a.begin(), a.end());
-        d[std::size_t(axis)] = s.end - s.begin;
+        d[std::size_t(axis)] = (s.end - s.begin + s.step - 1) / s.step;
         out = Shape(d);
         break;
       }
@@ -301,6 +302,7 @@ std::string describe(const Program& p) {
     if (s.op == Op::maximum || s.op == Op::minimum || s.op == Op::where_max || s.op == Op::concat || s.op == Op::stack)
       o << ", v" << s.b;
     o << ") axis " << s.axis << (s.keepdims ? " keepdims" : "") << " [" << s.begin << ", " << s.end << ")";
+    if (s.step != 1) o << " step " << s.step;
     if (s.weight >= 0) o << " W" << w++ << p.input_shapes[std::size_t(s.weight)].to_string();
     o << "\n";
   }

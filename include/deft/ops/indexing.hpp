@@ -1,6 +1,6 @@
 // Selecting and joining along an axis: slice, concat, stack and one_hot.
 // A slice is a view when its elements are contiguous in the source (along
-// the first axis that is not 1), otherwise a copy; concat and stack record
+// the first axis that is not 1, with step 1), otherwise a copy; concat and stack record
 // one task that copies every part into its block of the result. Gradients
 // flow back through each (autograd/indexing.hpp).
 #pragma once
@@ -108,36 +108,69 @@ struct IndexCheck {
 
 }  // namespace detail
 
-/// Elements [begin, end) along `axis` (negative counts from the end), as
-/// numpy's x[:, begin:end] for axis 1. A view sharing x's storage when the
-/// extents before `axis` are all 1 (rows(), for axis 0); otherwise a copy.
-/// Gradients flow back to x either way. std::invalid_argument for a range
-/// outside [0, extent] or with end < begin.
+namespace detail {
+
+/// Elements [begin, end) along axis `a` (in range): a view when the extents
+/// before `a` are all 1, else one copying task; gradients flow back to x.
 template <class T>
-Tensor<T> slice(const Tensor<T>& x, int axis, std::int64_t begin, std::int64_t end) {
-  if (!x) detail::raise<std::logic_error>("slice: an empty handle");
+Tensor<T> slice_range(const Tensor<T>& x, int a, std::int64_t begin, std::int64_t end) {
   const Shape& s = x.shape();
-  if (s.rank() == 0) detail::raise("slice: a scalar tensor has no axis to slice");
-  const int a = normalize_axis(axis, s.rank(), "slice");
-  if (begin < 0 || end < begin || end > s[a])
-    detail::raise("slice: [", begin, ", ", end, ") along axis ", a, " is out of range for shape ", s.to_string());
-  const detail::AxisBlocks blocks(s, a);
+  const AxisBlocks blocks(s, a);
   Shape out = s;
   out[a] = end - begin;
   const std::vector<std::int64_t> dims(out.begin(), out.end());
   if (blocks.outer == 1) return x.reshape({s[a], blocks.inner}).rows(begin, end).reshape(dims);
   auto l = x.leaf();
   const std::int64_t width = (end - begin) * blocks.inner, pitch = s[a] * blocks.inner;
-  auto result = detail::record_new<T>(
+  auto result = record_new<T>(
       "slice", out, l.device(),
-      [l, rows = blocks.outer, width, pitch, from = begin * blocks.inner](detail::Buffer& b) {
-        detail::on_device(b.device, [&](auto ex) {
+      [l, rows = blocks.outer, width, pitch, from = begin * blocks.inner](Buffer& b) {
+        on_device(b.device, [&](auto ex) {
           ex.copy_rows(rows, width, l.source->template as<const T>() + l.offset + from, pitch, b.as<T>(), width);
         });
       },
-      [&](detail::Task& t) { t.add_input(l.buffer); });
+      [&](Task& t) { t.add_input(l.buffer); });
   if (autograd::is_recording() && l.grad) autograd::detail::track_slice(result, l, a, begin);
   return result;
+}
+
+}  // namespace detail
+
+/// Every `step`-th element of [begin, end) along `axis`, as numpy's
+/// x[:, begin:end:step] for axis 1. Negative axis, begin and end count from
+/// the end (-1: the last). With step 1, a view sharing x's storage when the
+/// extents before `axis` are all 1 (rows(), for axis 0), otherwise a copy;
+/// a larger step copies. Gradients flow back to x either way.
+/// std::invalid_argument for a range outside the axis, end < begin (after
+/// counting from the end), or a step below 1.
+template <class T>
+Tensor<T> slice(const Tensor<T>& x, int axis, std::int64_t begin, std::int64_t end, std::int64_t step = 1) {
+  if (!x) detail::raise<std::logic_error>("slice: an empty handle");
+  const Shape& s = x.shape();
+  if (s.rank() == 0) detail::raise("slice: a scalar tensor has no axis to slice");
+  const int a = normalize_axis(axis, s.rank(), "slice");
+  const std::int64_t b = begin < 0 ? begin + s[a] : begin, e = end < 0 ? end + s[a] : end;
+  if (b < 0 || e < b || e > s[a])
+    detail::raise("slice: [", begin, ", ", end, ") along axis ", a, " is out of range for shape ", s.to_string(),
+                  begin < 0 || end < 0 ? " (negative bounds count from the end)" : "");
+  if (step < 1) detail::raise("slice: step ", step, " along axis ", a, "; a step must be at least 1");
+  const std::int64_t n = (e - b + step - 1) / step;
+  if (step == 1 || n <= 1) return detail::slice_range(x, a, b, b + (n == 1 ? 1 : e - b));
+  // The range padded with zeros to n * step, split into (n, step) along the
+  // axis, and the first of each step kept: pieces whose gradients exist.
+  Tensor<T> range = detail::slice_range(x, a, b, e);
+  if (const std::int64_t pad = n * step - (e - b); pad > 0) {
+    Shape padding = range.shape();
+    padding[a] = pad;
+    const Tensor<T> parts[] = {range, zeros<T>(padding, x.device())};
+    range = detail::concat_tensors(std::span<const Tensor<T>>(parts), a, "slice");
+  }
+  std::vector<std::int64_t> split(s.begin(), s.end());
+  split[std::size_t(a)] = step;
+  split.insert(split.begin() + a, n);
+  std::vector<std::int64_t> dims(s.begin(), s.end());
+  dims[std::size_t(a)] = n;
+  return detail::slice_range(range.reshape(split), a + 1, 0, 1).reshape(dims);
 }
 
 /// The tensors joined along `axis` (numpy's concatenate): every extent but

@@ -8,7 +8,9 @@
 //      with two workers per process (one more than compute needs, as
 //      dist::init adds): steps per second, and how much of the gradients'
 //      allreduce the backward hides, estimated as
-//      (local step + allreduce alone - distributed step) / allreduce alone.
+//      (local step + allreduce alone - distributed step) / allreduce alone,
+//      and read off the engine's trace of a few steps: for each bucket's
+//      collective, the share of its time during which other tasks computed.
 // Options: --repeats N (default 15), --max-mib N (default 64).
 #include <deft/dist.hpp>
 #include <deft/nn.hpp>
@@ -17,8 +19,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dense_net.hpp"
@@ -53,6 +57,53 @@ std::vector<double> interleaved(const std::vector<std::function<void()>>& fs) {
   return out;
 }
 
+// One task's run in an engine trace (engine::trace_to's Chrome JSON, one event a line).
+struct Slice {
+  std::string name;
+  double begin, end;  // microseconds
+};
+
+std::vector<Slice> read_trace(const std::string& path) {
+  std::vector<Slice> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"ph\":\"X\"") == std::string::npos) continue;
+    const auto field = [&](const char* key) { return line.find(key) + std::string(key).size(); };
+    const auto name_at = field("\"name\":\"");
+    Slice sl{line.substr(name_at, line.find('"', name_at) - name_at), 0, 0};
+    sl.begin = std::atof(line.c_str() + field("\"ts\":"));
+    sl.end = sl.begin + std::atof(line.c_str() + field("\"dur\":"));
+    out.push_back(std::move(sl));
+  }
+  return out;
+}
+
+// For each collective in the trace (tasks named "allreduce", in the order
+// they ran): the share of its time covered by tasks that computed (any but
+// collectives and bucket packing) on other threads.
+std::vector<double> hidden_per_collective(const std::vector<Slice>& slices) {
+  std::vector<std::pair<double, double>> compute;
+  for (const Slice& s : slices)
+    if (s.name != "allreduce" && s.name != "allreduce pack") compute.emplace_back(s.begin, s.end);
+  std::sort(compute.begin(), compute.end());
+  std::vector<Slice> collectives;
+  for (const Slice& s : slices)
+    if (s.name == "allreduce") collectives.push_back(s);
+  std::sort(collectives.begin(), collectives.end(), [](const Slice& a, const Slice& b) { return a.begin < b.begin; });
+  std::vector<double> hidden;
+  for (const Slice& c : collectives) {
+    double covered = 0, reached = c.begin;  // the union of compute intervals within [begin, end)
+    for (const auto& [b, e] : compute) {
+      if (b >= c.end) break;
+      const double from = std::max(b, reached), to = std::min(e, c.end);
+      if (to > from) covered += to - from;
+      reached = std::max(reached, to);
+    }
+    hidden.push_back(c.end > c.begin ? covered / (c.end - c.begin) : 1.0);
+  }
+  return hidden;
+}
+
 void allreduce_rows(std::int64_t max_bytes) {
   auto plain = std::make_shared<dist::MpiCommunicator>(MPI_COMM_WORLD, dist::Options{.rendezvous = false});
   if (dist::rank() == 0) {
@@ -81,6 +132,8 @@ void allreduce_rows(std::int64_t max_bytes) {
                   times[0] / times[2]);
   }
 }
+
+void traced_buckets(const std::function<void()>& step, int steps);
 
 // One model's step across the ranks; `make` builds it, `sample` is one input's shape.
 void step_rows(const char* title, const std::function<std::shared_ptr<nn::Sequential>()>& make,
@@ -131,18 +184,44 @@ void step_rows(const char* title, const std::function<std::shared_ptr<nn::Sequen
       [&] { step(*shared, t_shared, x, y); },          // the data-parallel step
       [&] { step(*single, t_single, x_all, y_all); },  // the whole batch in this process
   });
-  if (dist::rank() != 0) return;
-  const double hidden = (times[0] + times[1] - times[2]) / times[1];
-  std::printf("\n%s step, global batch %lld, %lld parameters, 2 workers per process, %d ranks, buckets of %zu KiB\n", title,
-              static_cast<long long>(batch), static_cast<long long>(floats), dist::size(), bucket >> 10);
-  std::printf("  step on this rank's %lld rows alone:  %8.3f ms\n", static_cast<long long>(rows), times[0] * 1e3);
-  std::printf("  gradients' allreduce alone:          %8.3f ms\n", times[1] * 1e3);
-  std::printf("  data-parallel step:                  %8.3f ms  (%.0f samples/s)\n", times[2] * 1e3,
-              double(batch) / times[2]);
-  std::printf("  whole batch in one process:          %8.3f ms  (%.0f samples/s)\n", times[3] * 1e3,
-              double(batch) / times[3]);
-  std::printf("  allreduce hidden by the step:        %8.0f %%\n", 100.0 * std::clamp(hidden, 0.0, 1.0));
-  std::printf("  speed-up over one process:           %8.2fx\n", times[3] / times[2]);
+  if (dist::rank() == 0) {
+    const double hidden = (times[0] + times[1] - times[2]) / times[1];
+    std::printf("\n%s step, global batch %lld, %lld parameters, 2 workers per process, %d ranks, buckets of %zu KiB\n",
+                title, static_cast<long long>(batch), static_cast<long long>(floats), dist::size(), bucket >> 10);
+    std::printf("  step on this rank's %lld rows alone:  %8.3f ms\n", static_cast<long long>(rows), times[0] * 1e3);
+    std::printf("  gradients' allreduce alone:          %8.3f ms\n", times[1] * 1e3);
+    std::printf("  data-parallel step:                  %8.3f ms  (%.0f samples/s)\n", times[2] * 1e3,
+                double(batch) / times[2]);
+    std::printf("  whole batch in one process:          %8.3f ms  (%.0f samples/s)\n", times[3] * 1e3,
+                double(batch) / times[3]);
+    std::printf("  allreduce hidden by the step:        %8.0f %%\n", 100.0 * std::clamp(hidden, 0.0, 1.0));
+    std::printf("  speed-up over one process:           %8.2fx\n", times[3] / times[2]);
+  }
+  traced_buckets([&] { step(*shared, t_shared, x, y); }, 7);
+}
+
+// The same data-parallel step traced by the engine (`steps` of them): each
+// bucket's share of time hidden by computation, median over the steps, in
+// the order the buckets' collectives ran (the last layers' first).
+void traced_buckets(const std::function<void()>& step, int steps) {
+  static int traced = 0;  // one file per model: DEFT_BENCH_KEEP_TRACE=1 keeps them for chrome://tracing
+  const std::string path =
+      "deft_dist_trace_" + std::to_string(traced++) + "_rank" + std::to_string(dist::rank()) + ".json";
+  step();  // warm
+  engine::trace_to(path);
+  for (int i = 0; i < steps; ++i) step();
+  engine::trace_stop();
+  const std::vector<double> all = hidden_per_collective(read_trace(path));
+  if (!std::getenv("DEFT_BENCH_KEEP_TRACE")) std::remove(path.c_str());
+  if (dist::rank() != 0 || all.empty()) return;
+  const std::size_t per_step = all.size() / std::size_t(steps);
+  std::printf("  hidden per bucket, from the trace (median of %d steps, in launch order):", steps);
+  for (std::size_t b = 0; b < per_step; ++b) {
+    std::vector<double> v;
+    for (int i = 0; i < steps; ++i) v.push_back(all[std::size_t(i) * per_step + b]);
+    std::printf(" %.0f%%", 100.0 * median(v));
+  }
+  std::printf("\n");
 }
 
 std::shared_ptr<nn::Sequential> mlp() {

@@ -65,7 +65,7 @@ Tensor<T> record_collective(const Tensor<T>& t, Collective c, const Shape& out_s
                             "a replay would repeat its place in the communicator's sequence");
   autograd::pause no_recording;  // collectives are not differentiated
   c.device = comm->runs_on(t.device());
-  const Tensor<T> in = t.device() == c.device ? t : t.to(c.device);
+  const Tensor<T> in = t.to(c.device);  // itself when already there
   c.dtype = dtype_of<T>;
   c.count = in.size();
   c.shape = in.shape();
@@ -90,12 +90,6 @@ void write_back(Tensor<T>& t, const Tensor<T>& result) {
   using namespace deft::detail;
   if (t.device() == result.device() && whole_storage(t)) replace_storage(t, whole_storage(result));
   else t.assign(result.to(t.device()));
-}
-
-/// `r` on `d`: itself, or a copy.
-template <Element T>
-Tensor<T> on(Device d, const Tensor<T>& r) {
-  return r.device() == d ? r : r.to(d);
 }
 
 }  // namespace detail
@@ -137,7 +131,7 @@ Tensor<T> allgather(const Tensor<T>& t, std::shared_ptr<Communicator> comm = nul
   else out[0] *= c->size();
   Collective d;
   d.kind = CollectiveKind::allgather;
-  return detail::on(t.device(), detail::record_collective(t, d, out, c));
+  return detail::record_collective(t, d, out, c).to(t.device());
 }
 
 /// `t` combined across the ranks, of which this rank keeps its share of
@@ -154,7 +148,7 @@ Tensor<T> reduce_scatter(const Tensor<T>& t, ReduceOp op = ReduceOp::sum, std::s
   Collective d;
   d.kind = CollectiveKind::reduce_scatter;
   d.op = op;
-  return detail::on(t.device(), detail::record_collective(t, d, out, c));
+  return detail::record_collective(t, d, out, c).to(t.device());
 }
 
 /// Sync point: returns when every rank reached its barrier, after this

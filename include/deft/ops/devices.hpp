@@ -316,8 +316,7 @@ void unpack(const Tensor<T>& packed, const std::vector<Tensor<T>*>& parts) {
   std::int64_t at = 0;
   for (Tensor<T>* part : parts) {
     const std::vector<std::int64_t> dims(part->shape().begin(), part->shape().end());
-    Tensor<T> slice = packed.rows(at, at + part->size()).reshape(dims);
-    part->assign(slice.device() == part->device() ? slice : slice.to(part->device()));
+    part->assign(packed.rows(at, at + part->size()).reshape(dims).to(part->device()));
     at += part->size();
   }
 }

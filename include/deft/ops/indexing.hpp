@@ -155,7 +155,7 @@ Tensor<T> slice(const Tensor<T>& x, int axis, std::int64_t begin, std::int64_t e
                   begin < 0 || end < 0 ? " (negative bounds count from the end)" : "");
   if (step < 1) detail::raise("slice: step ", step, " along axis ", a, "; a step must be at least 1");
   const std::int64_t n = (e - b + step - 1) / step;
-  if (step == 1 || n <= 1) return detail::slice_range(x, a, b, b + (n == 1 ? 1 : e - b));
+  if (step == 1 || n <= 1) return detail::slice_range(x, a, b, step == 1 ? e : b + n);
   // The range padded with zeros to n * step, split into (n, step) along the
   // axis, and the first of each step kept: pieces whose gradients exist.
   Tensor<T> range = detail::slice_range(x, a, b, e);

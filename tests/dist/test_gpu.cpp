@@ -6,6 +6,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -124,6 +125,45 @@ BOOST_AUTO_TEST_CASE(a_rank_on_the_host_where_the_others_are_on_gpus_is_named) {
   BOOST_CHECK_EXCEPTION(t.wait_to_read(), dist::Error, [](const dist::Error& e) {
     return mentions(e, "on the GPU") && mentions(e, "every rank must record the same collectives");
   });
+}
+
+// NCCL's bootstrap: rank 1 cannot join the communicator. Every rank names
+// it at once, where rank 0's NCCL would otherwise wait for rank 1 without end.
+BOOST_AUTO_TEST_CASE(a_rank_that_cannot_join_the_nccl_communicator_is_named_on_every_rank) {
+  if (dist::size() < 2) return;
+  const auto comm = dist_test::fresh({.timeout = std::chrono::seconds(30), .on_timeout = dist::OnTimeout::raise});
+  if (dist::rank() == 1) fake_cuda::inject("ncclCommInitRank", fake_cuda::Fault::fail);
+  Tensor<float> t = Tensor<float>(values_of<float>(dist::rank(), 2600, 16), Shape{16}).to(this_ranks_gpu());
+  const auto start = std::chrono::steady_clock::now();
+  dist::allreduce(t, dist::ReduceOp::sum, comm);
+  BOOST_CHECK_EXCEPTION(t.wait_to_read(), dist::Error, [](const dist::Error& e) {
+    BOOST_TEST_MESSAGE(e.what());
+    return mentions(e, "allreduce #0") && mentions(e, "rank(s) 1 of") &&
+           mentions(e, "could not join NCCL's communicator") && (dist::rank() != 1 || mentions(e, "(rank 1: NCCL ncclCommInitRank"));
+  });
+  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(20)), "named before the timeout");
+  dist::barrier();
+}
+
+// Rank 1 starts joining and never finishes: every rank's watchdog ends the
+// wait for the communicator after the timeout, and aborts it.
+BOOST_AUTO_TEST_CASE(a_communicator_that_never_forms_is_found_by_the_watchdog) {
+  if (dist::size() < 2) return;
+  const auto comm = dist_test::fresh({.timeout = std::chrono::milliseconds(1500), .on_timeout = dist::OnTimeout::raise});
+  if (dist::rank() == 1) fake_cuda::inject("ncclCommInitRank", fake_cuda::Fault::hang);
+  Tensor<float> t = Tensor<float>(values_of<float>(dist::rank(), 2700, 16), Shape{16}).to(this_ranks_gpu());
+  const auto start = std::chrono::steady_clock::now();
+  dist::allreduce(t, dist::ReduceOp::sum, comm);
+  BOOST_CHECK_EXCEPTION(t.wait_to_read(), dist::Timeout, [](const dist::Timeout& e) {
+    BOOST_TEST_MESSAGE(e.what());
+    return mentions(e, "allreduce #0") && mentions(e, "1.5 s") && mentions(e, "for NCCL's communicator to form");
+  });
+  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(20)));
+  // Later collectives on it refuse at once.
+  Tensor<float> u = Tensor<float>(std::vector<float>{1.0f}, Shape{1}).to(this_ranks_gpu());
+  dist::allreduce(u, dist::ReduceOp::sum, comm);
+  BOOST_CHECK_EXCEPTION(u.wait_to_read(), dist::Error, [](const auto& e) { return mentions(e, "allreduce #0"); });
+  dist::barrier();
 }
 
 BOOST_AUTO_TEST_CASE(ranks_training_on_gpus_over_nccl_match_one_process_on_the_host) {

@@ -61,6 +61,12 @@ struct SumPart {
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
+  /// Whether every rank joined and the group is ready for collectives:
+  /// joining may go on after join_process_group returned (NCCL's
+  /// non-blocking communicators), so that a rank that never joins is found
+  /// by the caller's timeout instead of a wait without end. Raises the
+  /// collective library's error text when joining failed.
+  virtual bool joined() { return true; }
   /// Queues collective `kind` on the GPU's collective lane, after the
   /// earlier conflicting work there, and returns once it is queued: `in`
   /// holds this rank's `count` elements, `out` the result (allgather:
@@ -151,8 +157,9 @@ class DeviceBackend {
     raise<std::logic_error>("the ", name(), " backend cannot run collectives between processes");
   }
   /// Joins the group named `id` of `ranks` processes as `rank`, with GPU
-  /// `device` (ncclCommInitRank): every rank calls it, and it returns once
-  /// all did. Raises the collective library's error text.
+  /// `device` (ncclCommInitRank): every rank calls it. It may return before
+  /// all did; ProcessGroup::joined tells when the group is ready. Raises the
+  /// collective library's error text.
   virtual std::unique_ptr<ProcessGroup> join_process_group(const std::vector<std::byte>& id, int ranks, int rank,
                                                            int device) {
     (void)id, (void)ranks, (void)rank, (void)device;

@@ -25,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "../core/device.hpp"
@@ -273,14 +274,6 @@ class MpiCommunicator final : public Communicator {
   // collective; waits for the GPU to finish it, against the timeout.
   void run_on_gpu(const Collective& c, const void* in, void* out) {
     if (!group_) join_gpu_group(c);
-    const auto breaks = [&](auto&& step) {  // a failed NCCL collective leaves its communicator unusable
-      try {
-        return step();
-      } catch (const std::exception& e) {
-        fail(e.what());
-        throw;
-      }
-    };
     breaks([&] { group_->queue(c.kind, c.op, c.dtype, std::size_t(c.count), c.root, in, out); });
     const auto start = std::chrono::steady_clock::now();
     for (int polls = 0; !breaks([&] { return group_->finished(); }); ++polls) {
@@ -292,9 +285,23 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  // Runs one call to the NCCL group: a failed one leaves the communicator unusable.
+  template <class Step>
+  std::invoke_result_t<Step> breaks(Step&& step) {
+    try {
+      return step();
+    } catch (const std::exception& e) {
+      fail(e.what());
+      throw;
+    }
+  }
+
   // NCCL's bootstrap: rank 0 makes the id and broadcasts it over MPI, then
   // every rank joins with its GPU. A rank 0 that cannot make one sends an
-  // empty id, so that every rank raises instead of waiting.
+  // empty id, so that every rank raises instead of waiting. The ranks then
+  // tell each other over MPI whether they could start joining, so that one
+  // that failed is named on every rank at once; the group then forms
+  // (NCCL connecting the ranks) within the timeout.
   void join_gpu_group(const Collective& c) {
     deft::detail::DeviceBackend& backend = *deft::detail::gpu_backend();
     std::vector<std::byte> id;
@@ -317,11 +324,39 @@ class MpiCommunicator final : public Communicator {
     requests_.assign(1, MPI_REQUEST_NULL);
     check(MPI_Ibcast(id.data(), int(bytes), MPI_BYTE, 0, control_, requests_.data()), c);
     await(c, {});
+    std::string failure;
     try {
       group_ = backend.join_process_group(id, size_, rank_, c.device.index);
     } catch (const std::exception& e) {
-      fail(e.what());
-      throw;
+      failure = e.what();
+      if (failure.rfind("deft: ", 0) == 0) failure.erase(0, 6);  // quoted inside deft's own message
+    }
+    std::vector<std::int32_t> started(std::size_t(size_), 0);
+    started[std::size_t(rank_)] = failure.empty() ? 1 : 0;
+    requests_.assign(1, MPI_REQUEST_NULL);
+    check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, started.data(), 1, MPI_INT32_T, control_,
+                         requests_.data()),
+          c);
+    await(c, {});
+    std::vector<int> failed;
+    for (int r = 0; r < size_; ++r)
+      if (!started[std::size_t(r)]) failed.push_back(r);
+    if (!failed.empty()) {
+      if (group_) group_->abort();  // NCCL may still be waiting for the ranks that failed
+      const std::string reason = "rank(s) " + detail::rank_list(failed) + " of " + std::to_string(size_) +
+                                 " could not join NCCL's communicator" +
+                                 (failure.empty() ? std::string{} : " (rank " + std::to_string(rank_) + ": " + failure + ")");
+      fail(reason);
+      deft::detail::raise<Error>("dist: ", describe(c), ": ", reason);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (int polls = 0; !breaks([&] { return group_->joined(); }); ++polls) {
+      if (std::chrono::steady_clock::now() - start > options_.timeout) {
+        group_->abort();
+        timed_out(c, {}, " for NCCL's communicator to form; every rank started joining it, so one is stuck or cannot "
+                         "reach the others");
+      }
+      pause(polls);
     }
   }
 
@@ -389,13 +424,15 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  [[noreturn]] void timed_out(const Collective& c, const std::vector<int>& missing) {
+  // `waiting_for`: what the rank waited for when every rank had arrived.
+  [[noreturn]] void timed_out(const Collective& c, const std::vector<int>& missing,
+                              const char* waiting_for = " for its data; every rank had joined it, so one stopped or is stuck") {
     const double seconds = double(options_.timeout.count()) / 1000.0;
     const std::string reason = "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " waited " +
                                std::to_string(seconds).substr(0, std::to_string(seconds).find('.') + 2) + " s at " +
                                describe(c) +
                                (missing.empty()
-                                    ? std::string(" for its data; every rank had joined it, so one stopped or is stuck")
+                                    ? std::string(waiting_for)
                                     : " for rank(s) " + detail::rank_list(missing) +
                                           ", which did not reach it (stopped, stuck, or recording other collectives)");
     if (options_.on_timeout == OnTimeout::abort) {

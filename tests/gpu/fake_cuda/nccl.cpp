@@ -82,6 +82,8 @@ struct Link {
   std::mutex m;          // one collective at a time on the sockets
   std::uint64_t next = 0;  // collectives run so far (their sequence numbers)
   std::atomic<bool> broken{false}, aborted{false};
+  // ncclInProgress while a non-blocking ncclCommInitRank joins, then its result.
+  std::atomic<ncclResult_t> joining{ncclSuccess};
 
   Link(int r, int n, int d) : rank(r), nranks(n), device(d), fds(std::size_t(n), -1) {}
   ~Link() {
@@ -188,22 +190,25 @@ constexpr auto hang_limit = std::chrono::minutes(2);
 
 enum class Io { ok, closed, timed_out };
 
-/// Waits for `fd` to be ready for `events` until `deadline`.
-Io ready(int fd, short events, Clock::time_point deadline) {
+/// Waits for `fd` to be ready for `events` until `deadline`, or until
+/// `*stop` (an abort while joining: Io::closed).
+Io ready(int fd, short events, Clock::time_point deadline, const std::atomic<bool>* stop = nullptr) {
   for (;;) {
+    if (stop && *stop) return Io::closed;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) return Io::timed_out;
     pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, int(std::min<long long>(left, 1000)));
+    const int n = ::poll(&p, 1, int(std::min<long long>(left, stop ? 50 : 1000)));
     if (n > 0) return Io::ok;  // readable, writable, or hung up: the call that follows tells which
     if (n < 0 && errno != EINTR) return Io::closed;
   }
 }
 
-Io send_all(int fd, const void* data, std::size_t bytes, Clock::time_point deadline) {
+Io send_all(int fd, const void* data, std::size_t bytes, Clock::time_point deadline,
+            const std::atomic<bool>* stop = nullptr) {
   auto* p = static_cast<const unsigned char*>(data);
   while (bytes > 0) {
-    if (const Io io = ready(fd, POLLOUT, deadline); io != Io::ok) return io;
+    if (const Io io = ready(fd, POLLOUT, deadline, stop); io != Io::ok) return io;
     const ssize_t k = ::send(fd, p, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);  // no SIGPIPE from a dead peer
     if (k < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
@@ -215,10 +220,11 @@ Io send_all(int fd, const void* data, std::size_t bytes, Clock::time_point deadl
   return Io::ok;
 }
 
-Io recv_all(int fd, void* data, std::size_t bytes, Clock::time_point deadline) {
+Io recv_all(int fd, void* data, std::size_t bytes, Clock::time_point deadline,
+            const std::atomic<bool>* stop = nullptr) {
   auto* p = static_cast<unsigned char*>(data);
   while (bytes > 0) {
-    if (const Io io = ready(fd, POLLIN, deadline); io != Io::ok) return io;
+    if (const Io io = ready(fd, POLLIN, deadline, stop); io != Io::ok) return io;
     const ssize_t k = ::recv(fd, p, bytes, MSG_DONTWAIT);
     if (k == 0) return Io::closed;
     if (k < 0) {
@@ -274,13 +280,17 @@ ncclResult_t accept_ranks(Link& link, const Address& a, const std::string& name)
   };
   while (int(joined.size()) < link.nranks - 1) {
     int fd = -1;
-    if (ready(listener, POLLIN, deadline) == Io::ok) fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (ready(listener, POLLIN, deadline, &link.aborted) == Io::ok) fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
     Hello hello{};
-    if (fd >= 0 && recv_all(fd, &hello, sizeof hello, deadline) == Io::ok) {
+    if (fd >= 0 && recv_all(fd, &hello, sizeof hello, deadline, &link.aborted) == Io::ok) {
       joined.emplace_back(fd, hello);
       continue;
     }
     if (fd >= 0) ::close(fd);
+    if (link.aborted) {
+      close_joined();
+      return refuse(ncclInvalidUsage, "ncclCommInitRank: rank 0's communicator was aborted while joining");
+    }
     if (Clock::now() < deadline) continue;
     close_joined();
     return refuse(ncclSystemError, "ncclCommInitRank: rank 0 waited 60 s, and only " + std::to_string(joined.size()) +
@@ -317,6 +327,7 @@ ncclResult_t join_rank0(Link& link, const Address& a, const std::string& name) {
     if (fd < 0) return refuse(ncclSystemError, who + ": socket: " + std::strerror(errno));
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&a.addr), a.length) == 0) break;
     ::close(fd);
+    if (link.aborted) return refuse(ncclInvalidUsage, who + ": its communicator was aborted while joining");
     if (Clock::now() >= deadline) return refuse(ncclSystemError, who + " did not find rank 0 (@" + name + ") within 60 s");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -324,8 +335,8 @@ ncclResult_t join_rank0(Link& link, const Address& a, const std::string& name) {
   const Hello hello{link.rank, link.nranks};
   unsigned char verdict = 1;
   // Rank 0 may wait up to join_limit for the last rank before it answers.
-  const Io io = send_all(fd, &hello, sizeof hello, deadline + join_limit) == Io::ok
-                    ? recv_all(fd, &verdict, 1, Clock::now() + join_limit + std::chrono::seconds(10))
+  const Io io = send_all(fd, &hello, sizeof hello, deadline + join_limit, &link.aborted) == Io::ok
+                    ? recv_all(fd, &verdict, 1, Clock::now() + join_limit + std::chrono::seconds(10), &link.aborted)
                     : Io::closed;
   if (io == Io::ok && verdict == 0) return ncclSuccess;
   ::close(fd);
@@ -511,6 +522,8 @@ ncclResult_t collective(const Queued& q) {
   };
   const ncclComm_t comm = q.comm;
   if (!comm) return fail(ncclInvalidArgument, "no communicator");
+  if (comm->link && comm->link->joining != ncclSuccess)
+    return fail(ncclInvalidUsage, "a communicator that has not joined (ncclCommGetAsyncError did not say ncclSuccess)");
   if (q.type != ncclFloat32 && q.type != ncclFloat64 && q.type != ncclInt32 && q.type != ncclInt64)
     return fail(ncclInvalidArgument, "a type the stand-in does not model (float32, float64, int32 and int64 only)");
   const bool reduces = q.kind == all_reduce || q.kind == reduce_scatter;
@@ -583,7 +596,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config) {
   if (!comm || nranks < 1 || rank < 0 || rank >= nranks)
     return refuse(ncclInvalidArgument, "ncclCommInitRank: rank " + std::to_string(rank) + " of " +
                                            std::to_string(nranks) + " ranks (or no communicator to set)");
@@ -591,15 +604,34 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   Address a;
   if (!address_of(id, a)) return refuse(ncclInvalidArgument, "ncclCommInitRank: not an id from ncclGetUniqueId");
   const std::string name(id.internal, strnlen(id.internal, sizeof id.internal));
+  const fake_cuda::Fault fault = fake_cuda::take_fault("ncclCommInitRank");
+  if (fault == fake_cuda::Fault::fail)
+    return refuse(ncclSystemError, "ncclCommInitRank: rank " + std::to_string(rank) + " failed as its test asked");
+  const bool blocking = !config || config->blocking != 0;  // NCCL_CONFIG_UNDEF_INT: NCCL's default, blocking
+  if (fault == fake_cuda::Fault::hang && blocking)
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   int device = 0;
   cudaGetDevice(&device);
   fake_cuda::make_context(device);  // the communicator's resources live on its GPU
   auto link = std::make_shared<Link>(rank, nranks, device);
-  if (nranks > 1)
-    if (const ncclResult_t status = rank == 0 ? accept_ranks(*link, a, name) : join_rank0(*link, a, name))
-      return status;
+  const auto join = [link, a, name] {
+    if (link->nranks == 1) return ncclSuccess;
+    return link->rank == 0 ? accept_ranks(*link, a, name) : join_rank0(*link, a, name);
+  };
+  if (blocking) {
+    if (const ncclResult_t status = join()) return status;
+  } else {
+    // Joins on a thread of its own, as NCCL's non-blocking init does; the
+    // thread holds the link, so an aborted communicator may go first.
+    link->joining = ncclInProgress;
+    if (fault != fake_cuda::Fault::hang) std::thread([link, join] { link->joining = join(); }).detach();
+  }
   *comm = new ncclComm{nullptr, rank, 0, link};
-  return ncclSuccess;
+  return blocking ? ncclSuccess : ncclInProgress;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  return ncclCommInitRankConfig(comm, nranks, id, rank, nullptr);
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) { return release(comm, false); }
@@ -622,7 +654,8 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) {
   if (!comm || !error) return ncclInvalidArgument;
-  *error = comm->link && comm->link->broken ? ncclRemoteError : ncclSuccess;
+  if (comm->link && comm->link->joining != ncclSuccess) *error = comm->link->joining;
+  else *error = comm->link && comm->link->broken ? ncclRemoteError : ncclSuccess;
   return ncclSuccess;
 }
 

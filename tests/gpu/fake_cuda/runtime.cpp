@@ -106,6 +106,7 @@ struct State {
   // included, since CUDA 12), and it holds hundreds of MiB of the GPU.
   std::unique_ptr<std::atomic<bool>[]> contexts;
   std::map<std::string, unsigned long long> calls;  // see fake_cuda::calls
+  std::map<std::string, fake_cuda::Fault> injected;  // see fake_cuda::inject
   std::map<std::uint64_t, int> queued_uses;  // by allocation: copies and memsets queued on it, not run yet
   unsigned jitter_us = 50;  // work waits up to this long before it runs (see run_stream)
 
@@ -349,6 +350,22 @@ int device_memory_of(const void* p, std::size_t bytes) {
   std::lock_guard lk(st.m);
   const Block* b = st.device_block(p, bytes);
   return b ? b->device : -1;
+}
+
+void inject(const char* call, Fault fault) {
+  State& st = state();
+  std::lock_guard lk(st.m);
+  st.injected[call] = fault;
+}
+
+Fault take_fault(const char* call) {
+  State& st = state();
+  std::lock_guard lk(st.m);
+  const auto it = st.injected.find(call);
+  if (it == st.injected.end()) return Fault::none;
+  const Fault f = it->second;
+  st.injected.erase(it);
+  return f;
 }
 
 unsigned long long calls(const char* what) {

@@ -7,6 +7,7 @@
 // collectives. Plain C++ over the CUDA runtime (g++ and nvcc both compile it).
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <map>
@@ -14,6 +15,8 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "../../core/device.hpp"
@@ -25,6 +28,9 @@
 #include <dlfcn.h>
 #include <nccl.h>
 #define DEFT_HAS_NCCL 1
+// Non-blocking communicators (NCCL 2.14 and later): joining a group across
+// processes goes on in NCCL's threads, polled against the caller's timeout.
+#define DEFT_NCCL_NONBLOCKING (NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0))
 #else
 #define DEFT_HAS_NCCL 0
 #endif
@@ -47,6 +53,11 @@ struct NcclLibrary {
   decltype(&ncclBroadcast) broadcast = nullptr;
   decltype(&ncclAllGather) all_gather = nullptr;
   decltype(&ncclReduceScatter) reduce_scatter = nullptr;
+#if DEFT_NCCL_NONBLOCKING
+  // Both or neither (an older libnccl lacks them): non-blocking joins.
+  decltype(&ncclCommInitRankConfig) comm_init_rank_config = nullptr;
+  decltype(&ncclCommGetAsyncError) comm_get_async_error = nullptr;
+#endif
 
   /// The library, or null where it cannot be loaded (asked once).
   static const NcclLibrary* get() {
@@ -78,6 +89,11 @@ struct NcclLibrary {
                        find(handle, "ncclCommAbort", lib->comm_abort) && find(handle, "ncclBroadcast", lib->broadcast) &&
                        find(handle, "ncclAllGather", lib->all_gather) &&
                        find(handle, "ncclReduceScatter", lib->reduce_scatter);
+#if DEFT_NCCL_NONBLOCKING
+    if (!find(handle, "ncclCommInitRankConfig", lib->comm_init_rank_config) ||
+        !find(handle, "ncclCommGetAsyncError", lib->comm_get_async_error))
+      lib->comm_init_rank_config = nullptr, lib->comm_get_async_error = nullptr;
+#endif
     if (found) return lib;
     delete lib;
     return nullptr;
@@ -183,7 +199,10 @@ class Collectives {
 
 /// This process's GPU in an NCCL communicator across processes
 /// (ncclCommInitRank). Its collectives go on the GPU's collective stream;
-/// an event after the last one tells when it finished. Never destroyed
+/// an event after the last one tells when it finished. Where NCCL can, the
+/// communicator is non-blocking: joining returns at once and joined()
+/// polls it, so that a rank that never joins cannot hold the others in
+/// ncclCommInitRank. Never destroyed
 /// while the process runs (see DeviceContext): ncclCommDestroy at exit
 /// would race the CUDA runtime's own teardown.
 class NcclProcessGroup final : public ProcessGroup {
@@ -196,8 +215,21 @@ class NcclProcessGroup final : public ProcessGroup {
     std::memcpy(&unique, id.data(), sizeof unique);
     DeviceGuard on(device);
     (void)context(device);  // the GPU's streams exist before NCCL binds to the device
-    check(nccl_.comm_init_rank(&comm_, ranks, unique, rank), "ncclCommInitRank");
     gpu::check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate", device);
+#if DEFT_NCCL_NONBLOCKING
+    if (nccl_.comm_init_rank_config) {
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      answered(nccl_.comm_init_rank_config(&comm_, ranks, unique, rank, &config), "ncclCommInitRank");
+      return;
+    }
+#endif
+    check(nccl_.comm_init_rank(&comm_, ranks, unique, rank), "ncclCommInitRank");
+  }
+
+  bool joined() override {
+    if (!comm_) raise<std::logic_error>("NCCL process group on ", deft::gpu(device_), ": aborted after a timeout");
+    return settled();
   }
 
   void queue(dist::CollectiveKind kind, dist::ReduceOp op, DType dtype, std::size_t count, int root, const void* in,
@@ -221,7 +253,12 @@ class NcclProcessGroup final : public ProcessGroup {
         break;
       case dist::CollectiveKind::barrier: break;  // no data: the host's barrier
     }
-    check(status, dist::kind_name(kind));
+    answered(status, dist::kind_name(kind));
+    // On the stream before `access` marks the lane after it, and before any
+    // other work goes on NCCL's stream (NCCL's rule). All ranks passed the
+    // rendezvous and joined: this is NCCL connecting to them, not a wait
+    // for a rank that never comes.
+    for (int polls = 0; !settled(); ++polls) pause(polls);
     gpu::check(cudaEventRecord(done_, stream), "cudaEventRecord", device_);
   }
 
@@ -242,6 +279,35 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
  private:
+  // A non-blocking communicator's call may answer ncclInProgress: it then
+  // goes on in NCCL's threads, and no other NCCL call may come before
+  // settled() said it ended.
+  void answered(ncclResult_t status, const char* what) {
+    if (status == ncclInProgress) {
+      pending_ = what;
+      return;
+    }
+    if (status != ncclSuccess) abort();
+    check(status, what);
+  }
+  bool settled() {
+    if (!pending_) return true;
+#if DEFT_NCCL_NONBLOCKING
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t status = nccl_.comm_get_async_error(comm_, &state);
+    if (status == ncclSuccess && state == ncclInProgress) return false;
+    if (status == ncclSuccess) status = state;
+    if (status != ncclSuccess) abort();
+    check(status, std::exchange(pending_, nullptr));
+#endif
+    pending_ = nullptr;
+    return true;
+  }
+  static void pause(int polls) {
+    if (polls < 256) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+
   void check(ncclResult_t status, const char* what) const {
     if (status != ncclSuccess)
       raise<std::runtime_error>("NCCL ", what, " across processes on ", deft::gpu(device_), ": ",
@@ -253,6 +319,7 @@ class NcclProcessGroup final : public ProcessGroup {
   int device_, ranks_;
   ncclComm_t comm_ = nullptr;
   cudaEvent_t done_ = nullptr;
+  const char* pending_ = nullptr;  // the call that answered ncclInProgress, until it ended
 };
 
 inline bool nccl_groups_processes() { return NcclLibrary::get() != nullptr; }

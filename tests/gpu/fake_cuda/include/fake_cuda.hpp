@@ -41,6 +41,17 @@ void collective_group(bool open);
 /// cudaGraphLaunch: tests check that their work took the paths they mean.
 unsigned long long calls(const char* what);
 
+/// What a test makes a call of the stand-in do, once.
+enum class Fault { none, fail, hang };
+/// Makes this process's next `call` (only "ncclCommInitRank" so far, with
+/// or without a config) fail at once (ncclSystemError), or never end: as a
+/// blocking call it then waits until the process ends, as a non-blocking
+/// one its communicator stays in progress until aborted. Tests reach
+/// through it a rank that cannot join a communicator.
+void inject(const char* call, Fault fault);
+/// The fault injected for `call`, which it takes (the stand-in's own use).
+Fault take_fault(const char* call);
+
 /// Prints "fake CUDA: <message>" to stderr: the stand-in's reason for an error it returns.
 void explain(const char* message);
 

@@ -33,7 +33,7 @@ LAYERS = [
     ("io", ["io/"]),
     ("autograd", ["autograd/"]),
     ("deft.hpp", ["deft.hpp"]),
-    ("dist", ["dist/"]),  # collectives across processes; only dist/mpi.hpp includes MPI
+    ("dist", ["dist/"]),  # collectives across processes; only dist/mpi.hpp and dist/world.hpp include MPI
     ("nn", ["nn/", "nn.hpp"]),
     ("data", ["data/", "data.hpp"]),
     ("dist.hpp", ["dist.hpp"]),

@@ -1,6 +1,6 @@
 // deft::dist: data-parallel training across processes and hosts over MPI
-// (docs/distributed.md). The only deft header that includes <mpi.h>: link
-// deft::dist (CMake), or compile with mpicxx.
+// (docs/distributed.md). The only deft header whose headers include <mpi.h>:
+// link deft::dist (CMake), or compile with mpicxx.
 //
 //   auto world = deft::dist::init(&argc, &argv);
 //   trainer.set_communicator(world);   // broadcast from rank 0, gradients summed across ranks
@@ -11,3 +11,4 @@
 #include "dist/collectives.hpp"
 #include "dist/communicator.hpp"
 #include "dist/mpi.hpp"
+#include "dist/world.hpp"

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -104,6 +105,11 @@ struct ncclComm {
   int rank;
   std::uint64_t calls = 0;      // this rank's allreduces so far (ncclCommInitAll's)
   std::shared_ptr<Link> link{};  // ncclCommInitRank's
+  bool blocking = true;          // ncclCommInitRankConfig's config
+  // A non-blocking communicator's collective that answered ncclInProgress:
+  // launched by the next ncclCommGetAsyncError, as NCCL may finish
+  // enqueueing only then.
+  std::function<ncclResult_t()> deferred{};
 };
 
 namespace {
@@ -522,6 +528,8 @@ ncclResult_t collective(const Queued& q) {
   };
   const ncclComm_t comm = q.comm;
   if (!comm) return fail(ncclInvalidArgument, "no communicator");
+  if (comm->deferred)
+    return fail(ncclInvalidUsage, "a call before ncclCommGetAsyncError said the last one (ncclInProgress) ended");
   if (comm->link && comm->link->joining != ncclSuccess)
     return fail(ncclInvalidUsage, "a communicator that has not joined (ncclCommGetAsyncError did not say ncclSuccess)");
   if (q.type != ncclFloat32 && q.type != ncclFloat64 && q.type != ncclInt32 && q.type != ncclInt64)
@@ -553,6 +561,12 @@ ncclResult_t collective(const Queued& q) {
   }
   if (!comm->link && comm->clique->devices.size() > 1)
     return fail(ncclInvalidUsage, "over several GPUs from one thread outside ncclGroupStart/End");
+  if (!comm->blocking) {
+    // Work put on the stream before the query that launches this would run
+    // ahead of the collective: what NCCL's rule forbids, made visible.
+    comm->deferred = [q] { return launch_any(q); };
+    return ncclInProgress;
+  }
   return launch_any(q);
 }
 
@@ -626,7 +640,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
     link->joining = ncclInProgress;
     if (fault != fake_cuda::Fault::hang) std::thread([link, join] { link->joining = join(); }).detach();
   }
-  *comm = new ncclComm{nullptr, rank, 0, link};
+  *comm = new ncclComm{nullptr, rank, 0, link, blocking};
   return blocking ? ncclSuccess : ncclInProgress;
 }
 
@@ -654,8 +668,18 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) {
   if (!comm || !error) return ncclInvalidArgument;
-  if (comm->link && comm->link->joining != ncclSuccess) *error = comm->link->joining;
-  else *error = comm->link && comm->link->broken ? ncclRemoteError : ncclSuccess;
+  if (comm->link && comm->link->joining != ncclSuccess) {
+    *error = comm->link->joining;
+    return ncclSuccess;
+  }
+  if (comm->deferred) {
+    const ncclResult_t launched = std::exchange(comm->deferred, nullptr)();
+    if (launched != ncclSuccess) {
+      *error = launched;
+      return ncclSuccess;
+    }
+  }
+  *error = comm->link && comm->link->broken ? ncclRemoteError : ncclSuccess;
   return ncclSuccess;
 }
 

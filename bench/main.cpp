@@ -17,6 +17,7 @@
 // usage: deft_bench [--filter SUBSTRING] [--csv FILE] [--repeats N]
 #include <cstdio>
 #include <fstream>
+#include <string>
 
 #include "common.hpp"
 
@@ -164,6 +165,14 @@ int main(int argc, char** argv) {
 #endif
 #if DEFT_BLAS
   std::printf("; deft's matmul routed to cblas (DEFT_BLAS)");
+#endif
+#if DEFT_BENCH_HAVE_OPENBLAS && (defined(__AVX2__) || defined(__AVX512F__))
+  // On a CPU it does not recognise (VMs often), OpenBLAS falls back to its
+  // SSE3 kernel: a fifth of its speed, and of libtorch's products through it.
+  if (const std::string core = openblas_get_corename(); core == "Prescott" || core == "Core2" || core == "Nehalem")
+    std::printf("\nwarning: OpenBLAS runs its generic %s kernel on this AVX2/AVX-512 CPU, so its rows and libtorch's "
+                "products understate them: set OPENBLAS_CORETYPE (e.g. SkylakeX, Haswell, Zen) and run again",
+                core.c_str());
 #endif
   std::printf("\nmedian and min of %d repeats after 1 warm-up (3 for calls over %.2f s); load average before start %s\n",
               opts.repeats, opts.long_call, load_average().c_str());

@@ -42,6 +42,9 @@ struct Var {
   std::shared_ptr<Buffer> current;
 };
 
+template <Element T, class E>
+Tensor<T>& assign_untracked(Tensor<T>& t, E&& e);
+
 /// An operand other than a Tensor<T> itself (those are copied as handles).
 template <class E, class T>
 concept foreign_operand = Operand<E> && !std::is_same_v<std::remove_cvref_t<E>, Tensor<T>>;
@@ -274,6 +277,8 @@ class Tensor {
   friend std::shared_ptr<detail::Buffer> detail::whole_storage(const Tensor<U>&);
   template <Element U>
   friend void detail::replace_storage(const Tensor<U>&, std::shared_ptr<detail::Buffer>);
+  template <Element U, class E>
+  friend Tensor<U>& detail::assign_untracked(Tensor<U>&, E&&);
 
   detail::Var& var() const {
     if (!var_) detail::raise<std::logic_error>("use of an empty Tensor handle (default-constructed or moved from)");
@@ -295,18 +300,21 @@ class Tensor {
     if (b->producer && b->producer->error) std::rethrow_exception(b->producer->error);
   }
 
-  // operator=, given an expression it may consume.
-  template <class X>
+  // operator=, given an expression it may consume. Track = false for the
+  // library's statements that autograd never records (assign_untracked).
+  template <bool Track = true, class X>
   Tensor& assign_expression(X&& x) {
-    if (autograd::is_recording()) {  // the handle takes the result's autograd record (or none)
-      if (grad_meta_ || detail::tracked(x)) return *this = detail::record_expression(std::move(x));
+    if constexpr (Track) {
+      if (autograd::is_recording()) {  // the handle takes the result's autograd record (or none)
+        if (grad_meta_ || detail::tracked(x)) return *this = detail::record_expression(std::move(x));
+      }
     }
     // Outside recording an attached variable stays attached (`w = w - lr * g`).
     auto meta = (grad_meta_ && grad_meta_->attached && x.shape() == shape_) ? grad_meta_ : nullptr;
     if (var_ && var_.use_count() == 1 && x.shape() == shape_ && offset_ == 0 && covers_storage() && x.device() == device())
       write([&](const detail::Leaf<T>&) -> X&& { return std::move(x); }, "assign");
     else
-      *this = detail::record_expression(std::move(x));
+      *this = detail::record_expression<Track>(std::move(x));
     grad_meta_ = std::move(meta);
     return *this;
   }
@@ -446,5 +454,25 @@ template <Operand E>
 auto eval(E&& e) {
   return Tensor<detail::value_t<decltype(as_expr(std::forward<E>(e)))>>(std::forward<E>(e));
 }
+
+namespace detail {
+// The library's own statements that autograd never records (optimizer
+// updates, masks, checks of indices, gradients' own arithmetic) use these
+// forms: an ordinary statement compiles its expression's derivatives too, in
+// case it is recorded, and here they would be code no program runs.
+
+/// Evaluates `e` into a new tensor, never recorded by autograd.
+template <class E>
+auto eval_untracked(E&& e) {
+  return record_expression<false>(as_expr(std::forward<E>(e)));
+}
+/// `t = e` (the same write) under autograd::pause.
+template <Element T, class E>
+Tensor<T>& assign_untracked(Tensor<T>& t, E&& e) {
+  static_assert(std::is_same_v<value_t<expr_t<E>>, T>, "deft: assign_untracked: the element types differ");
+  autograd::pause untracked;
+  return t.template assign_expression<false>(expr_t<E>(as_expr(std::forward<E>(e))));
+}
+}  // namespace detail
 
 }  // namespace deft

@@ -51,10 +51,7 @@ std::shared_ptr<Meta<T>> new_meta(const Shape& s, std::shared_ptr<Node> fn) {
 
 // Backward work uses these untracked forms only: a tracked form would make
 // every derivative instantiate its own derivative, without end.
-template <class E>
-auto eval_untracked(E&& e) {
-  return deft::detail::record_expression<false>(as_expr(std::forward<E>(e)));
-}
+using deft::detail::eval_untracked;
 template <class T>
 Tensor<T> sum_untracked(const Tensor<T>& x, int axis, bool keepdims) {
   return deft::detail::reduce<deft::detail::SumReducer, false>("sum", x, axis, keepdims, false);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <concepts>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -27,17 +28,18 @@ std::pair<Tensor<T>, Tensor<T>> clipping_scale(const std::vector<Tensor<T>>& arr
   std::vector<std::pair<Device, Tensor<T>>> per_device;
   for (const auto& a : arrays) {
     const auto it = std::ranges::find(per_device, a.device(), &std::pair<Device, Tensor<T>>::first);
-    if (it != per_device.end()) it->second = it->second + sum(a * a);
-    else per_device.emplace_back(a.device(), sum(a * a));
+    Tensor<T> squares = detail::reduce<detail::SumReducer, false>("sum", a * a, std::nullopt, false, false);
+    if (it != per_device.end()) detail::assign_untracked(it->second, it->second + squares);
+    else per_device.emplace_back(a.device(), std::move(squares));
   }
   const Device home = per_device[0].first;
   Tensor<T> squares = per_device[0].second;
-  for (std::size_t i = 1; i < per_device.size(); ++i) squares = squares + per_device[i].second.to(home);
-  Tensor<T> norm = sqrt(squares);
+  for (std::size_t i = 1; i < per_device.size(); ++i) detail::assign_untracked(squares, squares + per_device[i].second.to(home));
+  Tensor<T> norm = detail::eval_untracked(sqrt(squares));
   // + 0 * norm: NaN for a NaN or infinite norm (squares past float's range
   // when gradients explode), where the quotient alone would be 0 and zero
   // the arrays silently; nothing for a finite one.
-  Tensor<T> scale = minimum(max_norm / (norm + T(1e-6)), T(1)) + norm * T(0);
+  Tensor<T> scale = detail::eval_untracked(minimum(max_norm / (norm + T(1e-6)), T(1)) + norm * T(0));
   return {std::move(norm), std::move(scale)};
 }
 

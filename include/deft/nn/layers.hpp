@@ -160,8 +160,8 @@ class Dropout : public Block {
   /// x masked and scaled in training mode, else x.
   Tensor<float> forward(const Tensor<float>& x) override {
     if (!autograd::is_training() || rate_ == 0.0f) return x;
-    const Tensor<float> keep =
-        cast<float>(random::uniform<float>(0.0, 1.0, x.shape(), x.device()) >= rate_) * (1.0f / (1.0f - rate_));
+    const Tensor<float> keep = detail::eval_untracked(
+        cast<float>(random::uniform<float>(0.0, 1.0, x.shape(), x.device()) >= rate_) * (1.0f / (1.0f - rate_)));
     return x * keep;
   }
   /// The probability of dropping an element.

@@ -243,7 +243,7 @@ class Trainer {
       } else if (scheduled) {
         it->update += 1.0;
       }
-      if (scheduled) it->rate = map(detail::ScheduledRate{schedule_, double(learning_rate())}, it->update);
+      if (scheduled) detail::assign_untracked(it->rate, map(detail::ScheduledRate{schedule_, double(learning_rate())}, it->update));
     }
   }
   // New rates for the devices that have one, made here rather than inside
@@ -318,11 +318,11 @@ class Trainer {
     DeviceClock& d = *std::ranges::find(clock.on, device, &DeviceClock::device);
     d.beta1_t *= double(o.beta1);
     d.beta2_t *= double(o.beta2);
-    d.step_size = cast<float>(sqrt(1.0 - d.beta2_t) * cast<double>(rate) / (1.0 - d.beta1_t));
+    detail::assign_untracked(d.step_size, cast<float>(sqrt(1.0 - d.beta2_t) * cast<double>(rate) / (1.0 - d.beta1_t)));
     // m_hat / (sqrt(v_hat) + eps) = m * step_size / (sqrt(v) + eps * sqrt(1 - beta2^t)) / lr;
     // one expression for both placements (before: the factor is exactly 1).
     const double after = o.epsilon_at == AdamEpsilon::after_correction ? 1.0 : 0.0;
-    d.epsilon = cast<float>(sqrt(1.0 - d.beta2_t * after) * double(o.epsilon));
+    detail::assign_untracked(d.epsilon, cast<float>(sqrt(1.0 - d.beta2_t * after) * double(o.epsilon)));
   }
   const DeviceClock& clock_on(std::size_t param, Device device) const {
     const Clock& c = clocks_.at(clock_of_.at(param));
@@ -400,7 +400,7 @@ class Trainer {
       return;
     }
     if (!s.m) s.m = zeros<float>(w.shape(), w.device());
-    s.m = s.m * o.momentum - (g * rescale + w * o.weight_decay) * lr;
+    detail::assign_untracked(s.m, s.m * o.momentum - (g * rescale + w * o.weight_decay) * lr);
     if (o.nesterov) w += s.m * o.momentum - (g * rescale + w * o.weight_decay) * lr;
     else w += s.m;
   }
@@ -413,8 +413,8 @@ class Trainer {
     const float l2 = o.decoupled_weight_decay ? 0.0f : o.weight_decay;
     const float decay = o.decoupled_weight_decay ? o.weight_decay : 0.0f;
     const auto grad = g * rescale + w * l2;
-    s.m = s.m * o.beta1 + grad * (1.0f - o.beta1);
-    s.v = s.v * o.beta2 + grad * grad * (1.0f - o.beta2);
+    detail::assign_untracked(s.m, s.m * o.beta1 + grad * (1.0f - o.beta1));
+    detail::assign_untracked(s.v, s.v * o.beta2 + grad * grad * (1.0f - o.beta2));
     const DeviceClock& c = clock_on(param, w.device());
     w -= s.m * c.step_size / (sqrt(s.v) + c.epsilon) + w * (rate_on(w.device()) * decay);
   }

@@ -273,8 +273,8 @@ void allreduce(std::vector<Tensor<T>>& parts) {
   autograd::pause no_recording;
   if (detail::sum_across_devices(parts)) return;
   const Device home = parts[0].device();
-  Tensor<T> total = parts[0] + parts[1].to(home);
-  for (std::size_t i = 2; i < parts.size(); ++i) total = total + parts[i].to(home);
+  Tensor<T> total = detail::eval_untracked(parts[0] + parts[1].to(home));
+  for (std::size_t i = 2; i < parts.size(); ++i) detail::assign_untracked(total, total + parts[i].to(home));
   for (auto& p : parts) p.assign(total.to(p.device()));
 }
 

@@ -181,6 +181,14 @@ inline constexpr std::size_t cache_large_round_bytes = std::size_t(2) << 20;
 // summed while the backward still writes the others.
 inline constexpr std::size_t allreduce_bucket_bytes = std::size_t(25) << 20;
 
+// --- waiting for other processes (dist/mpi.hpp, device/cuda/collective.hpp) --
+// A rank polling a collective first yields, then sleeps longer each poll
+// up to this (core/backoff.hpp): longer sleeps wake later; shorter ones take
+// the core from the workers more often. MPI's requests wait on a peer that
+// may be far behind; NCCL's non-blocking calls end within NCCL's own setup.
+inline constexpr std::int64_t mpi_poll_max_sleep_us = 1000;
+inline constexpr std::int64_t nccl_poll_max_sleep_us = 100;
+
 // --- task memory (engine/task_memory.hpp) ---------------------------------
 // Freed task blocks each thread keeps for reuse, per size class of
 // task_block_granule bytes up to task_block_classes of them (4 KiB): a

@@ -23,11 +23,12 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "../core/backoff.hpp"
 #include "../core/device.hpp"
+#include "../core/thresholds.hpp"
 #include "../engine/api.hpp"
 #include "../eval/executor.hpp"
 #include "collectives.hpp"
@@ -359,12 +360,7 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // Spin briefly (a peer a few microseconds behind), then sleep in growing
-  // steps so that a long wait leaves the core to the workers.
-  static void pause(int polls) {
-    if (polls < 256) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 * (polls - 255))));
-  }
+  static void pause(int polls) { deft::detail::back_off(polls, thresholds::mpi_poll_max_sleep_us); }
 
   // Sends `c`'s announcement to every other rank and receives theirs,
   // polling until all arrived or the timeout passed. Polling drives MPI's

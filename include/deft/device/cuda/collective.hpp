@@ -7,7 +7,6 @@
 // collectives. Plain C++ over the CUDA runtime (g++ and nvcc both compile it).
 #pragma once
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <map>
@@ -15,12 +14,13 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "../../core/backoff.hpp"
 #include "../../core/device.hpp"
 #include "../../core/error.hpp"
+#include "../../core/thresholds.hpp"
 #include "../backend.hpp"
 #include "runtime.hpp"
 
@@ -303,10 +303,7 @@ class NcclProcessGroup final : public ProcessGroup {
     pending_ = nullptr;
     return true;
   }
-  static void pause(int polls) {
-    if (polls < 256) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
+  static void pause(int polls) { back_off(polls, thresholds::nccl_poll_max_sleep_us); }
 
   void check(ncclResult_t status, const char* what) const {
     if (status != ncclSuccess)

@@ -166,6 +166,28 @@ BOOST_AUTO_TEST_CASE(a_communicator_that_never_forms_is_found_by_the_watchdog) {
   dist::barrier();
 }
 
+// Every rank joined, but NCCL never takes the next allreduce (each rank's
+// call stays in progress): every rank's watchdog ends that wait after the
+// timeout. (One rank alone stuck there would leave the others waiting for
+// its data, which the watchdog covers as before; in the stand-in their
+// GPUs would then fail for good when its abort cuts their sockets.)
+BOOST_AUTO_TEST_CASE(a_collective_nccl_never_takes_is_found_by_the_watchdog) {
+  if (dist::size() < 2) return;
+  const auto comm = dist_test::fresh({.timeout = std::chrono::milliseconds(1500), .on_timeout = dist::OnTimeout::raise});
+  Tensor<float> t = Tensor<float>(values_of<float>(dist::rank(), 2800, 16), Shape{16}).to(this_ranks_gpu());
+  dist::allreduce(t, dist::ReduceOp::sum, comm);
+  t.wait_to_read();  // the communicator forms and works
+  fake_cuda::inject("ncclAllReduce", fake_cuda::Fault::hang);
+  const auto start = std::chrono::steady_clock::now();
+  dist::allreduce(t, dist::ReduceOp::sum, comm);
+  BOOST_CHECK_EXCEPTION(t.wait_to_read(), dist::Timeout, [](const dist::Timeout& e) {
+    BOOST_TEST_MESSAGE(e.what());
+    return mentions(e, "allreduce #1") && mentions(e, "1.5 s") && mentions(e, "for NCCL to take the collective");
+  });
+  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(20)));
+  dist::barrier();
+}
+
 BOOST_AUTO_TEST_CASE(ranks_training_on_gpus_over_nccl_match_one_process_on_the_host) {
   using namespace dist_test::training;
   const auto [x, y] = data_set();

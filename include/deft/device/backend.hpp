@@ -5,6 +5,7 @@
 // Plain C++: the engine itself knows nothing of CUDA.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <functional>
@@ -68,11 +69,13 @@ class ProcessGroup {
   /// collective library's error text when joining failed.
   virtual bool joined() { return true; }
   /// Queues collective `kind` on the GPU's collective lane, after the
-  /// earlier conflicting work there, and returns once it is queued: `in`
-  /// holds this rank's `count` elements, `out` the result (allgather:
+  /// earlier conflicting work there, and returns true once it is queued:
+  /// `in` holds this rank's `count` elements, `out` the result (allgather:
   /// ranks * count, reduce_scatter: count / ranks), both on the group's GPU.
-  virtual void queue(dist::CollectiveKind kind, dist::ReduceOp op, DType dtype, std::size_t count, int root,
-                     const void* in, void* out) = 0;
+  /// Returns false when the collective library had not taken the call by
+  /// `deadline`; the group must then be aborted.
+  virtual bool queue(dist::CollectiveKind kind, dist::ReduceOp op, DType dtype, std::size_t count, int root,
+                     const void* in, void* out, std::chrono::steady_clock::time_point deadline) = 0;
   /// Whether the last queued collective finished; raises the GPU's failure.
   virtual bool finished() = 0;
   /// Ends the group at once (after a timeout): its queued collectives may

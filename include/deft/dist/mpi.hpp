@@ -274,8 +274,14 @@ class MpiCommunicator final : public Communicator {
   // collective; waits for the GPU to finish it, against the timeout.
   void run_on_gpu(const Collective& c, const void* in, void* out) {
     if (!group_) join_gpu_group(c);
-    breaks([&] { group_->queue(c.kind, c.op, c.dtype, std::size_t(c.count), c.root, in, out); });
     const auto start = std::chrono::steady_clock::now();
+    const bool queued = breaks([&] {
+      return group_->queue(c.kind, c.op, c.dtype, std::size_t(c.count), c.root, in, out, start + options_.timeout);
+    });
+    if (!queued) {
+      if (options_.on_timeout == OnTimeout::raise) group_->abort();
+      timed_out(c, {}, " for NCCL to take the collective; every rank had joined it, so one stopped or is stuck");
+    }
     for (int polls = 0; !breaks([&] { return group_->finished(); }); ++polls) {
       if (std::chrono::steady_clock::now() - start > options_.timeout) {
         if (options_.on_timeout == OnTimeout::raise) group_->abort();

@@ -110,6 +110,7 @@ struct ncclComm {
   // launched by the next ncclCommGetAsyncError, as NCCL may finish
   // enqueueing only then.
   std::function<ncclResult_t()> deferred{};
+  bool stuck = false;  // a collective injected to hang: in progress until aborted
 };
 
 namespace {
@@ -565,6 +566,7 @@ ncclResult_t collective(const Queued& q) {
     // Work put on the stream before the query that launches this would run
     // ahead of the collective: what NCCL's rule forbids, made visible.
     comm->deferred = [q] { return launch_any(q); };
+    comm->stuck = fake_cuda::take_fault(name) == fake_cuda::Fault::hang;
     return ncclInProgress;
   }
   return launch_any(q);
@@ -670,6 +672,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) {
   if (!comm || !error) return ncclInvalidArgument;
   if (comm->link && comm->link->joining != ncclSuccess) {
     *error = comm->link->joining;
+    return ncclSuccess;
+  }
+  if (comm->stuck) {
+    *error = ncclInProgress;
     return ncclSuccess;
   }
   if (comm->deferred) {

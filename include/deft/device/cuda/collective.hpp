@@ -7,6 +7,7 @@
 // collectives. Plain C++ over the CUDA runtime (g++ and nvcc both compile it).
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <map>
@@ -232,8 +233,8 @@ class NcclProcessGroup final : public ProcessGroup {
     return settled();
   }
 
-  void queue(dist::CollectiveKind kind, dist::ReduceOp op, DType dtype, std::size_t count, int root, const void* in,
-             void* out) override {
+  bool queue(dist::CollectiveKind kind, dist::ReduceOp op, DType dtype, std::size_t count, int root, const void* in,
+             void* out, std::chrono::steady_clock::time_point deadline) override {
     if (!comm_) raise<std::logic_error>("NCCL process group on ", deft::gpu(device_), ": aborted after a timeout");
     DeviceContext& ctx = context(device_);
     DeviceGuard on(device_);
@@ -255,11 +256,15 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     answered(status, dist::kind_name(kind));
     // On the stream before `access` marks the lane after it, and before any
-    // other work goes on NCCL's stream (NCCL's rule). All ranks passed the
-    // rendezvous and joined: this is NCCL connecting to them, not a wait
-    // for a rank that never comes.
-    for (int polls = 0; !settled(); ++polls) pause(polls);
+    // other work goes on NCCL's stream (NCCL's rule). Usually NCCL
+    // connecting to ranks that all joined; a rank stuck here is the
+    // caller's timeout to report.
+    for (int polls = 0; !settled(); ++polls) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      pause(polls);
+    }
     gpu::check(cudaEventRecord(done_, stream), "cudaEventRecord", device_);
+    return true;
   }
 
   bool finished() override {

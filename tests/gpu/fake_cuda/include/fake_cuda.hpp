@@ -43,11 +43,15 @@ unsigned long long calls(const char* what);
 
 /// What a test makes a call of the stand-in do, once.
 enum class Fault { none, fail, hang };
-/// Makes this process's next `call` (only "ncclCommInitRank" so far, with
-/// or without a config) fail at once (ncclSystemError), or never end: as a
-/// blocking call it then waits until the process ends, as a non-blocking
-/// one its communicator stays in progress until aborted. Tests reach
-/// through it a rank that cannot join a communicator.
+/// Makes this process's next `call` fail at once (ncclSystemError), or
+/// never end. "ncclCommInitRank" (with or without a config) takes both: as
+/// a blocking call a hang waits until the process ends, as a non-blocking
+/// one its communicator stays in progress until aborted. A collective
+/// ("ncclAllReduce", "ncclBroadcast", "ncclAllGather", "ncclReduceScatter")
+/// on a non-blocking communicator takes a hang: it answers ncclInProgress,
+/// and so does every ncclCommGetAsyncError after it, until aborted. Tests
+/// reach through it a rank that cannot join a communicator, and one whose
+/// NCCL never takes a collective.
 void inject(const char* call, Fault fault);
 /// The fault injected for `call`, which it takes (the stand-in's own use).
 Fault take_fault(const char* call);

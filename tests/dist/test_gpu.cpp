@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,28 @@ Device this_ranks_gpu() { return gpu(dist::local_rank() % num_gpus()); }
 unsigned long long nccl_calls() {
   return fake_cuda::calls("ncclAllReduce") + fake_cuda::calls("ncclBroadcast") + fake_cuda::calls("ncclAllGather") +
          fake_cuda::calls("ncclReduceScatter");
+}
+
+// The NCCL faults' tests: a communicator that raises on timeout, and 16
+// values on this rank's GPU.
+std::shared_ptr<dist::Communicator> raising(std::chrono::milliseconds timeout) {
+  return dist_test::fresh({.timeout = timeout, .on_timeout = dist::OnTimeout::raise});
+}
+Tensor<float> on_gpu(std::uint64_t seed) {
+  return Tensor<float>(values_of<float>(dist::rank(), seed, 16), Shape{16}).to(this_ranks_gpu());
+}
+// Allreduces t over comm and checks that reading it raises Failure, as
+// `check` accepts, within 20 s (every fault's timeout is shorter, or a
+// fault needs none).
+template <class Failure, class Check>
+void fails_in_time(Tensor<float>& t, const std::shared_ptr<dist::Communicator>& comm, Check&& check) {
+  const auto start = std::chrono::steady_clock::now();
+  dist::allreduce(t, dist::ReduceOp::sum, comm);
+  BOOST_CHECK_EXCEPTION(t.wait_to_read(), Failure, [&](const Failure& e) {
+    BOOST_TEST_MESSAGE(e.what());
+    return check(e);
+  });
+  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(20)), "raised within 20 s");
 }
 
 }  // namespace
@@ -131,17 +154,13 @@ BOOST_AUTO_TEST_CASE(a_rank_on_the_host_where_the_others_are_on_gpus_is_named) {
 // it at once, where rank 0's NCCL would otherwise wait for rank 1 without end.
 BOOST_AUTO_TEST_CASE(a_rank_that_cannot_join_the_nccl_communicator_is_named_on_every_rank) {
   if (dist::size() < 2) return;
-  const auto comm = dist_test::fresh({.timeout = std::chrono::seconds(30), .on_timeout = dist::OnTimeout::raise});
+  const auto comm = raising(std::chrono::seconds(30));  // named long before the timeout
   if (dist::rank() == 1) fake_cuda::inject("ncclCommInitRank", fake_cuda::Fault::fail);
-  Tensor<float> t = Tensor<float>(values_of<float>(dist::rank(), 2600, 16), Shape{16}).to(this_ranks_gpu());
-  const auto start = std::chrono::steady_clock::now();
-  dist::allreduce(t, dist::ReduceOp::sum, comm);
-  BOOST_CHECK_EXCEPTION(t.wait_to_read(), dist::Error, [](const dist::Error& e) {
-    BOOST_TEST_MESSAGE(e.what());
+  Tensor<float> t = on_gpu(2600);
+  fails_in_time<dist::Error>(t, comm, [](const dist::Error& e) {
     return mentions(e, "allreduce #0") && mentions(e, "rank(s) 1 of") &&
            mentions(e, "could not join NCCL's communicator") && (dist::rank() != 1 || mentions(e, "(rank 1: NCCL ncclCommInitRank"));
   });
-  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(20)), "named before the timeout");
   dist::barrier();
 }
 
@@ -149,16 +168,12 @@ BOOST_AUTO_TEST_CASE(a_rank_that_cannot_join_the_nccl_communicator_is_named_on_e
 // wait for the communicator after the timeout, and aborts it.
 BOOST_AUTO_TEST_CASE(a_communicator_that_never_forms_is_found_by_the_watchdog) {
   if (dist::size() < 2) return;
-  const auto comm = dist_test::fresh({.timeout = std::chrono::milliseconds(1500), .on_timeout = dist::OnTimeout::raise});
+  const auto comm = raising(std::chrono::milliseconds(1500));
   if (dist::rank() == 1) fake_cuda::inject("ncclCommInitRank", fake_cuda::Fault::hang);
-  Tensor<float> t = Tensor<float>(values_of<float>(dist::rank(), 2700, 16), Shape{16}).to(this_ranks_gpu());
-  const auto start = std::chrono::steady_clock::now();
-  dist::allreduce(t, dist::ReduceOp::sum, comm);
-  BOOST_CHECK_EXCEPTION(t.wait_to_read(), dist::Timeout, [](const dist::Timeout& e) {
-    BOOST_TEST_MESSAGE(e.what());
+  Tensor<float> t = on_gpu(2700);
+  fails_in_time<dist::Timeout>(t, comm, [](const dist::Timeout& e) {
     return mentions(e, "allreduce #0") && mentions(e, "1.5 s") && mentions(e, "for NCCL's communicator to form");
   });
-  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(20)));
   // Later collectives on it refuse at once.
   Tensor<float> u = Tensor<float>(std::vector<float>{1.0f}, Shape{1}).to(this_ranks_gpu());
   dist::allreduce(u, dist::ReduceOp::sum, comm);
@@ -173,18 +188,14 @@ BOOST_AUTO_TEST_CASE(a_communicator_that_never_forms_is_found_by_the_watchdog) {
 // GPUs would then fail for good when its abort cuts their sockets.)
 BOOST_AUTO_TEST_CASE(a_collective_nccl_never_takes_is_found_by_the_watchdog) {
   if (dist::size() < 2) return;
-  const auto comm = dist_test::fresh({.timeout = std::chrono::milliseconds(1500), .on_timeout = dist::OnTimeout::raise});
-  Tensor<float> t = Tensor<float>(values_of<float>(dist::rank(), 2800, 16), Shape{16}).to(this_ranks_gpu());
+  const auto comm = raising(std::chrono::milliseconds(1500));
+  Tensor<float> t = on_gpu(2800);
   dist::allreduce(t, dist::ReduceOp::sum, comm);
   t.wait_to_read();  // the communicator forms and works
   fake_cuda::inject("ncclAllReduce", fake_cuda::Fault::hang);
-  const auto start = std::chrono::steady_clock::now();
-  dist::allreduce(t, dist::ReduceOp::sum, comm);
-  BOOST_CHECK_EXCEPTION(t.wait_to_read(), dist::Timeout, [](const dist::Timeout& e) {
-    BOOST_TEST_MESSAGE(e.what());
+  fails_in_time<dist::Timeout>(t, comm, [](const dist::Timeout& e) {
     return mentions(e, "allreduce #1") && mentions(e, "1.5 s") && mentions(e, "for NCCL to take the collective");
   });
-  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(20)));
   dist::barrier();
 }
 

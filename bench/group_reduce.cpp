@@ -2,6 +2,9 @@
 // 4096 x 4096 matrix (axis 0: one sum per column; axis 1: one per row), all
 // threads. Eigen Tensor runs on its ThreadPoolDevice; Eigen's Array, xtensor
 // and the hand loop on one thread (the hand loop with OpenMP as well).
+// deft on one thread is timed in alternation with Eigen's Array, and the
+// sum of 2^24 on all threads with Eigen Tensor: these rows run at the
+// memory's rate, which drifts on a shared machine.
 #include "common.hpp"
 
 #include <cmath>
@@ -39,18 +42,27 @@ void sum_all_rows() {
     DeftThreads threads(t);
     auto deft_sum = [&] { result = sum(tx).item(); };
 #if DEFT_BENCH_HAVE_EIGEN
-    if (t == all) {
-      // deft and Eigen Tensor's pool in alternation: both read the 64 MiB at
-      // the memory's rate, so timed apart the VM's drift between the two
-      // measurements would decide the target's ratio.
-      const auto s = measure_interleaved({deft_sum, [&] { eigen_out.device(dev) = et.sum(); }});
-      add_time(g, name, "deft", t, size, "ms", s[0]);
-      add_time(g, name, "eigen-tensor", all, size, "ms", s[1]);
-      check_sum(g, "Eigen Tensor", eigen_out(), result);
-      continue;
-    }
-#endif
+    // deft and its Eigen peer in alternation (Eigen's Array on one thread,
+    // Eigen Tensor's pool on all): both read the 64 MiB at the memory's
+    // rate, so timed apart the VM's drift between the two measurements
+    // would decide the ratio.
+    Eigen::Map<const Eigen::ArrayXf> ea(px, n);
+    float r = 0;
+    const auto s = measure_interleaved({deft_sum, [&] {
+                                          if (t == all) {
+                                            eigen_out.device(dev) = et.sum();
+                                            r = eigen_out();
+                                          } else {
+                                            r = ea.sum();
+                                          }
+                                          clobber(&r);
+                                        }});
+    add_time(g, name, "deft", t, size, "ms", s[0]);
+    add_time(g, name, t == all ? "eigen-tensor" : "eigen-array", t, size, "ms", s[1]);
+    check_sum(g, t == all ? "Eigen Tensor" : "Eigen ArrayXf", r, result);
+#else
     add_time(g, name, "deft", t, size, "ms", measure(deft_sum));
+#endif
   }
   const double want = result;
   {
@@ -74,17 +86,7 @@ void sum_all_rows() {
     check_sum(g, "hand-omp", r, want);
 #endif
   }
-#if DEFT_BENCH_HAVE_EIGEN
-  {
-    Eigen::Map<const Eigen::ArrayXf> ea(px, n);
-    float r = 0;
-    add_time(g, name, "eigen-array", 1, size, "ms", measure([&] {
-               r = ea.sum();
-               clobber(&r);
-             }));
-    check_sum(g, "Eigen ArrayXf", r, want);
-  }
-#else
+#if !DEFT_BENCH_HAVE_EIGEN
   skip(g, "eigen", "Eigen3 not found");
 #endif
 #if DEFT_BENCH_HAVE_XTENSOR
@@ -126,19 +128,40 @@ void sum_axis_rows() {
   for (int axis : {0, 1}) {
     const std::string name = "sum axis " + std::to_string(axis);
     Tensor<float> ts;
+    float* po = out.data();
+#if DEFT_BENCH_HAVE_EIGEN
+    using RowArr = Eigen::Array<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    Eigen::Map<const RowArr> ea(px, N, N);
+    const auto eigen_array = [&] {
+      if (axis == 0) Eigen::Map<Eigen::Array<float, 1, Eigen::Dynamic>>(po, N) = ea.colwise().sum();
+      else Eigen::Map<Eigen::Array<float, Eigen::Dynamic, 1>>(po, N) = ea.rowwise().sum();
+      clobber(po);
+    };
+#endif
     for (int t : {1, all}) {
       if (t == 1 && all == 1) continue;
       DeftThreads threads(t);
-      ts = sum(tx, axis);
-      ts.wait_to_read();
-      add_time(g, name, "deft", t, size, "ms", measure([&] {
-                 ts = sum(tx, axis);
-                 ts.wait_to_read();
-               }));
+      const auto deft_sum = [&] {
+        ts = sum(tx, axis);
+        ts.wait_to_read();
+      };
+#if DEFT_BENCH_HAVE_EIGEN
+      if (t == 1) {  // with Eigen's Array in alternation: both run at the memory's rate (see sum all)
+        const auto s = measure_interleaved({deft_sum, eigen_array});
+        add_time(g, name, "deft", t, size, "ms", s[0]);
+        add_time(g, name, "eigen-array", 1, size, "ms", s[1]);
+        continue;
+      }
+#endif
+      deft_sum();
+      add_time(g, name, "deft", t, size, "ms", measure(deft_sum));
     }
     const auto v = ts.to_vector();
     std::copy(v.begin(), v.end(), ref.data());
-    float* po = out.data();
+#if DEFT_BENCH_HAVE_EIGEN
+    eigen_array();
+    check_same(g, "Eigen Array " + name, po, ref.data(), N, 1e-4);
+#endif
 #if DEFT_BENCH_HAVE_OPENMP
     set_omp_threads(all);
     add_time(g, name, "hand-omp", all, size, "ms", measure([&] {
@@ -165,14 +188,6 @@ void sum_axis_rows() {
 #endif
 #if DEFT_BENCH_HAVE_EIGEN
     {
-      using RowArr = Eigen::Array<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-      Eigen::Map<const RowArr> ea(px, N, N);
-      add_time(g, name, "eigen-array", 1, size, "ms", measure([&] {
-                 if (axis == 0) Eigen::Map<Eigen::Array<float, 1, Eigen::Dynamic>>(po, N) = ea.colwise().sum();
-                 else Eigen::Map<Eigen::Array<float, Eigen::Dynamic, 1>>(po, N) = ea.rowwise().sum();
-                 clobber(po);
-               }));
-      check_same(g, "Eigen Array " + name, po, ref.data(), N, 1e-4);
       Eigen::TensorMap<Eigen::Tensor<const float, 2, Eigen::RowMajor>> et(px, N, N);
       Eigen::TensorMap<Eigen::Tensor<float, 1, Eigen::RowMajor>> eo(po, N);
       Eigen::ThreadPool pool(all);

@@ -14,8 +14,12 @@ namespace deft::detail {
 /// long wait leaves the core to the workers.
 inline void back_off(int polls, std::int64_t longest_us) {
   constexpr int yields = 256;
-  if (polls < yields) std::this_thread::yield();
-  else std::this_thread::sleep_for(std::chrono::microseconds(std::min<std::int64_t>(10 * std::int64_t(polls - yields + 1), longest_us)));
+  if (polls < yields) {
+    std::this_thread::yield();
+    return;
+  }
+  const std::int64_t grown = 10 * std::int64_t(polls - yields + 1);
+  std::this_thread::sleep_for(std::chrono::microseconds(std::min(grown, longest_us)));
 }
 
 }  // namespace deft::detail

@@ -34,7 +34,8 @@ std::pair<Tensor<T>, Tensor<T>> clipping_scale(const std::vector<Tensor<T>>& arr
   }
   const Device home = per_device[0].first;
   Tensor<T> squares = per_device[0].second;
-  for (std::size_t i = 1; i < per_device.size(); ++i) detail::assign_untracked(squares, squares + per_device[i].second.to(home));
+  for (std::size_t i = 1; i < per_device.size(); ++i)
+    detail::assign_untracked(squares, squares + per_device[i].second.to(home));
   Tensor<T> norm = detail::eval_untracked(sqrt(squares));
   // + 0 * norm: NaN for a NaN or infinite norm (squares past float's range
   // when gradients explode), where the quotient alone would be 0 and zero

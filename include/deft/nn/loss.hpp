@@ -55,8 +55,8 @@ class SoftmaxCrossEntropyLoss {
     const Tensor<float> m = max(pred.detach(), 1, true);
     const Tensor<float> shifted = pred - m;
     const Tensor<float> lse = log(sum(exp(shifted), 1, true));
-    const Tensor<float> y =
-        detail::eval_untracked(map(detail::IndexCheck<float>{classes, "SoftmaxCrossEntropyLoss: label"}, label.reshape({n, 1})));
+    const detail::IndexCheck<float> check{classes, "SoftmaxCrossEntropyLoss: label"};
+    const Tensor<float> y = detail::eval_untracked(map(check, label.reshape({n, 1})));
     const Tensor<float> onehot =
         detail::eval_untracked(arange<float>(0.0f, float(classes), 1.0f, pred.device()).reshape({1, classes}) == y);
     // Selected, not multiplied by the one-hot mask: a class scored -inf (a
@@ -70,8 +70,8 @@ inline Tensor<float> accuracy(const Tensor<float>& pred, const Tensor<std::int64
   if (pred.rank() != 2 || label.rank() != 1 || label.shape()[0] != pred.shape()[0])
     detail::raise("accuracy: needs scores (batch, classes) and labels (batch,), got ", pred.shape().to_string(), " and ",
                   label.shape().to_string());
-  return detail::reduce<detail::MeanReducer, false>("mean", cast<float>(argmax(pred.detach(), 1) == label), std::nullopt,
-                                                    false, false);
+  const auto hits = cast<float>(argmax(pred.detach(), 1) == label);
+  return detail::reduce<detail::MeanReducer, false>("mean", hits, std::nullopt, false, false);
 }
 
 }  // namespace deft::nn

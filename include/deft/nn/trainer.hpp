@@ -243,7 +243,8 @@ class Trainer {
       } else if (scheduled) {
         it->update += 1.0;
       }
-      if (scheduled) detail::assign_untracked(it->rate, map(detail::ScheduledRate{schedule_, double(learning_rate())}, it->update));
+      if (scheduled)
+        detail::assign_untracked(it->rate, map(detail::ScheduledRate{schedule_, double(learning_rate())}, it->update));
     }
   }
   // New rates for the devices that have one, made here rather than inside

@@ -235,7 +235,8 @@ Tensor<T> one_hot(const Tensor<std::int64_t>& indices, std::int64_t depth) {
   std::vector<std::int64_t> classes(with_axis.size() + 1, 1);
   with_axis.push_back(1);
   classes.back() = depth;
-  const Tensor<T> at = detail::eval_untracked(map(detail::IndexCheck<T>{depth, "one_hot: index"}, indices.reshape(with_axis)));
+  const detail::IndexCheck<T> check{depth, "one_hot: index"};
+  const Tensor<T> at = detail::eval_untracked(map(check, indices.reshape(with_axis)));
   // + at * 0: a NaN index (on a GPU) makes the whole row NaN.
   return (arange<T>(T(0), T(depth), T(1), indices.device()).reshape(classes) == at) + at * T(0);
 }

@@ -24,6 +24,7 @@
 #include "autograd/conv.hpp"
 #include "autograd/graph.hpp"
 #include "autograd/indexing.hpp"
+#include "autograd/softmax.hpp"
 #include "core/config.hpp"
 #include "core/device.hpp"
 #include "core/dtype.hpp"

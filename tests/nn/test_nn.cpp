@@ -230,6 +230,32 @@ BOOST_AUTO_TEST_CASE(softmax_cross_entropy_matches_a_double_reference_with_its_g
   }
 }
 
+// The fused gradient scales each row by its own upstream gradient (a
+// weighted loss), and reaches scores computed from a variable.
+BOOST_AUTO_TEST_CASE(softmax_cross_entropy_gradient_follows_a_weighted_head) {
+  random::seed(5);
+  const int n = 7, c = 4;
+  Tensor<float> w = random::normal<float>(0, 2, {n, c});
+  const Tensor<std::int64_t> labels({3, 0, 1, 1, 2, 0, 3}, {n});
+  const Tensor<float> head = random::uniform<float>(-1, 2, {n});
+  w.attach_grad();
+  {
+    autograd::record rec;
+    nn::SoftmaxCrossEntropyLoss{}(w * 2.0f - 1.0f, labels).backward(head);
+  }
+  const auto s = w.to_vector(), g = w.grad().to_vector(), h = head.to_vector();
+  const auto y = labels.to_vector();
+  for (int i = 0; i < n; ++i) {
+    double z = 0;
+    for (int j = 0; j < c; ++j) z += std::exp(2.0 * s[i * c + j] - 1.0);
+    for (int j = 0; j < c; ++j) {
+      const double p = std::exp(2.0 * s[i * c + j] - 1.0) / z;
+      const double want = 2.0 * h[i] * (p - (j == y[i] ? 1.0 : 0.0));
+      BOOST_TEST(std::abs(g[i * c + j] - want) <= 1e-5, "row " << i << " class " << j << ": " << g[i * c + j]);
+    }
+  }
+}
+
 // A class scored -inf (masked out) has probability 0: the loss and the
 // gradient stay finite, as a double reference says.
 BOOST_AUTO_TEST_CASE(softmax_cross_entropy_with_a_masked_class) {

@@ -108,6 +108,12 @@ template <class T>
 void track_slice(Tensor<T>& out, const deft::detail::Leaf<T>& in, int axis, std::int64_t begin);
 template <class T>
 void track_concat(Tensor<T>& out, const std::vector<deft::detail::Leaf<T>>& parts, int axis);
+// Defined in autograd/softmax.hpp.
+template <class T>
+void track_softmax(Tensor<T>& out, std::shared_ptr<MetaBase> in, int axis, bool log);
+template <class T>
+void track_softmax_cross_entropy(Tensor<T>& loss, const deft::detail::Leaf<T>& scores, Tensor<T> max,
+                                 Tensor<T> log_sum, Tensor<T> onehot);
 
 }  // namespace detail
 

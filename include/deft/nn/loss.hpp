@@ -8,6 +8,7 @@
 #include <string>
 
 #include "../core/config.hpp"
+#include "../autograd/softmax.hpp"
 #include "../ops/elementwise.hpp"
 #include "../ops/creation.hpp"
 #include "../ops/indexing.hpp"
@@ -39,10 +40,12 @@ class L2Loss {
 namespace deft::nn {
 
 /// -log softmax(pred)[label] per sample, computed stably: with m the row
-/// maximum, log-sum-exp(pred - m) - (pred - m)[label]. pred is (batch,
+/// maximum, log Σ exp(pred - m) - (pred - m)[label]. pred is (batch,
 /// classes) of scores; label is (batch,) class indices. An index outside
 /// [0, classes) fails the task, so the sync point that reads the loss throws
-/// (on a GPU, where a kernel cannot throw, that sample's loss is NaN).
+/// (on a GPU, where a kernel cannot throw, that sample's loss is NaN). The
+/// gradient is one fused task, (softmax(pred) - onehot(label)) times the
+/// upstream gradient (autograd/softmax.hpp).
 class SoftmaxCrossEntropyLoss {
  public:
   /// The loss per sample, shape (batch,), for logits (batch, classes) and class indices (batch,).
@@ -50,18 +53,23 @@ class SoftmaxCrossEntropyLoss {
     if (pred.rank() != 2 || label.rank() != 1 || label.shape()[0] != pred.shape()[0])
       detail::raise("SoftmaxCrossEntropyLoss: needs scores (batch, classes) and labels (batch,), got ",
                     pred.shape().to_string(), " and ", label.shape().to_string());
+    using detail::eval_untracked;
     const std::int64_t n = pred.shape()[0], classes = pred.shape()[1];
-    // The maximum only shifts for stability; the loss does not depend on it.
-    const Tensor<float> m = max(pred.detach(), 1, true);
-    const Tensor<float> shifted = pred - m;
-    const Tensor<float> lse = log(sum(exp(shifted), 1, true));
+    const Tensor<float> m = detail::reduce<detail::MaxReducer, false>("SoftmaxCrossEntropyLoss", pred, 1, true, true);
+    const Tensor<float> log_sum =
+        eval_untracked(log(detail::reduce<detail::SumReducer, false>("sum", exp(pred - m), 1, true, false)));
     const detail::IndexCheck<float> check{classes, "SoftmaxCrossEntropyLoss: label"};
-    const Tensor<float> y = detail::eval_untracked(map(check, label.reshape({n, 1})));
+    const Tensor<float> y = eval_untracked(map(check, label.reshape({n, 1})));
     const Tensor<float> onehot =
-        detail::eval_untracked(arange<float>(0.0f, float(classes), 1.0f, pred.device()).reshape({1, classes}) == y);
+        eval_untracked(arange<float>(0.0f, float(classes), 1.0f, pred.device()).reshape({1, classes}) == y);
     // Selected, not multiplied by the one-hot mask: a class scored -inf (a
-    // masked class) has lse - shifted = inf, and inf * 0 would be NaN.
-    return sum(where(onehot, lse - shifted, 0.0f), 1) + y.reshape({n}) * 0.0f;  // + NaN for a bad label on a GPU
+    // masked class) has log_sum - (pred - m) = inf, and inf * 0 would be NaN.
+    // y * 0 is NaN for a bad label on a GPU, and 0 otherwise.
+    Tensor<float> loss = detail::reduce<detail::SumReducer, false>(
+        "sum", where(onehot, log_sum - (pred - m), 0.0f) + y * 0.0f, 1, false, false);
+    if (autograd::is_recording() && pred.grad_meta())
+      autograd::detail::track_softmax_cross_entropy(loss, pred.leaf(), m, log_sum, onehot);
+    return loss;
   }
 };
 

@@ -1,8 +1,11 @@
 // softmax and log_softmax along an axis, stable for any input range: with m
-// the maximum along the axis (a constant for the gradient, which does not
-// depend on it), exp(x - m) / sum(exp(x - m)) and (x - m) - log(sum(exp(x - m))).
-// Three tasks: the maximum, the fused sum of exponentials, and the result.
+// the maximum along the axis, exp(x - m) / Σ exp(x - m) and
+// (x - m) - log Σ exp(x - m). Three tasks (four for log_softmax: each log
+// once per slice, not once per element); the gradient is one fused
+// formula of the result (autograd/softmax.hpp), not the chain of these
+// steps' derivatives.
 #pragma once
+#include <type_traits>
 #include <utility>
 
 #include "elementwise.hpp"
@@ -10,16 +13,28 @@
 #include "../tensor.hpp"
 
 namespace deft {
+namespace detail {
+
+template <bool Log, class T>
+Tensor<T> softmax_along(const Tensor<T>& t, int axis) {
+  const Tensor<T> m = reduce<MaxReducer, false>(Log ? "log_softmax" : "softmax", t, axis, true, true);
+  const Tensor<T> s = reduce<SumReducer, false>("sum", exp(t - m), axis, true, false);
+  Tensor<T> y;
+  if constexpr (Log) y = eval_untracked(t - m - Tensor<T>(eval_untracked(log(s))));
+  else y = eval_untracked(exp(t - m) / s);
+  if constexpr (std::is_floating_point_v<T>)
+    if (autograd::is_recording() && t.grad_meta()) autograd::detail::track_softmax(y, t.grad_meta(), axis, Log);
+  return y;
+}
+
+}  // namespace detail
 
 /// exp(x) / sum(exp(x)) along `axis` (negative counts from the end); a
 /// NaN along the axis makes that whole slice NaN.
 template <Operand X>
 auto softmax(X&& x, int axis = -1) {
   using T = detail::value_t<detail::expr_t<X>>;
-  const Tensor<T> t(std::forward<X>(x));
-  const Tensor<T> m = max(t.detach(), axis, true);
-  const Tensor<T> s = sum(exp(t - m), axis, true);
-  return Tensor<T>(exp(t - m) / s);
+  return detail::softmax_along<false>(Tensor<T>(std::forward<X>(x)), axis);
 }
 
 /// log(softmax(x)) along `axis`, without forming softmax (no log of 0 for
@@ -27,10 +42,7 @@ auto softmax(X&& x, int axis = -1) {
 template <Operand X>
 auto log_softmax(X&& x, int axis = -1) {
   using T = detail::value_t<detail::expr_t<X>>;
-  const Tensor<T> t(std::forward<X>(x));
-  const Tensor<T> m = max(t.detach(), axis, true);
-  const Tensor<T> lse = log(sum(exp(t - m), axis, true));
-  return Tensor<T>(t - m - lse);
+  return detail::softmax_along<true>(Tensor<T>(std::forward<X>(x)), axis);
 }
 
 }  // namespace deft

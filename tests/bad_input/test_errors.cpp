@@ -136,6 +136,8 @@ BOOST_AUTO_TEST_CASE(reduction_axes_and_empty_tensors) {
       {"sum", [](auto& x, int a) { (void)deft::sum(x, a); }},   {"mean", [](auto& x, int a) { (void)deft::mean(x, a); }},
       {"max", [](auto& x, int a) { (void)deft::max(x, a); }},   {"min", [](auto& x, int a) { (void)deft::min(x, a); }},
       {"norm", [](auto& x, int a) { (void)deft::norm(x, a, true); }}, {"argmax", [](auto& x, int a) { (void)deft::argmax(x, a); }},
+      {"softmax", [](auto& x, int a) { (void)deft::softmax(x, a); }},
+      {"log_softmax", [](auto& x, int a) { (void)deft::log_softmax(x, a); }},
   };
   std::vector<Case> cases;
   for (const auto& [name, r_ref] : reds) {
@@ -166,6 +168,8 @@ BOOST_AUTO_TEST_CASE(reduction_axes_and_empty_tensors) {
   check_tensor(deft::sum(ei, 0), {4}, {0, 0, 0, 0}, 0, 0, "int sum over an empty axis");
   check_tensor(deft::max(e30, 0), {0}, {}, 0, 0, "max along a non-empty axis of an empty tensor");
   check_tensor(deft::argmax(ei, 1), {0}, {}, 0, 0, "argmax along a non-empty axis of an empty tensor");
+  check_tensor(deft::softmax(e30, 1), {3, 0}, {}, 0, 0, "softmax over an empty axis");
+  check_tensor(deft::log_softmax(e30, 0), {3, 0}, {}, 0, 0, "log_softmax along a non-empty axis of an empty tensor");
   w.check("reductions");
 }
 

@@ -52,10 +52,7 @@ std::shared_ptr<Meta<T>> new_meta(const Shape& s, std::shared_ptr<Node> fn) {
 // Backward work uses these untracked forms only: a tracked form would make
 // every derivative instantiate its own derivative, without end.
 using deft::detail::eval_untracked;
-template <class T>
-Tensor<T> sum_untracked(const Tensor<T>& x, int axis, bool keepdims) {
-  return deft::detail::reduce<deft::detail::SumReducer, false>("sum", x, axis, keepdims, false);
-}
+using deft::detail::sum_untracked;
 
 // Gathering gradients (adding them up, summing them over broadcast axes,
 // handing them to x.grad()) depends on the element type only, yet every

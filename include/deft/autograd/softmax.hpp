@@ -31,13 +31,10 @@ struct SoftmaxNode final : Node {
     inputs.push_back(std::move(x));
   }
   void backward(MetaBase& out) override {
-    namespace d = deft::detail;
     const Tensor<T>& g = gathered<T>(out);
     const Tensor<T> v = tensor_of(y);
     if (log) accumulate<T>(*inputs[0], eval_untracked(g - exp(v) * sum_untracked(g, axis, true)));
-    else
-      accumulate<T>(*inputs[0],
-                    eval_untracked(v * (g - d::reduce<d::SumReducer, false>("sum", g * v, axis, true, false))));
+    else accumulate<T>(*inputs[0], eval_untracked(v * (g - sum_untracked(g * v, axis, true))));
   }
 };
 

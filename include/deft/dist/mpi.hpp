@@ -278,15 +278,10 @@ class MpiCommunicator final : public Communicator {
     const bool queued = breaks([&] {
       return group_->queue(c.kind, c.op, c.dtype, std::size_t(c.count), c.root, in, out, start + options_.timeout);
     });
-    if (!queued) {
-      if (options_.on_timeout == OnTimeout::raise) group_->abort();
-      timed_out(c, {}, " for NCCL to take the collective; every rank had joined it, so one stopped or is stuck");
-    }
+    if (!queued)
+      gpu_timed_out(c, " for NCCL to take the collective; every rank had joined it, so one stopped or is stuck");
     for (int polls = 0; !breaks([&] { return group_->finished(); }); ++polls) {
-      if (std::chrono::steady_clock::now() - start > options_.timeout) {
-        if (options_.on_timeout == OnTimeout::raise) group_->abort();
-        timed_out(c, {});
-      }
+      if (std::chrono::steady_clock::now() - start > options_.timeout) gpu_timed_out(c);
       pause(polls);
     }
   }
@@ -357,11 +352,9 @@ class MpiCommunicator final : public Communicator {
     }
     const auto start = std::chrono::steady_clock::now();
     for (int polls = 0; !breaks([&] { return group_->joined(); }); ++polls) {
-      if (std::chrono::steady_clock::now() - start > options_.timeout) {
-        group_->abort();
-        timed_out(c, {}, " for NCCL's communicator to form; every rank started joining it, so one is stuck or cannot "
-                         "reach the others");
-      }
+      if (std::chrono::steady_clock::now() - start > options_.timeout)
+        gpu_timed_out(c, " for NCCL's communicator to form; every rank started joining it, so one is stuck or "
+                         "cannot reach the others");
       pause(polls);
     }
   }
@@ -425,9 +418,19 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  static constexpr const char* waiting_for_data = " for its data; every rank had joined it, so one stopped or is stuck";
+
+  // A collective on GPU memory, or the NCCL group's forming, that ran out of
+  // time. Raising, the group is aborted first, so that NCCL stops waiting
+  // for the other ranks; aborting, MPI_Abort ends every rank anyway.
+  [[noreturn]] void gpu_timed_out(const Collective& c, const char* waiting_for = waiting_for_data) {
+    if (options_.on_timeout == OnTimeout::raise) group_->abort();
+    timed_out(c, {}, waiting_for);
+  }
+
   // `waiting_for`: what the rank waited for when every rank had arrived.
   [[noreturn]] void timed_out(const Collective& c, const std::vector<int>& missing,
-                              const char* waiting_for = " for its data; every rank had joined it, so one stopped or is stuck") {
+                              const char* waiting_for = waiting_for_data) {
     const double seconds = double(options_.timeout.count()) / 1000.0;
     const std::string reason = "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " waited " +
                                std::to_string(seconds).substr(0, std::to_string(seconds).find('.') + 2) + " s at " +

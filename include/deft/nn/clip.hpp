@@ -28,7 +28,7 @@ std::pair<Tensor<T>, Tensor<T>> clipping_scale(const std::vector<Tensor<T>>& arr
   std::vector<std::pair<Device, Tensor<T>>> per_device;
   for (const auto& a : arrays) {
     const auto it = std::ranges::find(per_device, a.device(), &std::pair<Device, Tensor<T>>::first);
-    Tensor<T> squares = detail::reduce<detail::SumReducer, false>("sum", a * a, std::nullopt, false, false);
+    Tensor<T> squares = detail::sum_untracked(a * a);
     if (it != per_device.end()) detail::assign_untracked(it->second, it->second + squares);
     else per_device.emplace_back(a.device(), std::move(squares));
   }

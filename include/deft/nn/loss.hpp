@@ -56,8 +56,7 @@ class SoftmaxCrossEntropyLoss {
     using detail::eval_untracked;
     const std::int64_t n = pred.shape()[0], classes = pred.shape()[1];
     const Tensor<float> m = detail::reduce<detail::MaxReducer, false>("SoftmaxCrossEntropyLoss", pred, 1, true, true);
-    const Tensor<float> log_sum =
-        eval_untracked(log(detail::reduce<detail::SumReducer, false>("sum", exp(pred - m), 1, true, false)));
+    const Tensor<float> log_sum = eval_untracked(log(detail::sum_untracked(exp(pred - m), 1, true)));
     const detail::IndexCheck<float> check{classes, "SoftmaxCrossEntropyLoss: label"};
     const Tensor<float> y = eval_untracked(map(check, label.reshape({n, 1})));
     const Tensor<float> onehot =
@@ -65,8 +64,7 @@ class SoftmaxCrossEntropyLoss {
     // Selected, not multiplied by the one-hot mask: a class scored -inf (a
     // masked class) has log_sum - (pred - m) = inf, and inf * 0 would be NaN.
     // y * 0 is NaN for a bad label on a GPU, and 0 otherwise.
-    Tensor<float> loss = detail::reduce<detail::SumReducer, false>(
-        "sum", where(onehot, log_sum - (pred - m), 0.0f) + y * 0.0f, 1, false, false);
+    Tensor<float> loss = detail::sum_untracked(where(onehot, log_sum - (pred - m), 0.0f) + y * 0.0f, 1);
     if (autograd::is_recording() && pred.grad_meta())
       autograd::detail::track_softmax_cross_entropy(loss, pred.leaf(), m, log_sum, onehot);
     return loss;
@@ -79,7 +77,7 @@ inline Tensor<float> accuracy(const Tensor<float>& pred, const Tensor<std::int64
     detail::raise("accuracy: needs scores (batch, classes) and labels (batch,), got ", pred.shape().to_string(), " and ",
                   label.shape().to_string());
   const auto hits = cast<float>(argmax(pred.detach(), 1) == label);
-  return detail::reduce<detail::MeanReducer, false>("mean", hits, std::nullopt, false, false);
+  return detail::mean_untracked(hits);
 }
 
 }  // namespace deft::nn

@@ -44,6 +44,17 @@ auto reduce(const char* name, X&& x, std::optional<int> axis, bool keepdims, boo
   return result;
 }
 
+/// The sum and mean of the library's own statements that autograd never
+/// records (eval_untracked's kin): over all elements, or along `axis`.
+template <class X>
+auto sum_untracked(X&& x, std::optional<int> axis = std::nullopt, bool keepdims = false) {
+  return reduce<SumReducer, false>("sum", std::forward<X>(x), axis, keepdims, false);
+}
+template <class X>
+auto mean_untracked(X&& x, std::optional<int> axis = std::nullopt, bool keepdims = false) {
+  return reduce<MeanReducer, false>("mean", std::forward<X>(x), axis, keepdims, false);
+}
+
 template <class X>
 void require_floating() {
   static_assert(std::is_floating_point_v<value_t<expr_t<X>>>,

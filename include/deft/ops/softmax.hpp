@@ -17,8 +17,9 @@ namespace detail {
 
 template <bool Log, class T>
 Tensor<T> softmax_along(const Tensor<T>& t, int axis) {
-  const Tensor<T> m = reduce<MaxReducer, false>(Log ? "log_softmax" : "softmax", t, axis, true, true);
-  const Tensor<T> s = reduce<SumReducer, false>("sum", exp(t - m), axis, true, false);
+  // An empty axis leaves nothing to normalise: an empty result, as numpy's.
+  const Tensor<T> m = reduce<MaxReducer, false>(Log ? "log_softmax" : "softmax", t, axis, true, false);
+  const Tensor<T> s = sum_untracked(exp(t - m), axis, true);
   Tensor<T> y;
   if constexpr (Log) y = eval_untracked(t - m - Tensor<T>(eval_untracked(log(s))));
   else y = eval_untracked(exp(t - m) / s);

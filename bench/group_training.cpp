@@ -13,6 +13,8 @@
 //     norm read back each step (Gluon's way), deferred, and as a TrainStep;
 //   - the seeds' data-parallel step on cpu(0) and cpu(1) with the gradients
 //     summed in one bucket, against one sum per parameter (us per step);
+//   - a training-mode BatchNorm's forward and backward over (128, 16, 28, 28),
+//     against the same step written out by hand (OpenMP over the channels);
 //   - one Fashion-MNIST epoch of the example's MLP (784 -> 256 -> 10, SGD
 //     with momentum, batch 256, the same batches in the same order): seconds
 //     per epoch and samples per second.
@@ -20,6 +22,7 @@
 #include <deft/nn.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -354,6 +357,91 @@ void epoch_rows(const char* g) {
 #endif
 }
 
+// --- a training-mode BatchNorm, forward and backward ---------------------------
+
+/// BatchNorm over (n, c, s) with the batch's statistics, and its gradients
+/// for the upstream g, per channel: mean and biased variance (two passes),
+/// y, then Σg and Σg·x̂ (one pass) and dx.
+void hand_batch_norm(const float* x, const float* g, const float* gamma, const float* beta, std::int64_t n,
+                     std::int64_t c, std::int64_t s, float* y, float* dx, float* dgamma, float* dbeta) {
+#if DEFT_BENCH_HAVE_OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    const float count = float(n * s);
+    float sum = 0, squares = 0, sum_g = 0, sum_g_x_hat = 0;
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t k = 0; k < s; ++k) sum += x[(i * c + ch) * s + k];
+    const float mean = sum / count;
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t k = 0; k < s; ++k) {
+        const float d = x[(i * c + ch) * s + k] - mean;
+        squares += d * d;
+      }
+    const float inv_std = 1.0f / std::sqrt(squares / count + 1e-5f), scale = gamma[ch] * inv_std;
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t k = 0; k < s; ++k) {
+        const std::int64_t at = (i * c + ch) * s + k;
+        const float x_hat = (x[at] - mean) * inv_std;
+        y[at] = x_hat * gamma[ch] + beta[ch];
+        sum_g += g[at];
+        sum_g_x_hat += g[at] * x_hat;
+      }
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t k = 0; k < s; ++k) {
+        const std::int64_t at = (i * c + ch) * s + k;
+        const float x_hat = (x[at] - mean) * inv_std;
+        dx[at] = scale * (g[at] - sum_g / count - x_hat * sum_g_x_hat / count);
+      }
+    dgamma[ch] = sum_g_x_hat;
+    dbeta[ch] = sum_g;
+  }
+}
+
+void batch_norm_rows(const char* g) {
+  constexpr std::int64_t n = 128, c = 16, s = 28 * 28;
+  const std::string name = "batchnorm train forward+backward", size = "128x16x28x28";
+  random::seed(17);
+  auto bn = std::make_shared<nn::BatchNorm>();
+  bn->initialize();
+  Tensor<float> x = random::normal<float>(1, 2, {n, c, 28, 28});
+  const Tensor<float> up = random::normal<float>(0, 1, {n, c, 28, 28});
+  x.attach_grad();
+  Tensor<float> y;
+  const auto deft_step = [&] {
+    {
+      autograd::record rec;
+      y = (*bn)(x);
+      y.backward(up);
+    }
+    x.grad().wait_to_read();
+    bn->gamma().grad().wait_to_read();
+    bn->beta().grad().wait_to_read();
+  };
+  deft_step();  // the parameters' shapes are inferred from the first input
+  const FloatBuf hx(values_of(x)), hg(values_of(up)), gamma(values_of(bn->gamma().data())),
+      beta(values_of(bn->beta().data()));
+  FloatBuf hy(n * c * s), hdx(n * c * s), hdgamma(c), hdbeta(c);
+  const auto hand_step = [&] {
+    hand_batch_norm(hx.data(), hg.data(), gamma.data(), beta.data(), n, c, s, hy.data(), hdx.data(), hdgamma.data(),
+                    hdbeta.data());
+    clobber(hdx.data());
+  };
+  const int w = engine::num_workers();
+#if DEFT_BENCH_HAVE_OPENMP
+  set_omp_threads(w);
+  const char* hand = "hand-omp";
+#else
+  const char* hand = "hand";
+#endif
+  const auto t = measure_interleaved({deft_step, hand_step});
+  add_time(g, name, "deft", w, size, "ms", t[0]);
+  add_time(g, name, hand, w, size, "ms", t[1]);
+  check_same(g, "hand BatchNorm y", hy.data(), values_of(y).data(), hy.size(), 1e-4);
+  check_same(g, "hand BatchNorm dx", hdx.data(), values_of(x.grad()).data(), hdx.size(), 1e-3);
+  check_same(g, "hand BatchNorm dgamma", hdgamma.data(), values_of(bn->gamma().grad()).data(), c, 1e-3);
+}
+
 }  // namespace
 
 void bench_training() {
@@ -363,6 +451,7 @@ void bench_training() {
   train_step_rows(g, 32, 512, 256, 128);  // arithmetic-bound
   train_step_rows(g, 8, 32, 16, 16);      // front-end-bound
   clip_rows(g);
+  batch_norm_rows(g);
   data_parallel_rows(g, {cpu(0), cpu(1)}, "cpu,cpu1");
   data_parallel_shares_rows(g, {cpu(0), cpu(1)}, "cpu,cpu1");
   epoch_rows(g);

@@ -5,59 +5,12 @@
 #include <utility>
 #include <vector>
 
-#include "../autograd/graph.hpp"
+#include "../autograd/norm.hpp"
 #include "../ops/elementwise.hpp"
 #include "../ops/reduction.hpp"
 #include "block.hpp"
 
 namespace deft::nn {
-
-namespace detail_norm {
-
-/// The derivative of a training-mode BatchNorm over x of shape (n, c, s),
-/// from the batch statistics the forward took: with x̂ = (x - mean) * inv_std
-/// and Σ over the n and s axes, dβ = Σ g, dγ = Σ g·x̂, and
-/// dx = γ·inv_std * (g - Σ g / N - x̂ * Σ g·x̂ / N), N = n·s. Two reading
-/// passes and one writing pass, where the chain of the forward's parts
-/// would take several.
-struct BatchNormNode final : autograd::detail::Node {
-  deft::detail::Leaf<float> x, gamma, beta;
-  Tensor<float> mean, inv_std, scale;  // (c): scale = γ·inv_std
-  BatchNormNode(deft::detail::Leaf<float> in, deft::detail::Leaf<float> g, deft::detail::Leaf<float> b,
-                Tensor<float> m, Tensor<float> is, Tensor<float> sc)
-      : Node("batch_norm"), x(std::move(in)), gamma(std::move(g)), beta(std::move(b)), mean(std::move(m)),
-        inv_std(std::move(is)), scale(std::move(sc)) {
-    for (const auto* l : {&x, &gamma, &beta})
-      if (l->grad) inputs.push_back(l->grad);
-  }
-  void backward(autograd::detail::MetaBase& out) override {
-    using namespace autograd::detail;
-    const Shape& s = x.extent;
-    const auto per_row = [&](const Tensor<float>& t) { return t.reshape({1, s[1], 1}); };
-    const Tensor<float> g = gathered<float>(out).reshape({s[0], s[1], s[2]});
-    const Tensor<float> xt = tensor_of(x);
-    const auto x_hat = (xt - per_row(mean)) * per_row(inv_std);
-    const Tensor<float> sum_g = sum_untracked(sum_untracked(g, 2), 0);
-    const Tensor<float> sum_g_x_hat = sum_untracked(sum_untracked(g * x_hat, 2), 0);
-    if (beta.grad) accumulate<float>(*beta.grad, sum_g);
-    if (gamma.grad) accumulate<float>(*gamma.grad, sum_g_x_hat);
-    if (x.grad) {
-      const float inverse_count = 1.0f / float(s[0] * s[2]);
-      accumulate<float>(*x.grad, eval_untracked(per_row(scale) * (g - per_row(sum_g) * inverse_count -
-                                                                    x_hat * per_row(sum_g_x_hat) * inverse_count)));
-    }
-  }
-};
-
-inline void track_batch_norm(Tensor<float>& y, deft::detail::Leaf<float> x, deft::detail::Leaf<float> gamma,
-                             deft::detail::Leaf<float> beta, Tensor<float> mean, Tensor<float> inv_std,
-                             Tensor<float> scale) {
-  y.set_grad_meta(autograd::detail::new_meta<float>(
-      y.shape(), std::make_shared<BatchNormNode>(std::move(x), std::move(gamma), std::move(beta), std::move(mean),
-                                                 std::move(inv_std), std::move(scale))));
-}
-
-}  // namespace detail_norm
 
 /// Batch normalization (Ioffe & Szegedy) over the channels of NCHW input, or
 /// the features of (batch, features) input:
@@ -130,7 +83,7 @@ class BatchNorm : public Block {
     // The normalization and the affine part: one elementwise pass over x.
     Tensor<float> y = eval_untracked((xr - mean_b) * per_row(scale) + per_row(beta));
     if (autograd::is_recording() && (xr.grad_meta() || gamma.grad_meta() || beta.grad_meta()))
-      detail_norm::track_batch_norm(y, xr.leaf(), gamma.leaf(), beta.leaf(), mean_c, inv_std, scale);
+      autograd::detail::track_batch_norm(y, xr.leaf(), gamma.leaf(), beta.leaf(), mean_c, inv_std, scale);
     y = y.reshape(extents);
     {
       autograd::pause untracked;  // in place: a TrainStep's replays update the same storage

@@ -1,9 +1,14 @@
 // parallel: independent subtrees (`dot(a, b) + dot(c, d)`, ten independent
-// products) with all workers against one worker, and an FMA loop on every
-// thread as the reference for how well this machine's cores scale.
+// products) with all workers against one worker, an FMA loop on every
+// thread as the reference for how well this machine's cores scale, and
+// deft's workers beside an OpenMP pool in the same process.
 #include "common.hpp"
 
 #include <thread>
+
+#if DEFT_BENCH_HAVE_OPENMP
+#include <omp.h>
+#endif
 
 namespace bench {
 namespace {
@@ -34,6 +39,49 @@ float fma_spin(long iterations) {
   for (auto& a : acc) s += xsimd::hadd(a);
   return s;
 }
+
+#if DEFT_BENCH_HAVE_OPENMP
+/// deft's workers and an OpenMP pool in one process, on all threads each: a
+/// bias add by deft and the same loop by OpenMP, each timed right after a
+/// call of its own kind and right after the other's. libgomp's idle threads
+/// spin for a while after a loop (OMP_WAIT_POLICY, GOMP_SPINCOUNT) and deft's
+/// idle workers poll for engine::worker_poll(), so each can find the cores
+/// still taken by the other. Run once as is and once with
+/// OMP_WAIT_POLICY=passive.
+void neighbour_rows(const char* g) {
+  constexpr std::int64_t R = 1024, C = 2048;
+  const int all = engine::num_workers();
+  auto tx = random::uniform<float>(-4, 4, {R, C});
+  auto tb = random::uniform<float>(-1, 1, {C});
+  Tensor<float> ty = tx + tb;
+  ty.wait_to_read();
+  const float *px = storage_of(tx), *pb = storage_of(tb);
+  FloatBuf y(R * C);
+  float* py = y.data();
+  set_omp_threads(all);
+  const auto with_deft = [&] {
+    ty = tx + tb;
+    ty.wait_to_read();
+  };
+  const auto with_omp = [&] {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < R; ++i)
+      for (std::int64_t j = 0; j < C; ++j) py[i * C + j] = px[i * C + j] + pb[j];
+    clobber(py);
+  };
+  // In turn: deft, deft, omp, deft, omp, omp. Call 1 follows deft, call 3
+  // follows OpenMP, call 2 follows deft, call 5 follows OpenMP.
+  const auto s = measure_interleaved({with_deft, with_deft, with_omp, with_deft, with_omp, with_omp});
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const std::string size = std::string("1024x2048, OMP_WAIT_POLICY=") + (policy ? policy : "unset");
+  add_time(g, "bias add after its own kind", "deft", all, size, "ms", s[1]);
+  add_time(g, "bias add after its own kind", "hand-omp", all, size, "ms", s[5]);
+  add_time(g, "bias add after the other's", "deft", all, size, "ms", s[3]);
+  add_time(g, "bias add after the other's", "hand-omp", all, size, "ms", s[2]);
+  add(g, "slowed by the other's call", "deft", all, size, "x", s[3].median / s[1].median, s[3].min / s[1].min);
+  add(g, "slowed by the other's call", "hand-omp", all, size, "x", s[2].median / s[5].median, s[2].min / s[5].min);
+}
+#endif
 
 }  // namespace
 
@@ -90,6 +138,11 @@ void bench_parallel() {
       s.wait_to_read();
     });
   }
+#if DEFT_BENCH_HAVE_OPENMP
+  neighbour_rows(g);
+#else
+  skip(g, "hand-omp", "OpenMP not found");
+#endif
 }
 
 }  // namespace bench

@@ -163,6 +163,41 @@ BOOST_AUTO_TEST_CASE(weight_gradient_with_grouped_partials) {
   check_close(b.grad().to_vector(), want_b, 1e-12, "bias gradient");
 }
 
+// From 32 output channels and 32 taps the weight gradient's block products
+// go through the packed GEMM (thresholds::conv_weight_packed_min): with
+// padding and several output pixels, and with blocks summed two to a
+// partial (O*K = 262144, 20 blocks of 8 images). Against a naive loop.
+BOOST_AUTO_TEST_CASE(weight_gradient_of_many_channels) {
+  random::seed(207);
+  for (const ConvCase& k : {ConvCase{3, 4, 6, 5, 32, 3, 3, 1, 1, 1, 1}, ConvCase{160, 512, 4, 4, 32, 4, 4, 1, 1, 0, 0}}) {
+    Tensor<double> x = uniform<double>(k.x_shape()), w = uniform<double>(k.w_shape());
+    const Tensor<double> r = uniform<double>(k.y_shape());
+    w.attach_grad();
+    {
+      autograd::record rec;
+      Tensor<double> loss = sum(conv2d(x, w, 1, {k.ph, k.pw}) * r);
+      loss.backward();
+    }
+    const auto xv = x.to_vector(), rv = r.to_vector();
+    std::vector<double> want(std::size_t(k.o * k.c * k.kh * k.kw), 0.0);
+    for (i64 n = 0; n < k.n; ++n)
+      for (i64 o = 0; o < k.o; ++o)
+        for (i64 oh = 0; oh < k.oh(); ++oh)
+          for (i64 ow = 0; ow < k.ow(); ++ow) {
+            const double d = rv[std::size_t(((n * k.o + o) * k.oh() + oh) * k.ow() + ow)];
+            for (i64 c = 0; c < k.c; ++c)
+              for (i64 i = 0; i < k.kh; ++i)
+                for (i64 j = 0; j < k.kw; ++j) {
+                  const i64 ih = oh * k.sh - k.ph + i, iw = ow * k.sw - k.pw + j;
+                  if (ih < 0 || ih >= k.h || iw < 0 || iw >= k.w) continue;
+                  want[std::size_t(((o * k.c + c) * k.kh + i) * k.kw + j)] +=
+                      d * xv[std::size_t(((n * k.c + c) * k.h + ih) * k.w + iw)];
+                }
+          }
+    check_close(w.grad().to_vector(), want, 1e-12, "weight gradient " + k.str());
+  }
+}
+
 // Outputs and gradients are the same bits with 1, 2 and 3 workers.
 BOOST_AUTO_TEST_CASE(same_bits_for_any_worker_count) {
   const int workers = engine::num_workers();

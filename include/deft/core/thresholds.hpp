@@ -100,6 +100,13 @@ inline constexpr std::int64_t conv_min_blocks = 8;
 // The weight gradient sums one partial (O x C*KH*KW) per group of blocks;
 // the partials together hold at most about this many elements.
 inline constexpr std::int64_t conv_partial_elements = std::int64_t(1) << 22;
+// A convolution's weight gradient per block, dYb (O x len) times colsbᵀ
+// (len x K), goes through the packed GEMM when O and K are both at least
+// this, through dot products of rows below. One thread on the 2-core VM:
+// (O, K, len) = (32, 288, 196) 84 against 41 GFLOP/s, (64, 576, 112) 109
+// against 33, (64, 32, 224) 72 against 53; but (16, 144, 392) 36 against 38,
+// (32, 16, 392) 21 against 38 and (8, 72, 784) 19 against 49.
+inline constexpr std::int64_t conv_weight_packed_min = 32;
 // GPU: images per im2col block, as many as keep its matrix within this many
 // elements (64 MiB of float; a LeNet batch of 256 takes one block). Bigger
 // blocks make fewer, larger GEMMs. DEFT_GPU_CONV_BLOCK_ELEMENTS overrides it

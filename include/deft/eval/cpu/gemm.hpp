@@ -182,8 +182,10 @@ struct GemmKernel {
   // once, shared by all threads, in L2), rows split evenly across threads;
   // each thread packs its rows of A in MR-row panels, and every A panel (L1)
   // sweeps the whole B block. Every element of C sees the same k blocking
-  // whatever the thread count, so results do not depend on it.
-  static void run(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, bool ta, const T* b, bool tb, T* c) {
+  // whatever the thread count, so results do not depend on it. With
+  // `accumulate`, C += op(A) * op(B).
+  static void run(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, bool ta, const T* b, bool tb, T* c,
+                  bool accumulate = false) {
     Engine& eng = Engine::get();
     const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
     // Where element (i, p) of op(A) and (p, j) of op(B) live.
@@ -216,7 +218,7 @@ struct GemmKernel {
             pack_a(a_at(ic, pc), lda, ta, mc, kc, ap);
             for (std::int64_t ir = 0; ir < mc; ir += MR)
               for (std::int64_t jr = 0; jr < nc; jr += NR)
-                micro(kc, ap + ir * kc, bpack.p + jr * kc, c + (ic + ir) * n + jc + jr, n, pc > 0,
+                micro(kc, ap + ir * kc, bpack.p + jr * kc, c + (ic + ir) * n + jc + jr, n, accumulate || pc > 0,
                       std::min(MR, mc - ir), std::min(NR, nc - jr));
           }
         };

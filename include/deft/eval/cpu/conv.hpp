@@ -53,9 +53,25 @@ void im2col(const ConvGeom& g, const T* x, std::int64_t images, T* out) {
       for (std::int64_t j = 0; j < g.kw; ++j) {
         const auto [r0, r1, c0, c1] = tap_range(g, i, j);
         T* dst = out + ((c * g.kh + i) * g.kw + j) * ld;
+        // Unit stride along rows as wide as the input's ("same" width): the
+        // tap's valid pixels, read row after row, are one contiguous range of
+        // x, so one copy moves them, and the columns that read padding are
+        // zeroed after it (the copy put the neighbouring row's pixels there).
+        const bool one_range = g.sh == 1 && g.sw == 1 && g.ow == g.w && r1 > r0 && c1 > c0;
         for (std::int64_t b = 0; b < images; ++b) {
           const T* xc = x + (b * g.c + c) * plane;
           T* d = dst + b * P;
+          if (one_range) {
+            const std::int64_t first = r0 * g.ow + c0, last = (r1 - 1) * g.ow + c1;  // [first, last) of d
+            std::fill(d, d + first, T(0));
+            std::memcpy(d + first, xc + (r0 - g.ph + i) * g.w + (c0 + j - g.pw), std::size_t(last - first) * sizeof(T));
+            for (std::int64_t oh = r0; oh + 1 < r1; ++oh) {  // between two rows' valid columns
+              T* drow = d + oh * g.ow;
+              std::fill(drow + c1, drow + g.ow + c0, T(0));
+            }
+            std::fill(d + last, d + P, T(0));
+            continue;
+          }
           std::fill(d, d + r0 * g.ow, T(0));
           for (std::int64_t oh = r0; oh < r1; ++oh) {
             const T* xrow = xc + (oh * g.sh - g.ph + i) * g.w;  // input column ow*sw + j - pw

@@ -8,6 +8,7 @@
 //                       [--dropout P] [--clip-norm X] [--hybridize]
 //                       [--checkpoint FILE] [--resume FILE]
 //                       [--schedule constant|cosine] [--warmup N] [--dist]
+//                       [--sync-bn]
 //
 // --device takes one device or a comma-separated list (cpu, cpu1, gpu0,
 // cpu,gpu0). With several, training is data-parallel as in Gluon: each
@@ -56,7 +57,9 @@
 // over the ranks), the Trainer broadcasts rank 0's initial parameters and
 // sums the gradients across the ranks, the metrics are summed across them,
 // and rank 0 alone prints and writes the CSV and checkpoints (--resume:
-// every rank loads). BatchNorm's statistics follow each rank's rows.
+// every rank loads). BatchNorm's statistics follow each rank's rows, or
+// with --sync-bn the whole batch's, summed across the ranks
+// (nn::synchronize_batch_norm; one device per rank).
 // Each epoch prints a progress bar, then the mean loss, train and test
 // accuracy and samples per second; --csv writes those rows (plot them with
 // scripts/plot_training.py). The last line is `test accuracy: 0.xxxx`.
@@ -108,6 +111,7 @@ struct Options {
   std::string schedule = "constant";
   std::int64_t warmup = 0;  // updates
   bool dist = false;  // across mpirun's processes
+  bool sync_bn = false;  // BatchNorm's statistics over the global batch
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -119,7 +123,7 @@ struct Options {
                "                           [--shares X,Y,...|auto] [--data DIR] [--csv FILE] [--seed N]\n"
                "                           [--dropout P] [--clip-norm X] [--hybridize]\n"
                "                           [--checkpoint FILE] [--resume FILE]\n"
-               "                           [--schedule constant|cosine] [--warmup N] [--dist]\n",
+               "                           [--schedule constant|cosine] [--warmup N] [--dist] [--sync-bn]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -179,6 +183,7 @@ Options parse(int argc, char** argv) {
       usage("--dist needs MPI: this build has no deft::dist (install libopenmpi-dev and configure again)");
 #endif
     }
+    else if (a == "--sync-bn") o.sync_bn = true;
     else if (a == "--checkpoint") o.checkpoint = value();
     else if (a == "--resume") o.resume = value();
     else if (a == "--dropout") o.dropout = float(number(value()));
@@ -199,6 +204,9 @@ Options parse(int argc, char** argv) {
     usage("--schedule must be constant or cosine, got '" + o.schedule + "'");
   if (o.batch_size < 1) usage("--batch-size must be at least 1");
   if (!(o.dropout >= 0.0f && o.dropout < 1.0f)) usage("--dropout must be in [0, 1)");
+  if (o.sync_bn && !o.dist) usage("--sync-bn synchronizes BatchNorm across the processes of --dist; add --dist");
+  if (o.sync_bn && o.model != "resnet18") usage("--sync-bn is for --model resnet18 (the others have no BatchNorm)");
+  if (o.sync_bn && o.device.find(',') != std::string::npos) usage("--sync-bn needs one device per process");
   return o;
 }
 
@@ -365,6 +373,7 @@ int main(int argc, char** argv) try {
     // values go to every rank, and each step sums the gradients across ranks.
     (void)(*net)(as_input(train.images.rows(0, 1)).to(devices[0]));
     trainer.set_communicator(dist::world());
+    if (opt.sync_bn) nn::synchronize_batch_norm(*net, dist::world());
   }
 #endif
   const std::int64_t batches = train_loader.num_batches();

@@ -3,10 +3,15 @@
 // of the normalization's parts. Over x of shape (n, c, s), with
 // x̂ = (x - mean) * inv_std, Σ over the n and s axes and N = n·s:
 //   dβ = Σ g,   dγ = Σ g·x̂,   dx = γ·inv_std * (g - Σ g / N - x̂ * Σ g·x̂ / N)
-// Two reading passes and one writing pass.
+// Two reading passes and one writing pass. A BatchNorm whose statistics
+// span several processes (synchronized) sums Σ g and Σ g·x̂ over them for
+// dx, with N the count over all of them; dγ and dβ stay this process's
+// share, as every other parameter's gradient, for the Trainer to sum.
 #pragma once
+#include <functional>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "../ops/elementwise.hpp"
 #include "../ops/reduction.hpp"
@@ -14,16 +19,25 @@
 
 namespace deft::autograd::detail {
 
+/// Sums each tensor of a list over the processes that share a synchronized
+/// BatchNorm's statistics, in place (nn gives it: a collective).
+template <class T>
+using SumAcrossProcesses = std::function<void(std::vector<Tensor<T>>&)>;
+
 /// Holds the batch statistics the forward took, each of shape (c), and
-/// scale = γ·inv_std.
+/// scale = γ·inv_std. For synchronized statistics, `across` and
+/// inverse_count, 1/N over all processes, of shape (1).
 template <class T>
 struct BatchNormNode final : Node {
   deft::detail::Leaf<T> x, gamma, beta;
   Tensor<T> mean, inv_std, scale;
+  SumAcrossProcesses<T> across;
+  Tensor<T> inverse_count;
   BatchNormNode(deft::detail::Leaf<T> in, deft::detail::Leaf<T> g, deft::detail::Leaf<T> b, Tensor<T> m,
-                Tensor<T> is, Tensor<T> sc)
+                Tensor<T> is, Tensor<T> sc, SumAcrossProcesses<T> sum_across, Tensor<T> inv_count)
       : Node("batch_norm"), x(std::move(in)), gamma(std::move(g)), beta(std::move(b)), mean(std::move(m)),
-        inv_std(std::move(is)), scale(std::move(sc)) {
+        inv_std(std::move(is)), scale(std::move(sc)), across(std::move(sum_across)),
+        inverse_count(std::move(inv_count)) {
     for (const auto* l : {&x, &gamma, &beta})
       if (l->grad) inputs.push_back(l->grad);
   }
@@ -36,22 +50,31 @@ struct BatchNormNode final : Node {
     const Tensor<T> sum_g_x_hat = sum_untracked(sum_untracked(g * x_hat, 2), 0);
     if (beta.grad) accumulate<T>(*beta.grad, sum_g);
     if (gamma.grad) accumulate<T>(*gamma.grad, sum_g_x_hat);
-    if (x.grad) {
-      const T inverse_count = T(1) / T(s[0] * s[2]);
-      accumulate<T>(*x.grad, eval_untracked(per_row(scale) * (g - per_row(sum_g) * inverse_count -
-                                                              x_hat * per_row(sum_g_x_hat) * inverse_count)));
+    if (!x.grad) return;
+    if (!across) {
+      const T inv_n = T(1) / T(s[0] * s[2]);
+      accumulate<T>(*x.grad, eval_untracked(per_row(scale) * (g - per_row(sum_g) * inv_n -
+                                                              x_hat * per_row(sum_g_x_hat) * inv_n)));
+      return;
     }
+    // Copies: the sums over the processes replace their storage, which dβ
+    // and dγ, this process's own, share.
+    std::vector<Tensor<T>> sums{eval_untracked(sum_g * inverse_count), eval_untracked(sum_g_x_hat * inverse_count)};
+    across(sums);
+    accumulate<T>(*x.grad, eval_untracked(per_row(scale) * (g - per_row(sums[0]) - x_hat * per_row(sums[1]))));
   }
 };
 
 /// Makes y, the normalized x of shape (n, c, s), differentiable in x, γ and β
-/// through one BatchNormNode.
+/// through one BatchNormNode; `across` and inverse_count as the node's.
 template <class T>
 void track_batch_norm(Tensor<T>& y, deft::detail::Leaf<T> x, deft::detail::Leaf<T> gamma,
-                      deft::detail::Leaf<T> beta, Tensor<T> mean, Tensor<T> inv_std, Tensor<T> scale) {
-  y.set_grad_meta(new_meta<T>(y.shape(), std::make_shared<BatchNormNode<T>>(std::move(x), std::move(gamma),
-                                                                           std::move(beta), std::move(mean),
-                                                                           std::move(inv_std), std::move(scale))));
+                      deft::detail::Leaf<T> beta, Tensor<T> mean, Tensor<T> inv_std, Tensor<T> scale,
+                      SumAcrossProcesses<T> across = {}, Tensor<T> inverse_count = {}) {
+  y.set_grad_meta(new_meta<T>(y.shape(), std::make_shared<BatchNormNode<T>>(
+                                             std::move(x), std::move(gamma), std::move(beta), std::move(mean),
+                                             std::move(inv_std), std::move(scale), std::move(across),
+                                             std::move(inverse_count))));
 }
 
 }  // namespace deft::autograd::detail

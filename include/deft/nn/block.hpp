@@ -326,6 +326,14 @@ class Block {
     apply_initializer(weights);
     for (auto* p : collect_params()) p->reset_devices(devices);
   }
+  /// Calls f(block) on every block under this one, children first, then on
+  /// this block (Gluon's Block.apply): to configure layers of one kind
+  /// across a network, e.g. with a dynamic_cast.
+  template <class F>
+  void apply(F&& f) {
+    for (auto& c : children_) c->apply(f);
+    f(*this);
+  }
 
  protected:
   /// Appends this block's parameters, their paths `path` and their short

@@ -1,11 +1,15 @@
-// Normalization layers: BatchNorm.
+// Normalization layers: BatchNorm, with statistics of this process's batch
+// or synchronized across processes (synchronize_batch_norm).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "../autograd/norm.hpp"
+#include "../dist/collectives.hpp"
+#include "../ops/creation.hpp"
 #include "../ops/elementwise.hpp"
 #include "../ops/reduction.hpp"
 #include "block.hpp"
@@ -31,6 +35,16 @@ namespace deft::nn {
 /// one copy per device, each updated from that device's part of the batch
 /// (Gluon's and PyTorch DataParallel's default); save_parameters writes the
 /// first device's.
+///
+/// With a communicator (set_communicator, or synchronize_batch_norm for a
+/// whole network) the batch statistics are those of the global batch, all
+/// ranks' parts together (PyTorch's SyncBatchNorm): a training forward sums
+/// each channel's values and count, then its squared deviations, across the
+/// ranks (two allreduces), and its backward sums Σ g and Σ g·x̂ (one more),
+/// so that N ranks compute what one process would at the global batch, and
+/// every rank's running statistics are the same. The ranks may hold
+/// different numbers of rows. The layer must then be on one device per
+/// process, and a step that holds it cannot be traced (collectives are not).
 class BatchNorm : public Block {
  public:
   ~BatchNorm() override;
@@ -55,7 +69,10 @@ class BatchNorm : public Block {
       detail::raise(name(), ": was built for ", gamma_.shape()[0], " channels but got an input of shape ",
                     x.shape().to_string());
     const bool training = autograd::is_training();
-    if (training && per_channel < 2)
+    if (training && comm_ && gamma_.initialized() && gamma_.list_data().size() > 1)
+      detail::raise<std::logic_error>(name(), ": synchronized statistics need the layer on one device per process; "
+                                      "it is on ", gamma_.list_data().size(), " devices");
+    if (training && !comm_ && per_channel < 2)
       detail::raise(name(), ": training needs more than one value per channel to take batch statistics, got an "
                     "input of shape ", x.shape().to_string());
     for (Parameter* p : {&gamma_, &beta_, &running_mean_, &running_var_}) p->materialize(Shape{c});
@@ -73,17 +90,32 @@ class BatchNorm : public Block {
     }
     using detail::eval_untracked;
     using detail::sum_untracked;
-    const float inverse_count = 1.0f / float(per_channel);
-    const Tensor<float> mean_c = eval_untracked(sum_untracked(sum_untracked(xr, 2), 0) * inverse_count);
+    const auto sum_per_channel = [](const auto& e) { return sum_untracked(sum_untracked(e, 2), 0); };
+    Tensor<float> mean_c, var_c, inverse_count;
+    if (!comm_) {
+      const float inv_n = 1.0f / float(per_channel);
+      mean_c = eval_untracked(sum_per_channel(xr) * inv_n);
+      var_c = eval_untracked(sum_per_channel((xr - per_row(mean_c)) * (xr - per_row(mean_c))) * inv_n);
+    } else {
+      std::vector<Tensor<float>> totals{sum_per_channel(xr), full<float>(Shape{1}, float(per_channel), device)};
+      sum_across(totals, comm_);
+      inverse_count = eval_untracked(1.0f / totals[1]);
+      mean_c = eval_untracked(totals[0] * inverse_count);
+      std::vector<Tensor<float>> squares{sum_per_channel((xr - per_row(mean_c)) * (xr - per_row(mean_c)))};
+      sum_across(squares, comm_);
+      var_c = eval_untracked(squares[0] * inverse_count);
+    }
     const Tensor<float> mean_b = per_row(mean_c);
-    const Tensor<float> var_c =
-        eval_untracked(sum_untracked(sum_untracked((xr - mean_b) * (xr - mean_b), 2), 0) * inverse_count);
     const Tensor<float> inv_std = eval_untracked(1.0f / sqrt(var_c + epsilon_));
     const Tensor<float> scale = eval_untracked(gamma * inv_std);
     // The normalization and the affine part: one elementwise pass over x.
     Tensor<float> y = eval_untracked((xr - mean_b) * per_row(scale) + per_row(beta));
     if (autograd::is_recording() && (xr.grad_meta() || gamma.grad_meta() || beta.grad_meta()))
-      autograd::detail::track_batch_norm(y, xr.leaf(), gamma.leaf(), beta.leaf(), mean_c, inv_std, scale);
+      autograd::detail::track_batch_norm(y, xr.leaf(), gamma.leaf(), beta.leaf(), mean_c, inv_std, scale,
+                                         comm_ ? autograd::detail::SumAcrossProcesses<float>(
+                                                     [comm = comm_](std::vector<Tensor<float>>& t) { sum_across(t, comm); })
+                                               : nullptr,
+                                         inverse_count);
     y = y.reshape(extents);
     {
       autograd::pause untracked;  // in place: a TrainStep's replays update the same storage
@@ -105,6 +137,11 @@ class BatchNorm : public Block {
   float momentum() const { return momentum_; }
   /// Added to the variance before its square root.
   float epsilon() const { return epsilon_; }
+  /// Takes the batch statistics of training forwards across the ranks of
+  /// `comm` (see the class); null goes back to this process's batch alone.
+  void set_communicator(std::shared_ptr<dist::Communicator> comm) { comm_ = std::move(comm); }
+  /// The communicator the statistics are synchronized over (null: none).
+  const std::shared_ptr<dist::Communicator>& communicator() const { return comm_; }
 
  protected:
   /// gamma and the running variance start at one, beta and the running mean
@@ -117,15 +154,38 @@ class BatchNorm : public Block {
   }
 
  private:
+  // Sums each tensor across the ranks of `comm` in one collective.
+  static void sum_across(std::vector<Tensor<float>>& t, const std::shared_ptr<dist::Communicator>& comm) {
+    dist::allreduce(t, dist::ReduceOp::sum, thresholds::allreduce_bucket_bytes, comm);
+  }
+
   float momentum_, epsilon_;
+  std::shared_ptr<dist::Communicator> comm_;
   Parameter& gamma_;
   Parameter& beta_;
   Parameter& running_mean_;
   Parameter& running_var_;
 };
 
+/// Gives every BatchNorm in `net` (itself and its children, at any depth)
+/// the communicator `comm` (null: each process's batch alone again), so
+/// that their training statistics span the ranks; returns how many it set.
+/// Set the same on every rank: each synchronized layer runs collectives.
+DEFT_DECL std::size_t synchronize_batch_norm(Block& net, const std::shared_ptr<dist::Communicator>& comm);
+
 #if DEFT_DEFINE_NN
 DEFT_DECL BatchNorm::~BatchNorm() = default;
+
+DEFT_DECL std::size_t synchronize_batch_norm(Block& net, const std::shared_ptr<dist::Communicator>& comm) {
+  std::size_t set = 0;
+  net.apply([&](Block& b) {
+    if (auto* bn = dynamic_cast<BatchNorm*>(&b)) {
+      bn->set_communicator(comm);
+      ++set;
+    }
+  });
+  return set;
+}
 #endif
 
 }  // namespace deft::nn

@@ -1,0 +1,146 @@
+// BatchNorm with statistics synchronized across the ranks: each rank holds
+// some rows of a global batch, and together they must compute what one
+// process computes on the whole batch (checked against a double-precision
+// loop, and by training against one process at the global batch).
+#include "../nn/batch_norm_reference.hpp"
+#include "dist_support.hpp"
+
+using namespace deft;
+using dist_test::mentions;
+using namespace dist_test::training;
+
+namespace {
+
+/// Rows [begin, end) of this rank's share of `rows` rows split over the ranks.
+std::pair<std::int64_t, std::int64_t> my_rows(std::int64_t rows) {
+  const std::int64_t r = dist::rank(), p = dist::size();
+  return {rows * r / p, rows * (r + 1) / p};
+}
+
+std::vector<double> as_doubles(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+/// Whether got[i] is within tol (relative, at least absolute) of want[begin + i] for every i.
+std::string mismatch(const std::vector<float>& got, const std::vector<double>& want, std::size_t begin, double tol) {
+  if (begin + got.size() > want.size()) return "size " + std::to_string(got.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(double(got[i]) - want[begin + i]) <= tol * std::max(1.0, std::abs(want[begin + i]))))
+      return "element " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[begin + i]);
+  return "";
+}
+
+/// 5 -> 16 -> BatchNorm -> relu -> 3, Kaiming-initialized.
+std::shared_ptr<nn::Sequential> make_normalized_net() {
+  auto net = std::make_shared<nn::Sequential>();
+  net->add(std::make_shared<nn::Dense>(16), std::make_shared<nn::BatchNorm>(0.8f),
+           std::make_shared<nn::Activation>(nn::Act::relu), std::make_shared<nn::Dense>(3));
+  net->initialize(nn::init::kaiming());
+  return net;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(sync_batch_norm)
+
+BOOST_AUTO_TEST_CASE(ranks_normalize_and_differentiate_as_one_batch) {
+  // 7 rows: 3 ranks hold 2, 2 and 3 of them; each rank draws the whole
+  // batch from one seed and keeps its rows.
+  for (const Shape& shape : {Shape{7, 3, 4, 5}, Shape{7, 6}}) {
+    const std::int64_t n = shape[0], c = shape[1], s = shape.size() / (n * c);
+    random::seed(77);
+    const Tensor<float> x_all = random::normal<float>(2, 3, shape);  // off-centre: the mean matters
+    const Tensor<float> g_all = random::normal<float>(0, 1, shape);
+    const Tensor<float> gamma = random::uniform<float>(0.5, 1.5, {c}), beta = random::normal<float>(0, 1, {c});
+    const auto [begin, end] = my_rows(n);
+    nn::BatchNorm bn(0.8f);
+    bn.set_communicator(dist::world());
+    bn.initialize();
+    Tensor<float> x = Tensor<float>(x_all.rows(begin, end)).clone();
+    const Tensor<float> g = Tensor<float>(g_all.rows(begin, end)).clone();
+    {
+      autograd::predict_mode shapes_only;
+      (void)bn(x).to_vector();  // the parameters take their shapes
+    }
+    bn.gamma().set_data(gamma);
+    bn.beta().set_data(beta);
+    x.attach_grad();
+    Tensor<float> y;
+    {
+      autograd::record rec;
+      y = bn(x);
+      sum(y * g).backward();
+    }
+    const BatchNormReference ref(as_doubles(x_all.to_vector()), as_doubles(g_all.to_vector()),
+                                 as_doubles(gamma.to_vector()), as_doubles(beta.to_vector()), n, c, s, 1e-5, true);
+    const std::size_t first = std::size_t(begin * c * s);
+    const std::string on = " on rank " + std::to_string(dist::rank()) + ", shape " + shape.to_string();
+    BOOST_TEST(mismatch(y.to_vector(), ref.y, first, 2e-5).empty(), "y" << on << ": " << mismatch(y.to_vector(), ref.y, first, 2e-5));
+    const auto dx = x.grad().to_vector();
+    BOOST_TEST(mismatch(dx, ref.dx, first, 5e-4).empty(), "dx" << on << ": " << mismatch(dx, ref.dx, first, 5e-4));
+    // dγ and dβ are each rank's share; their sum over the ranks is the batch's.
+    Tensor<float> dgamma = bn.gamma().grad().clone(), dbeta = bn.beta().grad().clone();
+    dist::allreduce(dgamma);
+    dist::allreduce(dbeta);
+    BOOST_TEST(mismatch(dgamma.to_vector(), ref.dgamma, 0, 1e-4).empty(), "dgamma" << on);
+    BOOST_TEST(mismatch(dbeta.to_vector(), ref.dbeta, 0, 1e-4).empty(), "dbeta" << on);
+    // running = 0.8 * running + 0.2 * batch, from zeros and ones: the same on every rank.
+    std::vector<double> mean(ref.mean), var(ref.var);
+    for (auto& m : mean) m *= 0.2;
+    for (auto& v : var) v = 0.8 + 0.2 * v;
+    BOOST_TEST(mismatch(bn.running_mean().data().to_vector(), mean, 0, 1e-5).empty(), "running mean" << on);
+    BOOST_TEST(mismatch(bn.running_var().data().to_vector(), var, 0, 1e-5).empty(), "running var" << on);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ranks_at_global_batch_b_train_like_one_process_with_batch_norm) {
+  const auto [x, y] = data_set();
+  auto single = make_normalized_net(), parallel = make_normalized_net();
+  random::seed(1000 + std::uint64_t(dist::rank()));
+  (void)(*parallel)(x.rows(0, 2));
+  random::seed(1000);
+  (void)(*single)(x.rows(0, 2));
+  BOOST_TEST(nn::synchronize_batch_norm(*parallel, dist::world()) == 1u);
+  nn::Trainer one(single->collect_params(), nn::SGD{0.1f, 0.9f}), many(parallel->collect_params(), nn::SGD{0.1f, 0.9f});
+  many.set_communicator(dist::world());  // rank 0's values everywhere, the running statistics too
+  data::DataLoader whole(x, y, 20, {.seed = 3, .prefetch = false});
+  data::DataLoader part(x, y, 20, {.seed = 3, .prefetch = false, .num_shards = dist::size(), .shard = dist::rank()});
+  train(*single, one, whole, 2);
+  train(*parallel, many, part, 2);
+  const auto a = values(*single), b = values(*parallel);
+  const std::vector<nn::NamedParameter> named = parallel->named_params();
+  BOOST_REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    double worst = 0;
+    for (std::size_t k = 0; k < a[i].size(); ++k)
+      worst = std::max(worst, std::abs(double(a[i][k]) - double(b[i][k])) / (1e-3 + std::abs(double(a[i][k]))));
+    // Float sums in another order, over 10 steps: relative 1e-3.
+    BOOST_TEST(worst < 1e-3, named[i].path << ": relative difference " << worst);
+  }
+  // The running statistics, not summed by the Trainer, agree bit for bit across the ranks.
+  for (auto* p : {"1.running_mean", "1.running_var"}) {
+    const auto it = std::ranges::find_if(named, [&](const auto& q) { return q.path == p; });
+    BOOST_REQUIRE(it != named.end());
+    const auto mine = it->parameter->data().to_vector();
+    const auto all = dist::allgather(it->parameter->data()).to_vector();
+    for (int r = 0; r < dist::size(); ++r)
+      BOOST_TEST(std::equal(mine.begin(), mine.end(), all.begin() + std::ptrdiff_t(r) * std::ptrdiff_t(mine.size())),
+                 p << " differs on rank " << r);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_layer_on_several_devices_of_a_process_is_refused) {
+  nn::BatchNorm bn;
+  bn.initialize(nn::init::zeros(), {cpu(0), cpu(1)});
+  (void)bn(ones({4, 3})).to_vector();
+  bn.set_communicator(dist::world());
+  const std::uint64_t before = dist::world()->recorded();
+  autograd::train_mode training;
+  BOOST_CHECK_EXCEPTION((void)bn(ones({4, 3})), std::logic_error,
+                        [](const auto& e) { return mentions(e, "one device per process") && mentions(e, "2 devices"); });
+  BOOST_TEST(dist::world()->recorded() == before);
+  // Back to this process's batch alone: no collective.
+  bn.set_communicator(nullptr);
+  (void)bn(random::normal<float>(0, 1, {4, 3})).to_vector();
+  BOOST_TEST(dist::world()->recorded() == before);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -101,6 +101,31 @@ inline std::shared_ptr<deft::nn::Sequential> make_net(deft::Device device = {}) 
   return net;
 }
 
+/// 5 -> 16 -> BatchNorm -> relu -> 3, Kaiming-initialized on `device` at
+/// the first forward; its BatchNorm synchronized across the ranks where asked.
+inline std::shared_ptr<deft::nn::Sequential> make_normalized_net(deft::Device device = {}) {
+  namespace nn = deft::nn;
+  auto net = std::make_shared<nn::Sequential>();
+  net->add(std::make_shared<nn::Dense>(16), std::make_shared<nn::BatchNorm>(0.8f),
+           std::make_shared<nn::Activation>(nn::Act::relu), std::make_shared<nn::Dense>(3));
+  net->initialize(nn::init::kaiming(), {device});
+  return net;
+}
+
+/// Per parameter, the largest difference between a's and b's values,
+/// relative to a's (at least 1e-3).
+inline std::vector<double> relative_differences(const std::vector<std::vector<float>>& a,
+                                                const std::vector<std::vector<float>>& b) {
+  std::vector<double> out;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    double worst = a[i].size() == b[i].size() ? 0.0 : INFINITY;
+    for (std::size_t k = 0; k < a[i].size() && k < b[i].size(); ++k)
+      worst = std::max(worst, std::abs(double(a[i][k]) - double(b[i][k])) / (1e-3 + std::abs(double(a[i][k]))));
+    out.push_back(worst);
+  }
+  return out;
+}
+
 /// Every parameter's values, in collect_params() order.
 inline std::vector<std::vector<float>> values(deft::nn::Sequential& net) {
   std::vector<std::vector<float>> out;

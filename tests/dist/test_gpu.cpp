@@ -233,4 +233,29 @@ BOOST_AUTO_TEST_CASE(ranks_training_on_gpus_over_nccl_match_one_process_on_the_h
   }
 }
 
+BOOST_AUTO_TEST_CASE(batch_norm_synchronized_over_nccl_trains_like_one_process_on_the_host) {
+  using namespace dist_test::training;
+  const auto [x, y] = data_set();
+  auto single = make_normalized_net(), parallel = make_normalized_net(this_ranks_gpu());
+  random::seed(3100 + std::uint64_t(dist::rank()));
+  (void)(*parallel)(x.rows(0, 2).to(this_ranks_gpu()));
+  random::seed(3100);
+  (void)(*single)(x.rows(0, 2));
+  nn::synchronize_batch_norm(*parallel, dist::world());
+  nn::Trainer one(single->collect_params(), nn::SGD{0.1f, 0.9f}), many(parallel->collect_params(), nn::SGD{0.1f, 0.9f});
+  many.set_communicator(dist::world());
+  data::DataLoader whole(x, y, 24, {.seed = 6, .prefetch = false});
+  data::DataLoader part(x, y, 24, {.seed = 6, .prefetch = false, .num_shards = dist::size(), .shard = dist::rank()});
+  const auto before = fake_cuda::calls("ncclAllReduce");
+  train(*single, one, whole, 1);
+  train(*parallel, many, part, 1, this_ranks_gpu());
+  const std::vector<nn::NamedParameter> named = parallel->named_params();
+  const auto worst = relative_differences(values(*single), values(*parallel));  // syncs: the collectives ran
+  // Per step: the statistics' two allreduces, the backward's one and the gradients'.
+  BOOST_TEST(fake_cuda::calls("ncclAllReduce") - before >= std::uint64_t(4 * whole.num_batches()));
+  BOOST_REQUIRE(worst.size() == named.size());
+  for (std::size_t i = 0; i < worst.size(); ++i)
+    BOOST_TEST(worst[i] < 1e-3, named[i].path << ": relative difference " << worst[i]);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

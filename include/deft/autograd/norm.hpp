@@ -26,7 +26,7 @@ using SumAcrossProcesses = std::function<void(std::vector<Tensor<T>>&)>;
 
 /// Holds the batch statistics the forward took, each of shape (c), and
 /// scale = γ·inv_std. For synchronized statistics, `across` and
-/// inverse_count, 1/N over all processes, of shape (1).
+/// inverse_count, 1/N over all processes in each of the c elements.
 template <class T>
 struct BatchNormNode final : Node {
   deft::detail::Leaf<T> x, gamma, beta;

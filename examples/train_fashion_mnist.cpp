@@ -58,7 +58,7 @@
 // sums the gradients across the ranks, the metrics are summed across them,
 // and rank 0 alone prints and writes the CSV and checkpoints (--resume:
 // every rank loads). BatchNorm's statistics follow each rank's rows, or
-// with --sync-bn the whole batch's, summed across the ranks
+// with --sync-bn the whole batch's, combined across the ranks
 // (nn::synchronize_batch_norm; one device per rank).
 // Each epoch prints a progress bar, then the mean loss, train and test
 // accuracy and samples per second; --csv writes those rows (plot them with

@@ -129,4 +129,19 @@ BOOST_AUTO_TEST_CASE(a_layer_on_several_devices_of_a_process_is_refused) {
   BOOST_TEST(dist::world()->recorded() == before);
 }
 
+BOOST_AUTO_TEST_CASE(synchronize_batch_norm_sets_each_layer_once_and_unsets_it) {
+  // One BatchNorm held twice (weights shared), one elsewhere, at depth 2.
+  auto shared = std::make_shared<nn::BatchNorm>();
+  auto deep = std::make_shared<nn::BatchNorm>();
+  auto inner = std::make_shared<nn::Sequential>();
+  inner->add(std::make_shared<nn::Dense>(4), deep);
+  nn::Sequential net;
+  net.add(shared, inner, shared);
+  BOOST_TEST(nn::synchronize_batch_norm(net, dist::world()) == 2u);
+  BOOST_TEST(shared->communicator() == dist::world());
+  BOOST_TEST(deep->communicator() == dist::world());
+  BOOST_TEST(nn::synchronize_batch_norm(net, nullptr) == 2u);
+  BOOST_TEST(!shared->communicator());
+}
+
 BOOST_AUTO_TEST_SUITE_END()

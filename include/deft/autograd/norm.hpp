@@ -8,8 +8,8 @@
 // dx, with N the count over all of them; dγ and dβ stay this process's
 // share, as every other parameter's gradient, for the Trainer to sum.
 #pragma once
-#include <functional>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -19,25 +19,27 @@
 
 namespace deft::autograd::detail {
 
-/// Sums each tensor of a list over the processes that share a synchronized
-/// BatchNorm's statistics, in place (nn gives it: a collective).
+/// Sums tensors over the processes that share a synchronized BatchNorm's
+/// statistics, in place (nn implements it with a collective).
 template <class T>
-using SumAcrossProcesses = std::function<void(std::vector<Tensor<T>>&)>;
+struct SumAcrossProcesses {
+  virtual ~SumAcrossProcesses() = default;
+  virtual void sum(std::vector<Tensor<T>>& t) const = 0;
+};
 
-/// Holds the batch statistics the forward took, each of shape (c), and
-/// scale = γ·inv_std. For synchronized statistics, `across` and
-/// inverse_count, 1/N over all processes in each of the c elements.
+/// Holds the batch statistics the forward took, each of shape (c),
+/// scale = γ·inv_std and inverse_count, 1/N in each of the c elements; for
+/// synchronized statistics N counts the values of every process, and
+/// `across` sums over them.
 template <class T>
 struct BatchNormNode final : Node {
   deft::detail::Leaf<T> x, gamma, beta;
-  Tensor<T> mean, inv_std, scale;
-  SumAcrossProcesses<T> across;
-  Tensor<T> inverse_count;
+  Tensor<T> mean, inv_std, scale, inverse_count;
+  std::shared_ptr<const SumAcrossProcesses<T>> across;
   BatchNormNode(deft::detail::Leaf<T> in, deft::detail::Leaf<T> g, deft::detail::Leaf<T> b, Tensor<T> m,
-                Tensor<T> is, Tensor<T> sc, SumAcrossProcesses<T> sum_across, Tensor<T> inv_count)
+                Tensor<T> is, Tensor<T> sc, Tensor<T> inv_count, std::shared_ptr<const SumAcrossProcesses<T>> sum)
       : Node("batch_norm"), x(std::move(in)), gamma(std::move(g)), beta(std::move(b)), mean(std::move(m)),
-        inv_std(std::move(is)), scale(std::move(sc)), across(std::move(sum_across)),
-        inverse_count(std::move(inv_count)) {
+        inv_std(std::move(is)), scale(std::move(sc)), inverse_count(std::move(inv_count)), across(std::move(sum)) {
     for (const auto* l : {&x, &gamma, &beta})
       if (l->grad) inputs.push_back(l->grad);
   }
@@ -51,30 +53,25 @@ struct BatchNormNode final : Node {
     if (beta.grad) accumulate<T>(*beta.grad, sum_g);
     if (gamma.grad) accumulate<T>(*gamma.grad, sum_g_x_hat);
     if (!x.grad) return;
-    if (!across) {
-      const T inv_n = T(1) / T(s[0] * s[2]);
-      accumulate<T>(*x.grad, eval_untracked(per_row(scale) * (g - per_row(sum_g) * inv_n -
-                                                              x_hat * per_row(sum_g_x_hat) * inv_n)));
-      return;
-    }
-    // Copies: the sums over the processes replace their storage, which dβ
-    // and dγ, this process's own, share.
-    std::vector<Tensor<T>> sums{eval_untracked(sum_g * inverse_count), eval_untracked(sum_g_x_hat * inverse_count)};
-    across(sums);
-    accumulate<T>(*x.grad, eval_untracked(per_row(scale) * (g - per_row(sums[0]) - x_hat * per_row(sums[1]))));
+    // The means over N, in new storage: a synchronized layer sums them over
+    // the processes in place, and dβ and dγ, this process's own, keep theirs.
+    std::vector<Tensor<T>> means{eval_untracked(sum_g * inverse_count), eval_untracked(sum_g_x_hat * inverse_count)};
+    if (across) across->sum(means);
+    accumulate<T>(*x.grad, eval_untracked(per_row(scale) * (g - per_row(means[0]) - x_hat * per_row(means[1]))));
   }
 };
 
 /// Makes y, the normalized x of shape (n, c, s), differentiable in x, γ and β
-/// through one BatchNormNode; `across` and inverse_count as the node's.
+/// through one BatchNormNode; inverse_count and `across` as the node's.
 template <class T>
 void track_batch_norm(Tensor<T>& y, deft::detail::Leaf<T> x, deft::detail::Leaf<T> gamma,
                       deft::detail::Leaf<T> beta, Tensor<T> mean, Tensor<T> inv_std, Tensor<T> scale,
-                      SumAcrossProcesses<T> across = {}, Tensor<T> inverse_count = {}) {
+                      Tensor<T> inverse_count,
+                      std::type_identity_t<std::shared_ptr<const SumAcrossProcesses<T>>> across = nullptr) {
   y.set_grad_meta(new_meta<T>(y.shape(), std::make_shared<BatchNormNode<T>>(
                                              std::move(x), std::move(gamma), std::move(beta), std::move(mean),
-                                             std::move(inv_std), std::move(scale), std::move(across),
-                                             std::move(inverse_count))));
+                                             std::move(inv_std), std::move(scale), std::move(inverse_count),
+                                             std::move(across))));
 }
 
 }  // namespace deft::autograd::detail

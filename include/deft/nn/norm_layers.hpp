@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,65 @@
 #include "block.hpp"
 
 namespace deft::nn {
+
+namespace detail_norm {
+
+/// Links a BatchNorm to the other processes whose batches its training
+/// statistics span: combines the statistics in the forward and sums the
+/// gradient's means in the backward.
+template <class T>
+class BatchStatisticsAcrossProcesses : public autograd::detail::SumAcrossProcesses<T> {
+ public:
+  /// Per-channel statistics of the global batch, each of shape (c):
+  /// inverse_count is 1/N, N the values per channel over all processes.
+  struct Moments {
+    Tensor<T> mean, var, inverse_count;
+  };
+  /// The global batch's statistics from this process's mean and biased
+  /// variance over `count` values per channel.
+  virtual Moments combine(const Tensor<T>& mean, const Tensor<T>& var, std::int64_t count) const = 0;
+  virtual std::shared_ptr<dist::Communicator> communicator() const = 0;
+};
+
+/// The processes of a communicator. A class template, instantiated only by
+/// programs that synchronize, so that the others do not compile its
+/// collectives.
+template <class T>
+class SynchronizedBatchStatistics final : public BatchStatisticsAcrossProcesses<T> {
+ public:
+  explicit SynchronizedBatchStatistics(std::shared_ptr<dist::Communicator> comm) : comm_(std::move(comm)) {}
+
+  // Every process's mean, variance and count, gathered in one collective
+  // and combined in rank order (Chan et al.'s update):
+  // var = Σ n_r (var_r + (mean_r - mean)²) / N. Every process computes the
+  // same bits, and nothing cancels however far the mean lies from 0.
+  typename BatchStatisticsAcrossProcesses<T>::Moments combine(const Tensor<T>& mean, const Tensor<T>& var,
+                                                              std::int64_t count) const override {
+    using deft::detail::eval_untracked;
+    using deft::detail::sum_untracked;
+    const std::int64_t c = mean.size(), ranks = comm_->size();
+    const Tensor<T> mine[] = {mean, var, full<T>(Shape{c}, T(count), mean.device())};
+    const Tensor<T> all = dist::allgather(concat(std::span<const Tensor<T>>(mine)), comm_).reshape({ranks, 3, c});
+    const auto part = [&](std::int64_t k) { return slice(all, 1, k, k + 1).reshape({ranks, c}); };
+    const Tensor<T> means = part(0), vars = part(1), counts = part(2);
+    Tensor<T> inverse_count = eval_untracked(T(1) / sum_untracked(counts, 0));
+    Tensor<T> global_mean = eval_untracked(sum_untracked(means * counts, 0) * inverse_count);
+    const Tensor<T> apart = global_mean.reshape({1, c});
+    Tensor<T> global_var =
+        eval_untracked(sum_untracked(counts * (vars + (means - apart) * (means - apart)), 0) * inverse_count);
+    return {std::move(global_mean), std::move(global_var), std::move(inverse_count)};
+  }
+  // One collective for both sums.
+  void sum(std::vector<Tensor<T>>& t) const override {
+    dist::allreduce(t, dist::ReduceOp::sum, thresholds::allreduce_bucket_bytes, comm_);
+  }
+  std::shared_ptr<dist::Communicator> communicator() const override { return comm_; }
+
+ private:
+  std::shared_ptr<dist::Communicator> comm_;
+};
+
+}  // namespace detail_norm
 
 /// Batch normalization (Ioffe & Szegedy) over the channels of NCHW input, or
 /// the features of (batch, features) input:
@@ -42,7 +102,7 @@ namespace deft::nn {
 /// With a communicator (set_communicator, or synchronize_batch_norm for a
 /// whole network) the batch statistics are those of the global batch, all
 /// ranks' parts together (PyTorch's SyncBatchNorm): a training forward
-/// gathers each rank's per-channel mean, squared deviations and row count
+/// gathers each rank's per-channel mean, variance and value count
 /// (one allgather) and combines them, and its backward sums Σ g and Σ g·x̂
 /// across the ranks (one allreduce),
 /// so that N ranks compute what one process would at the global batch, and
@@ -79,9 +139,15 @@ class BatchNorm : public Block {
   float epsilon() const { return epsilon_; }
   /// Takes the batch statistics of training forwards across the ranks of
   /// `comm` (see the class); null goes back to this process's batch alone.
-  void set_communicator(std::shared_ptr<dist::Communicator> comm) { comm_ = std::move(comm); }
+  /// A template only so that programs that never call it do not compile
+  /// the collectives.
+  template <class T = float>
+  void set_communicator(std::shared_ptr<dist::Communicator> comm) {
+    static_assert(std::is_same_v<T, float>, "BatchNorm's parameters are float");
+    across_ = comm ? std::make_shared<const detail_norm::SynchronizedBatchStatistics<T>>(std::move(comm)) : nullptr;
+  }
   /// The communicator the statistics are synchronized over (null: none).
-  const std::shared_ptr<dist::Communicator>& communicator() const { return comm_; }
+  std::shared_ptr<dist::Communicator> communicator() const { return across_ ? across_->communicator() : nullptr; }
 
  protected:
   /// gamma and the running variance start at one, beta and the running mean
@@ -94,13 +160,8 @@ class BatchNorm : public Block {
   }
 
  private:
-  // Sums each tensor across the ranks of `comm` in one collective.
-  static void sum_across(std::vector<Tensor<float>>& t, const std::shared_ptr<dist::Communicator>& comm) {
-    dist::allreduce(t, dist::ReduceOp::sum, thresholds::allreduce_bucket_bytes, comm);
-  }
-
   float momentum_, epsilon_;
-  std::shared_ptr<dist::Communicator> comm_;
+  std::shared_ptr<const detail_norm::BatchStatisticsAcrossProcesses<float>> across_;
   Parameter& gamma_;
   Parameter& beta_;
   Parameter& running_mean_;
@@ -109,9 +170,22 @@ class BatchNorm : public Block {
 
 /// Gives every BatchNorm in `net` (itself and its children, at any depth)
 /// the communicator `comm` (null: each process's batch alone again), so
-/// that their training statistics span the ranks; returns how many it set.
-/// Set the same on every rank: each synchronized layer runs collectives.
-DEFT_DECL std::size_t synchronize_batch_norm(Block& net, const std::shared_ptr<dist::Communicator>& comm);
+/// that their training statistics span the ranks; returns how many layers
+/// it set, each once however often the network holds it. Set the same on
+/// every rank: each synchronized layer runs collectives. A template as
+/// BatchNorm::set_communicator is.
+template <class T = float>
+std::size_t synchronize_batch_norm(Block& net, const std::shared_ptr<dist::Communicator>& comm) {
+  std::vector<BatchNorm*> set;
+  net.apply([&](Block& b) {
+    auto* bn = dynamic_cast<BatchNorm*>(&b);
+    if (bn && std::ranges::find(set, bn) == set.end()) {
+      bn->template set_communicator<T>(comm);
+      set.push_back(bn);
+    }
+  });
+  return set.size();
+}
 
 #if DEFT_DEFINE_NN
 DEFT_DECL BatchNorm::~BatchNorm() = default;
@@ -126,10 +200,10 @@ DEFT_DECL Tensor<float> BatchNorm::forward(const Tensor<float>& x) {
     detail::raise(name(), ": was built for ", gamma_.shape()[0], " channels but got an input of shape ",
                   x.shape().to_string());
   const bool training = autograd::is_training();
-  if (training && comm_ && gamma_.initialized() && gamma_.list_data().size() > 1)
+  if (training && across_ && gamma_.initialized() && gamma_.list_data().size() > 1)
     detail::raise<std::logic_error>(name(), ": synchronized statistics need the layer on one device per process; "
                                     "it is on ", gamma_.list_data().size(), " devices");
-  if (training && !comm_ && per_channel < 2)
+  if (training && !across_ && per_channel < 2)
     detail::raise(name(), ": training needs more than one value per channel to take batch statistics, got an "
                   "input of shape ", x.shape().to_string());
   for (Parameter* p : {&gamma_, &beta_, &running_mean_, &running_var_}) p->materialize(Shape{c});
@@ -148,32 +222,15 @@ DEFT_DECL Tensor<float> BatchNorm::forward(const Tensor<float>& x) {
   using detail::eval_untracked;
   using detail::sum_untracked;
   const auto sum_per_channel = [](const auto& e) { return sum_untracked(sum_untracked(e, 2), 0); };
-  Tensor<float> mean_c, var_c, inverse_count;
-  if (!comm_) {
-    const float inv_n = 1.0f / float(per_channel);
-    mean_c = eval_untracked(sum_per_channel(xr) * inv_n);
-    var_c = eval_untracked(sum_per_channel((xr - per_row(mean_c)) * (xr - per_row(mean_c))) * inv_n);
-  } else {
-    // This rank's mean and squared deviations (two passes, as alone) and
-    // row count, gathered from every rank in one collective and combined
-    // in rank order (Chan et al.'s update): M2 = Σ M2_r + Σ n_r (mean_r -
-    // mean)². Every rank computes the same bits, and nothing cancels
-    // however far the mean lies from 0.
-    const float inv_n = 1.0f / float(std::max<std::int64_t>(per_channel, 1));  // a rank without rows adds nothing
-    const Tensor<float> local_mean = eval_untracked(sum_per_channel(xr) * inv_n);
-    const Tensor<float> mine[] = {local_mean,
-                                  sum_per_channel((xr - per_row(local_mean)) * (xr - per_row(local_mean))),
-                                  full<float>(Shape{c}, float(per_channel), device)};
-    const std::int64_t ranks = comm_->size();
-    const Tensor<float> all =
-        dist::allgather(concat(std::span<const Tensor<float>>(mine)), comm_).reshape({ranks, 3, c});
-    const auto part = [&](std::int64_t k) { return slice(all, 1, k, k + 1).reshape({ranks, c}); };
-    const Tensor<float> means = part(0), counts = part(2);
-    inverse_count = eval_untracked(1.0f / sum_untracked(counts, 0));  // 1/N in every channel
-    mean_c = eval_untracked(sum_untracked(means * counts, 0) * inverse_count);
-    const Tensor<float> apart = mean_c.reshape({1, c});
-    var_c = eval_untracked(
-        (sum_untracked(part(1), 0) + sum_untracked(counts * (means - apart) * (means - apart), 0)) * inverse_count);
+  const float inv_n = 1.0f / float(std::max<std::int64_t>(per_channel, 1));  // a rank without rows adds nothing
+  Tensor<float> mean_c = eval_untracked(sum_per_channel(xr) * inv_n);
+  Tensor<float> var_c = eval_untracked(sum_per_channel((xr - per_row(mean_c)) * (xr - per_row(mean_c))) * inv_n);
+  Tensor<float> inverse_count;
+  if (across_) {
+    auto global = across_->combine(mean_c, var_c, per_channel);
+    mean_c = std::move(global.mean);
+    var_c = std::move(global.var);
+    inverse_count = std::move(global.inverse_count);
   }
   const Tensor<float> mean_b = per_row(mean_c);
   const Tensor<float> inv_std = eval_untracked(1.0f / sqrt(var_c + epsilon_));
@@ -182,10 +239,7 @@ DEFT_DECL Tensor<float> BatchNorm::forward(const Tensor<float>& x) {
   Tensor<float> y = eval_untracked((xr - mean_b) * per_row(scale) + per_row(beta));
   if (autograd::is_recording() && (xr.grad_meta() || gamma.grad_meta() || beta.grad_meta()))
     autograd::detail::track_batch_norm(y, xr.leaf(), gamma.leaf(), beta.leaf(), mean_c, inv_std, scale,
-                                       comm_ ? autograd::detail::SumAcrossProcesses<float>(
-                                                   [comm = comm_](std::vector<Tensor<float>>& t) { sum_across(t, comm); })
-                                             : nullptr,
-                                       inverse_count);
+                                       across_ ? inverse_count : full<float>(Shape{c}, inv_n, device), across_);
   y = y.reshape(extents);
   {
     autograd::pause untracked;  // in place: a TrainStep's replays update the same storage
@@ -195,16 +249,6 @@ DEFT_DECL Tensor<float> BatchNorm::forward(const Tensor<float>& x) {
   return y;
 }
 
-DEFT_DECL std::size_t synchronize_batch_norm(Block& net, const std::shared_ptr<dist::Communicator>& comm) {
-  std::size_t set = 0;
-  net.apply([&](Block& b) {
-    if (auto* bn = dynamic_cast<BatchNorm*>(&b)) {
-      bn->set_communicator(comm);
-      ++set;
-    }
-  });
-  return set;
-}
 #endif
 
 }  // namespace deft::nn

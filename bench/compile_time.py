@@ -8,8 +8,9 @@ its peers, and optionally the README's test command from a fresh clone.
   bench/compile_time.py --before origin/main # deft's units of that commit too, in the same rounds
   bench/compile_time.py --suite              # also the README's test command on a fresh clone of HEAD
 
-Each round compiles every unit once, in turn, so that the machine's noise
-falls on all of them alike; the table shows the median wall time and peak
+Each round compiles every unit once, in turn and starting one unit further
+on than the round before, so that the machine's noise falls on all of them
+alike; the table shows the median wall time and peak
 memory of the rounds. A peer whose headers are missing is skipped with a
 note (scripts/setup_bench.sh installs Eigen and xtensor; libtorch with
 libtorch-dev). The deft hello is the first C++ block of README.md, so what
@@ -154,7 +155,10 @@ def main():
     flags = args.flags.split()
     runs = {name: [] for name, _, _ in todo}
     for r in range(args.repeats):
-        for name, src, extra in todo:
+        # Each round starts one unit further on: no unit always comes first
+        # or after the same one.
+        start = r % len(todo)
+        for name, src, extra in todo[start:] + todo[:start]:
             runs[name].append(compile_once(args.cxx, flags + extra, src, os.path.join(workdir, "unit.o")))
             print(f"  round {r + 1}: {name}: {runs[name][-1][0]:.2f} s", file=sys.stderr, flush=True)
     shutil.rmtree(workdir, ignore_errors=True)

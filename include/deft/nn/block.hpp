@@ -467,12 +467,7 @@ class Sequential : public Block {
     return *this;
   }
   /// Runs the children in order; std::logic_error when none was added.
-  Tensor<float> forward(const Tensor<float>& x) override {
-    if (children().empty()) detail::raise<std::logic_error>(name(), ": no layers were added");
-    Tensor<float> h = x;
-    for (auto& c : children()) h = (*c)(h);
-    return h;
-  }
+  Tensor<float> forward(const Tensor<float>& x) override;
   /// Number of layers added.
   std::size_t size() const { return children().size(); }
 };
@@ -480,6 +475,13 @@ class Sequential : public Block {
 #if DEFT_DEFINE_NN
 DEFT_DECL Block::~Block() = default;
 DEFT_DECL Sequential::~Sequential() = default;
+
+DEFT_DECL Tensor<float> Sequential::forward(const Tensor<float>& x) {
+  if (children().empty()) detail::raise<std::logic_error>(name(), ": no layers were added");
+  Tensor<float> h = x;
+  for (auto& c : children()) h = (*c)(h);
+  return h;
+}
 #endif
 
 }  // namespace deft::nn

@@ -28,20 +28,7 @@ class Conv2D : public Block {
       detail::raise("Conv2D: the stride must be at least 1 and the padding at least 0, got stride ", stride.to_string(),
                     " and padding ", padding.to_string());
   }
-  Tensor<float> forward(const Tensor<float>& x) override {
-    if (x.rank() != 4) detail::raise(name(), ": needs an input of shape (batch, channels, height, width), got ", x.shape().to_string());
-    const Shape w{channels_, x.shape()[1], kernel_.h, kernel_.w}, b{channels_};
-    if (weight_.initialized() && !(weight_.shape() == w))
-      detail::raise(name(), ": was built for ", weight_.shape()[1], " input channels but got an input of shape ",
-                    x.shape().to_string());
-    // The whole call is checked before the weight is drawn: a first call
-    // with a bad input (NHWC for NCHW) must not fix its channel count.
-    (void)detail::plan_conv2d(x.shape(), w, bias_ ? &b : nullptr, stride_, padding_);
-    weight_.materialize(w);
-    if (!bias_) return activate(act_, conv2d(x, weight_.data(x.device()), stride_, padding_));
-    bias_->materialize(b);
-    return activate(act_, conv2d(x, weight_.data(x.device()), bias_->data(x.device()), stride_, padding_));
-  }
+  Tensor<float> forward(const Tensor<float>& x) override;
   /// W, of shape (channels, in_channels, kh, kw).
   Parameter& weight() { return weight_; }
   /// b, of shape (channels,); std::logic_error for a layer made without use_bias.
@@ -100,6 +87,21 @@ using GlobalAvgPool2D = GlobalPool2D<false>;  ///< the mean of each channel
 
 #if DEFT_DEFINE_NN
 DEFT_DECL Conv2D::~Conv2D() = default;
+
+DEFT_DECL Tensor<float> Conv2D::forward(const Tensor<float>& x) {
+  if (x.rank() != 4) detail::raise(name(), ": needs an input of shape (batch, channels, height, width), got ", x.shape().to_string());
+  const Shape w{channels_, x.shape()[1], kernel_.h, kernel_.w}, b{channels_};
+  if (weight_.initialized() && !(weight_.shape() == w))
+    detail::raise(name(), ": was built for ", weight_.shape()[1], " input channels but got an input of shape ",
+                  x.shape().to_string());
+  // The whole call is checked before the weight is drawn: a first call
+  // with a bad input (NHWC for NCHW) must not fix its channel count.
+  (void)detail::plan_conv2d(x.shape(), w, bias_ ? &b : nullptr, stride_, padding_);
+  weight_.materialize(w);
+  if (!bias_) return activate(act_, conv2d(x, weight_.data(x.device()), stride_, padding_));
+  bias_->materialize(b);
+  return activate(act_, conv2d(x, weight_.data(x.device()), bias_->data(x.device()), stride_, padding_));
+}
 #endif
 
 // Compiled once in the compiled mode, like the classes' key functions above.

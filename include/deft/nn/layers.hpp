@@ -53,25 +53,7 @@ class Dense : public Block {
         bias_(use_bias ? &add_parameter("bias", {units}) : nullptr) {
     if (units < 1) detail::raise("Dense: units must be at least 1, got ", units);
   }
-  Tensor<float> forward(const Tensor<float>& x) override {
-    if (x.rank() < 2) detail::raise(name(), ": needs an input of shape (batch, features...), got ", x.shape().to_string());
-    const Tensor<float> x2 = x.rank() == 2 ? x : x.reshape({x.shape()[0], -1});
-    const std::int64_t in = x2.shape()[1];
-    if (weight_.initialized() && weight_.shape()[0] != in)
-      detail::raise(name(), ": was built for ", weight_.shape()[0], " input features but got an input of shape ",
-                    x.shape().to_string());
-    weight_.materialize(Shape{in, units_});
-    if (use_bias_) bias_->materialize(Shape{units_});
-    const Tensor<float>& w = weight_.data(x.device());
-    if (!autograd::is_recording()) {  // one task: the product, then bias and activation on its output
-      BiasActivation epilogue{std::nullopt, act_};
-      if (use_bias_) epilogue.bias = bias_->data(x.device()).leaf();
-      return detail::record_product(x2.leaf(), false, w.leaf(), false, "dense", std::move(epilogue));
-    }
-    if (!use_bias_) return activate(act_, dot(x2, w));
-    const Tensor<float> xw = dot(x2, w);
-    return activate(act_, xw + bias_->data(x.device()));
-  }
+  Tensor<float> forward(const Tensor<float>& x) override;
   /// The number of outputs.
   std::int64_t units() const { return units_; }
   /// W, of shape (in, units).
@@ -125,7 +107,7 @@ class Activation : public Block {
   ~Activation() override;
   /// A layer applying `act`.
   explicit Activation(Act act) : Block(auto_name("activation")), act_(act) {}
-  Tensor<float> forward(const Tensor<float>& x) override { return activate(act_, x); }
+  Tensor<float> forward(const Tensor<float>& x) override;
 
  private:
   Act act_;
@@ -137,10 +119,7 @@ class Flatten : public Block {
   ~Flatten() override;
   /// A layer with no parameters.
   Flatten() : Block(auto_name("flatten")) {}
-  Tensor<float> forward(const Tensor<float>& x) override {
-    if (x.rank() < 1) detail::raise(name(), ": cannot flatten a scalar");
-    return x.reshape({x.shape()[0], -1});
-  }
+  Tensor<float> forward(const Tensor<float>& x) override;
 };
 
 /// Zeroes each element with probability `rate` and scales the others by
@@ -158,12 +137,7 @@ class Dropout : public Block {
     if (!(rate >= 0.0f && rate < 1.0f)) detail::raise("Dropout: the rate must be in [0, 1), got ", rate);
   }
   /// x masked and scaled in training mode, else x.
-  Tensor<float> forward(const Tensor<float>& x) override {
-    if (!autograd::is_training() || rate_ == 0.0f) return x;
-    const Tensor<float> keep = detail::eval_untracked(
-        cast<float>(random::uniform<float>(0.0, 1.0, x.shape(), x.device()) >= rate_) * (1.0f / (1.0f - rate_)));
-    return x * keep;
-  }
+  Tensor<float> forward(const Tensor<float>& x) override;
   /// The probability of dropping an element.
   float rate() const { return rate_; }
 
@@ -176,6 +150,40 @@ DEFT_DECL Dense::~Dense() = default;
 DEFT_DECL Activation::~Activation() = default;
 DEFT_DECL Flatten::~Flatten() = default;
 DEFT_DECL Dropout::~Dropout() = default;
+
+DEFT_DECL Tensor<float> Dense::forward(const Tensor<float>& x) {
+  if (x.rank() < 2) detail::raise(name(), ": needs an input of shape (batch, features...), got ", x.shape().to_string());
+  const Tensor<float> x2 = x.rank() == 2 ? x : x.reshape({x.shape()[0], -1});
+  const std::int64_t in = x2.shape()[1];
+  if (weight_.initialized() && weight_.shape()[0] != in)
+    detail::raise(name(), ": was built for ", weight_.shape()[0], " input features but got an input of shape ",
+                  x.shape().to_string());
+  weight_.materialize(Shape{in, units_});
+  if (use_bias_) bias_->materialize(Shape{units_});
+  const Tensor<float>& w = weight_.data(x.device());
+  if (!autograd::is_recording()) {  // one task: the product, then bias and activation on its output
+    BiasActivation epilogue{std::nullopt, act_};
+    if (use_bias_) epilogue.bias = bias_->data(x.device()).leaf();
+    return detail::record_product(x2.leaf(), false, w.leaf(), false, "dense", std::move(epilogue));
+  }
+  if (!use_bias_) return activate(act_, dot(x2, w));
+  const Tensor<float> xw = dot(x2, w);
+  return activate(act_, xw + bias_->data(x.device()));
+}
+
+DEFT_DECL Tensor<float> Activation::forward(const Tensor<float>& x) { return activate(act_, x); }
+
+DEFT_DECL Tensor<float> Flatten::forward(const Tensor<float>& x) {
+  if (x.rank() < 1) detail::raise(name(), ": cannot flatten a scalar");
+  return x.reshape({x.shape()[0], -1});
+}
+
+DEFT_DECL Tensor<float> Dropout::forward(const Tensor<float>& x) {
+  if (!autograd::is_training() || rate_ == 0.0f) return x;
+  const Tensor<float> keep = detail::eval_untracked(
+      cast<float>(random::uniform<float>(0.0, 1.0, x.shape(), x.device()) >= rate_) * (1.0f / (1.0f - rate_)));
+  return x * keep;
+}
 #endif
 
 }  // namespace deft::nn

@@ -33,16 +33,7 @@ class Residual : public Block {
     add_child(bn2_);
     if (shortcut_) add_child(shortcut_);
   }
-  Tensor<float> forward(const Tensor<float>& x) override {
-    const Tensor<float> h(relu((*bn1_)((*conv1_)(x))));
-    const Tensor<float> y = (*bn2_)((*conv2_)(h));
-    const Tensor<float> skip = shortcut_ ? (*shortcut_)(x) : x;
-    if (!(y.shape() == skip.shape()))
-      detail::raise(name(), ": the block's output has shape ", y.shape().to_string(), " but its input ",
-                    x.shape().to_string(), " has shape ", skip.shape().to_string(),
-                    " on the shortcut; make the block with use_1x1conv when it changes the channels or the stride");
-    return Tensor<float>(relu(y + skip));
-  }
+  Tensor<float> forward(const Tensor<float>& x) override;
 
  private:
   std::shared_ptr<Conv2D> conv1_;
@@ -79,6 +70,17 @@ inline std::shared_ptr<Sequential> resnet18(std::int64_t num_classes, std::int64
 
 #if DEFT_DEFINE_NN
 DEFT_DECL Residual::~Residual() = default;
+
+DEFT_DECL Tensor<float> Residual::forward(const Tensor<float>& x) {
+  const Tensor<float> h(relu((*bn1_)((*conv1_)(x))));
+  const Tensor<float> y = (*bn2_)((*conv2_)(h));
+  const Tensor<float> skip = shortcut_ ? (*shortcut_)(x) : x;
+  if (!(y.shape() == skip.shape()))
+    detail::raise(name(), ": the block's output has shape ", y.shape().to_string(), " but its input ",
+                  x.shape().to_string(), " has shape ", skip.shape().to_string(),
+                  " on the shortcut; make the block with use_1x1conv when it changes the channels or the stride");
+  return Tensor<float>(relu(y + skip));
+}
 #endif
 
 }  // namespace deft::nn

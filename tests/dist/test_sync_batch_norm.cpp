@@ -17,17 +17,6 @@ std::pair<std::int64_t, std::int64_t> my_rows(std::int64_t rows) {
   return {rows * r / p, rows * (r + 1) / p};
 }
 
-std::vector<double> as_doubles(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-
-/// Whether got[i] is within tol (relative, at least absolute) of want[begin + i] for every i.
-std::string mismatch(const std::vector<float>& got, const std::vector<double>& want, std::size_t begin, double tol) {
-  if (begin + got.size() > want.size()) return "size " + std::to_string(got.size());
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::abs(double(got[i]) - want[begin + i]) <= tol * std::max(1.0, std::abs(want[begin + i]))))
-      return "element " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[begin + i]);
-  return "";
-}
-
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(sync_batch_norm)
@@ -60,25 +49,25 @@ BOOST_AUTO_TEST_CASE(ranks_normalize_and_differentiate_as_one_batch) {
       y = bn(x);
       sum(y * g).backward();
     }
-    const BatchNormReference ref(as_doubles(x_all.to_vector()), as_doubles(g_all.to_vector()),
-                                 as_doubles(gamma.to_vector()), as_doubles(beta.to_vector()), n, c, s, 1e-5, true);
+    const BatchNormReference ref(to_doubles(x_all.to_vector()), to_doubles(g_all.to_vector()),
+                                 to_doubles(gamma.to_vector()), to_doubles(beta.to_vector()), n, c, s, 1e-5, true);
     const std::size_t first = std::size_t(begin * c * s);
     const std::string on = " on rank " + std::to_string(dist::rank()) + ", shape " + shape.to_string();
-    BOOST_TEST(mismatch(y.to_vector(), ref.y, first, 2e-5).empty(), "y" << on << ": " << mismatch(y.to_vector(), ref.y, first, 2e-5));
+    BOOST_TEST(first_mismatch(y.to_vector(), ref.y, first, 2e-5).empty(), "y" << on << ": " << first_mismatch(y.to_vector(), ref.y, first, 2e-5));
     const auto dx = x.grad().to_vector();
-    BOOST_TEST(mismatch(dx, ref.dx, first, 5e-4).empty(), "dx" << on << ": " << mismatch(dx, ref.dx, first, 5e-4));
+    BOOST_TEST(first_mismatch(dx, ref.dx, first, 5e-4).empty(), "dx" << on << ": " << first_mismatch(dx, ref.dx, first, 5e-4));
     // dγ and dβ are each rank's share; their sum over the ranks is the batch's.
     Tensor<float> dgamma = bn.gamma().grad().clone(), dbeta = bn.beta().grad().clone();
     dist::allreduce(dgamma);
     dist::allreduce(dbeta);
-    BOOST_TEST(mismatch(dgamma.to_vector(), ref.dgamma, 0, 1e-4).empty(), "dgamma" << on);
-    BOOST_TEST(mismatch(dbeta.to_vector(), ref.dbeta, 0, 1e-4).empty(), "dbeta" << on);
+    BOOST_TEST(first_mismatch(dgamma.to_vector(), ref.dgamma, 0, 1e-4).empty(), "dgamma" << on);
+    BOOST_TEST(first_mismatch(dbeta.to_vector(), ref.dbeta, 0, 1e-4).empty(), "dbeta" << on);
     // running = 0.8 * running + 0.2 * batch, from zeros and ones: the same on every rank.
     std::vector<double> mean(ref.mean), var(ref.var);
     for (auto& m : mean) m *= 0.2;
     for (auto& v : var) v = 0.8 + 0.2 * v;
-    BOOST_TEST(mismatch(bn.running_mean().data().to_vector(), mean, 0, 1e-5).empty(), "running mean" << on);
-    BOOST_TEST(mismatch(bn.running_var().data().to_vector(), var, 0, 1e-5).empty(), "running var" << on);
+    BOOST_TEST(first_mismatch(bn.running_mean().data().to_vector(), mean, 0, 1e-5).empty(), "running mean" << on);
+    BOOST_TEST(first_mismatch(bn.running_var().data().to_vector(), var, 0, 1e-5).empty(), "running var" << on);
   }
 }
 

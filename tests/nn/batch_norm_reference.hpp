@@ -1,8 +1,10 @@
 // BatchNorm in double precision, the reference of the nn and dist tests.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -47,3 +49,18 @@ struct BatchNormReference {
     }
   }
 };
+
+/// The values of v in double.
+inline std::vector<double> to_doubles(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+/// "" when got[i] is within tol of want[begin + i] for every i (relative, and
+/// absolute where |want| < 1); else the first element that is not.
+inline std::string first_mismatch(const std::vector<float>& got, const std::vector<double>& want, std::size_t begin,
+                                  double tol) {
+  if (begin + got.size() > want.size())
+    return std::to_string(got.size()) + " values from " + std::to_string(begin) + " of " + std::to_string(want.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(double(got[i]) - want[begin + i]) <= tol * std::max(1.0, std::abs(want[begin + i]))))
+      return "element " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[begin + i]);
+  return "";
+}

@@ -22,16 +22,12 @@ using nn_test::mentions;
 
 namespace {
 
-std::vector<double> doubles(const Tensor<float>& t) {
-  const auto v = t.to_vector();
-  return {v.begin(), v.end()};
-}
+std::vector<double> doubles(const Tensor<float>& t) { return to_doubles(t.to_vector()); }
 
 void expect_close(const std::vector<float>& got, const std::vector<double>& want, double tol, const std::string& what) {
   BOOST_TEST_REQUIRE(got.size() == want.size());
-  for (std::size_t k = 0; k < got.size(); ++k)
-    BOOST_TEST(std::abs(double(got[k]) - want[k]) <= tol * std::max(1.0, std::abs(want[k])),
-               what << "[" << k << "]: " << got[k] << " vs " << want[k]);
+  const std::string bad = first_mismatch(got, want, 0, tol);
+  BOOST_TEST(bad.empty(), what << ", " << bad);
 }
 
 // A BatchNorm with random gamma and beta for `x`'s channels.

@@ -23,10 +23,10 @@ namespace deft::nn {
 namespace detail_norm {
 
 /// Links a BatchNorm to the other processes whose batches its training
-/// statistics span: combines the statistics in the forward and sums the
-/// gradient's means in the backward.
+/// statistics span: combines the statistics in the forward, and the sums
+/// that the input gradient needs in the backward.
 template <class T>
-class BatchStatisticsAcrossProcesses : public autograd::detail::SumAcrossProcesses<T> {
+class BatchStatisticsAcrossProcesses : public autograd::detail::BatchNormAcrossProcesses<T> {
  public:
   /// Per-channel statistics of the global batch, each of shape (c):
   /// inverse_count is 1/N, N the values per channel over all processes.
@@ -67,9 +67,19 @@ class SynchronizedBatchStatistics final : public BatchStatisticsAcrossProcesses<
         eval_untracked(sum_untracked(counts * (vars + (means - apart) * (means - apart)), 0) * inverse_count);
     return {std::move(global_mean), std::move(global_var), std::move(inverse_count)};
   }
-  // One collective for both sums.
-  void sum(std::vector<Tensor<T>>& t) const override {
-    dist::allreduce(t, dist::ReduceOp::sum, thresholds::allreduce_bucket_bytes, comm_);
+  // Σ g / N and Σ g·x̂ / N over the processes: one collective for both.
+  Tensor<T> input_gradient(const Tensor<T>& g, const Tensor<T>& x, const Tensor<T>& mean, const Tensor<T>& inv_std,
+                           const Tensor<T>& scale, const Tensor<T>& sum_g, const Tensor<T>& sum_g_x_hat,
+                           const Tensor<T>& inverse_count) const override {
+    using deft::detail::eval_untracked;
+    const std::int64_t c = mean.size();
+    const auto per_row = [c](const Tensor<T>& t) { return t.reshape({1, c, 1}); };
+    // New storage: the collective sums in place, and dβ and dγ, this
+    // process's own, keep sum_g's and sum_g_x_hat's.
+    std::vector<Tensor<T>> means{eval_untracked(sum_g * inverse_count), eval_untracked(sum_g_x_hat * inverse_count)};
+    dist::allreduce(means, dist::ReduceOp::sum, thresholds::allreduce_bucket_bytes, comm_);
+    const auto x_hat = (x - per_row(mean)) * per_row(inv_std);
+    return eval_untracked(per_row(scale) * (g - per_row(means[0]) - x_hat * per_row(means[1])));
   }
   std::shared_ptr<dist::Communicator> communicator() const override { return comm_; }
 
@@ -238,8 +248,8 @@ DEFT_DECL Tensor<float> BatchNorm::forward(const Tensor<float>& x) {
   // The normalization and the affine part: one elementwise pass over x.
   Tensor<float> y = eval_untracked((xr - mean_b) * per_row(scale) + per_row(beta));
   if (autograd::is_recording() && (xr.grad_meta() || gamma.grad_meta() || beta.grad_meta()))
-    autograd::detail::track_batch_norm(y, xr.leaf(), gamma.leaf(), beta.leaf(), mean_c, inv_std, scale,
-                                       across_ ? inverse_count : full<float>(Shape{c}, inv_n, device), across_);
+    autograd::detail::track_batch_norm(y, xr.leaf(), gamma.leaf(), beta.leaf(), mean_c, inv_std, scale, across_,
+                                       inverse_count);
   y = y.reshape(extents);
   {
     autograd::pause untracked;  // in place: a TrainStep's replays update the same storage

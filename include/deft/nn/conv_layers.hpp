@@ -53,10 +53,7 @@ class Pool2D : public Block {
   /// Windows of `pool`, moved by `stride` (the window by default).
   explicit Pool2D(Size2d pool, std::optional<Size2d> stride = std::nullopt)
       : Block(auto_name(Max ? "maxpool" : "avgpool")), pool_(pool), stride_(stride.value_or(pool)) {}
-  Tensor<float> forward(const Tensor<float>& x) override {
-    if constexpr (Max) return max_pool2d(x, pool_, stride_);
-    else return avg_pool2d(x, pool_, stride_);
-  }
+  Tensor<float> forward(const Tensor<float>& x) override;
 
  private:
   Size2d pool_, stride_;
@@ -72,15 +69,7 @@ class GlobalPool2D : public Block {
  public:
   /// A layer with no parameters.
   GlobalPool2D() : Block(auto_name(Max ? "globalmaxpool" : "globalavgpool")) {}
-  Tensor<float> forward(const Tensor<float>& x) override {
-    if (x.rank() != 4 || x.shape()[2] * x.shape()[3] == 0)
-      detail::raise(name(), ": needs an input of shape (batch, channels, height, width) with a nonempty plane, got ",
-                    x.shape().to_string());
-    const std::int64_t n = x.shape()[0], c = x.shape()[1];
-    const Tensor<float> planes = x.reshape({n, c, x.shape()[2] * x.shape()[3]});
-    if constexpr (Max) return Tensor<float>(max(planes, 2)).reshape({n, c, 1, 1});
-    else return Tensor<float>(mean(planes, 2)).reshape({n, c, 1, 1});
-  }
+  Tensor<float> forward(const Tensor<float>& x) override;
 };
 using GlobalMaxPool2D = GlobalPool2D<true>;   ///< the maximum of each channel
 using GlobalAvgPool2D = GlobalPool2D<false>;  ///< the mean of each channel
@@ -101,6 +90,23 @@ DEFT_DECL Tensor<float> Conv2D::forward(const Tensor<float>& x) {
   if (!bias_) return activate(act_, conv2d(x, weight_.data(x.device()), stride_, padding_));
   bias_->materialize(b);
   return activate(act_, conv2d(x, weight_.data(x.device()), bias_->data(x.device()), stride_, padding_));
+}
+
+template <bool Max>
+Tensor<float> Pool2D<Max>::forward(const Tensor<float>& x) {
+  if constexpr (Max) return max_pool2d(x, pool_, stride_);
+  else return avg_pool2d(x, pool_, stride_);
+}
+
+template <bool Max>
+Tensor<float> GlobalPool2D<Max>::forward(const Tensor<float>& x) {
+  if (x.rank() != 4 || x.shape()[2] * x.shape()[3] == 0)
+    detail::raise(name(), ": needs an input of shape (batch, channels, height, width) with a nonempty plane, got ",
+                  x.shape().to_string());
+  const std::int64_t n = x.shape()[0], c = x.shape()[1];
+  const Tensor<float> planes = x.reshape({n, c, x.shape()[2] * x.shape()[3]});
+  if constexpr (Max) return Tensor<float>(max(planes, 2)).reshape({n, c, 1, 1});
+  else return Tensor<float>(mean(planes, 2)).reshape({n, c, 1, 1});
 }
 #endif
 

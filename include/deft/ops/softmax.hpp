@@ -1,7 +1,9 @@
 // softmax and log_softmax along an axis, stable for any input range: with m
 // the maximum along the axis, exp(x - m) / Σ exp(x - m) and
-// (x - m) - log Σ exp(x - m). Three tasks (four for log_softmax: each log
-// once per slice, not once per element); the gradient is one fused
+// (x - m) - log Σ exp(x - m). Four tasks each: softmax keeps exp(x - m)
+// for its sum and its quotient, so that each element's exp is computed
+// once (the exp, not memory, bounds these passes); log_softmax takes each
+// log once per slice, not once per element. The gradient is one fused
 // formula of the result (autograd/softmax.hpp), not the chain of these
 // steps' derivatives.
 #pragma once
@@ -19,10 +21,13 @@ template <bool Log, class T>
 Tensor<T> softmax_along(const Tensor<T>& t, int axis) {
   // An empty axis leaves nothing to normalise: an empty result, as numpy's.
   const Tensor<T> m = reduce<MaxReducer, false>(Log ? "log_softmax" : "softmax", t, axis, true, false);
-  const Tensor<T> s = sum_untracked(exp(t - m), axis, true);
   Tensor<T> y;
-  if constexpr (Log) y = eval_untracked(t - m - Tensor<T>(eval_untracked(log(s))));
-  else y = eval_untracked(exp(t - m) / s);
+  if constexpr (Log) {
+    y = eval_untracked(t - m - Tensor<T>(eval_untracked(log(sum_untracked(exp(t - m), axis, true)))));
+  } else {
+    const Tensor<T> e = eval_untracked(exp(t - m));
+    y = eval_untracked(e / sum_untracked(e, axis, true));
+  }
   if constexpr (std::is_floating_point_v<T>)
     if (autograd::is_recording() && t.grad_meta()) autograd::detail::track_softmax(y, t.grad_meta(), axis, Log);
   return y;

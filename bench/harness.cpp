@@ -114,10 +114,17 @@ void write_csv(const std::string& path) {
     std::fprintf(stderr, "deft_bench: cannot write %s\n", path.c_str());
     std::exit(1);
   }
+  // RFC 4180: the text fields are quoted, their quotes doubled (a size may
+  // hold a comma, a case name a quote).
+  const auto quoted = [](const std::string& s) {
+    std::string q = "\"";
+    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + '"';
+  };
   out << "group,case,library,threads,size,unit,median,min\n";
   for (const auto& r : g_rows)
-    out << r.group << ",\"" << r.name << "\"," << r.library << ',' << r.threads << ',' << r.size << ',' << r.unit
-        << ',' << r.median << ',' << r.min << '\n';
+    out << r.group << ',' << quoted(r.name) << ',' << r.library << ',' << r.threads << ',' << quoted(r.size) << ','
+        << r.unit << ',' << r.median << ',' << r.min << '\n';
 }
 
 bool selected(const char* group) { return opts.filter.empty() || std::strstr(group, opts.filter.c_str()); }

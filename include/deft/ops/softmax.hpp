@@ -2,7 +2,7 @@
 // the maximum along the axis, exp(x - m) / Σ exp(x - m) and
 // (x - m) - log Σ exp(x - m). Four tasks each: softmax keeps exp(x - m)
 // for its sum and its quotient, so that each element's exp is computed
-// once (the exp, not memory, bounds these passes); log_softmax takes each
+// once (in cache, the exp bounds these passes, not memory); log_softmax takes each
 // log once per slice, not once per element. The gradient is one fused
 // formula of the result (autograd/softmax.hpp), not the chain of these
 // steps' derivatives.

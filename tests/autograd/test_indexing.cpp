@@ -215,6 +215,38 @@ BOOST_AUTO_TEST_CASE(softmax_matches_a_double_loop_far_from_zero) {
   BOOST_TEST((std::isnan(zs[0]) && std::isnan(zs[1]) && !std::isnan(zs[2]) && !std::isnan(zs[3])));
 }
 
+// The innermost axis on the CPU is one row kernel: rows of several SIMD
+// batches plus a tail, rows split between workers, rank 3, and a row view
+// (an offset into its storage), each against a double loop.
+BOOST_AUTO_TEST_CASE(softmax_along_the_last_axis_matches_a_double_loop) {
+  random::seed(36);
+  const Tensor<float> big = random::uniform<float>(-20, 20, Shape{64, 3000});
+  const Tensor<float> cases[] = {random::uniform<float>(-20, 20, Shape{3, 5, 300}), big,
+                                 Tensor<float>(big.rows(5, 9)), random::uniform<float>(-20, 20, Shape{1, 1})};
+  for (const Tensor<float>& x : cases) {
+    const auto xv = x.to_vector();
+    const i64 cols = x.shape()[x.shape().rank() - 1], rows = x.size() / cols;
+    const auto got_s = as_double(softmax(x)), got_ls = as_double(log_softmax(x, x.shape().rank() - 1));
+    BOOST_TEST_CONTEXT("shape " << x.shape().to_string()) {
+      for (i64 r = 0; r < rows; ++r) {
+        const float* row = xv.data() + r * cols;
+        double m = -INFINITY, total = 0;
+        for (i64 k = 0; k < cols; ++k) m = std::max(m, double(row[k]));
+        for (i64 k = 0; k < cols; ++k) total += std::exp(double(row[k]) - m);
+        for (i64 k = 0; k < cols; ++k) {
+          const i64 i = r * cols + k;
+          const double want_s = std::exp(double(row[k]) - m) / total, want_ls = double(row[k]) - m - std::log(total);
+          // x - m rounds to float (2^-24 |x - m| relative in exp), and a
+          // float sum of up to 3000 terms adds a few 1e-7.
+          BOOST_TEST(std::abs(got_s[i] - want_s) <= (3e-6 + 0x1p-23 * std::abs(want_ls)) * want_s + 1e-37,
+                     "softmax [" << i << "]");
+          BOOST_TEST(std::abs(got_ls[i] - want_ls) <= 2e-6 * std::max(1.0, std::abs(want_ls)), "log_softmax [" << i << "]");
+        }
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(one_hot_and_clip_match_a_loop) {
   std::mt19937 gen(35);
   std::uniform_int_distribution<std::int64_t> pick(0, 6);

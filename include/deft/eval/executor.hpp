@@ -26,6 +26,7 @@
 #include "cpu/permute.hpp"
 #include "cpu/random.hpp"
 #include "cpu/reduce.hpp"
+#include "cpu/softmax.hpp"
 #include "random_draw.hpp"
 
 #if defined(DEFT_GPU_EMULATION) || (defined(DEFT_CUDA_BACKEND) && (defined(__CUDACC__) || defined(DEFT_FAKE_CUDA)))
@@ -92,6 +93,12 @@ struct Executor<DeviceType::cpu> {
   static void pool2d_backward(const PoolGeom& g, const T* dy, const T* x, T* dx) {
     cpu::pool2d_backward<Kind>(g, dy, x, dx);
   }
+  /// softmax (log_softmax with Log) of `rows` contiguous rows of `cols`
+  /// elements, one task for all steps (see has_row_softmax).
+  template <bool Log, class T>
+  static void softmax_rows(std::int64_t rows, std::int64_t cols, const T* x, T* out) {
+    cpu::softmax_rows<Log>(rows, cols, x, out);
+  }
   /// The numbers of one deft::random call (the GPU's draws the same ones).
   template <class T, Distribution D>
   static void fill_random(T* out, std::int64_t n, std::uint64_t key, std::uint64_t stream, double a, double b) {
@@ -133,6 +140,11 @@ static_assert(KernelSet<Executor<DeviceType::cpu>>, "Executor<cpu> lacks a kerne
 #ifdef DEFT_HAS_GPU_EXECUTOR
 static_assert(KernelSet<Executor<DeviceType::gpu>>, "Executor<gpu> lacks a kernel of KernelSet");
 #endif
+
+/// Whether the executor of device d has softmax_rows. The GPU's has not:
+/// there softmax records its steps as separate reductions and elementwise
+/// passes, each of them a kernel of KernelSet.
+inline bool has_row_softmax(Device d) { return d.type == DeviceType::cpu; }
 
 /// Whether this program has a backend for devices of this type.
 inline bool has_backend(DeviceType t) { return t == DeviceType::cpu || gpu_backend() != nullptr; }

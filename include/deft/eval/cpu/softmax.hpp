@@ -59,20 +59,21 @@ inline T sum_exp_shifted(const T* x, std::int64_t n, T m, T* out) {
   return total;
 }
 
-/// out[j] = out[j] * scale (softmax) or (x[j] - m) - shift (log_softmax) over the row.
+/// Over the row: out[j] *= k (softmax, k = 1 / Σ), or out[j] = (x[j] - m) - k
+/// (log_softmax, k = log Σ).
 template <bool Log, class T>
-inline void finish_softmax_row(const T* x, std::int64_t n, T m, T factor, T* out) {
+inline void finish_softmax_row(const T* x, std::int64_t n, T m, T k, T* out) {
   std::int64_t j = 0;
 #if DEFT_CPU_SIMD
   using B = simd_batch<T>;
   constexpr std::int64_t W = B::size;
-  const B mb(m), fb(factor);
+  const B mb(m), kb(k);
   for (; j + W <= n; j += W) {
-    if constexpr (Log) ((B::load_unaligned(x + j) - mb) - fb).store_unaligned(out + j);
-    else (B::load_unaligned(out + j) * fb).store_unaligned(out + j);
+    if constexpr (Log) ((B::load_unaligned(x + j) - mb) - kb).store_unaligned(out + j);
+    else (B::load_unaligned(out + j) * kb).store_unaligned(out + j);
   }
 #endif
-  for (; j < n; ++j) out[j] = Log ? (x[j] - m) - factor : out[j] * factor;
+  for (; j < n; ++j) out[j] = Log ? (x[j] - m) - k : out[j] * k;
 }
 
 /// softmax (or log_softmax, with Log) of each of `rows` contiguous rows of

@@ -19,9 +19,24 @@
 namespace deft {
 namespace detail {
 
+/// softmax (log_softmax with Log) along `axis` as separate reductions and
+/// elementwise passes, named `name` in errors.
 template <bool Log, class T>
-Tensor<T> softmax_composed(const Tensor<T>& t, int axis);
+Tensor<T> softmax_composed(const Tensor<T>& t, int axis, const char* name) {
+  // An empty axis leaves nothing to normalise: an empty result, as numpy's.
+  const Tensor<T> m = reduce<MaxReducer, false>(name, t, axis, true, false);
+  Tensor<T> y;
+  if constexpr (Log) {
+    y = eval_untracked(t - m - Tensor<T>(eval_untracked(log(sum_untracked(exp(t - m), axis, true)))));
+  } else {
+    const Tensor<T> e = eval_untracked(exp(t - m));
+    y = eval_untracked(e / sum_untracked(e, axis, true));
+  }
+  return y;
+}
 
+/// softmax (log_softmax with Log) of t along `axis`: one task of the
+/// executor's row kernel where it has one, else softmax_composed.
 template <bool Log, class T>
 Tensor<T> softmax_along(const Tensor<T>& t, int axis) {
   static_assert(std::is_floating_point_v<T>, "deft: softmax and log_softmax need a float or double tensor");
@@ -44,25 +59,9 @@ Tensor<T> softmax_along(const Tensor<T>& t, int axis) {
         },
         [&](Task& task) { task.add_input(x.buffer); });
   } else {
-    y = softmax_composed<Log>(t, axis);
+    y = softmax_composed<Log>(t, axis, name);
   }
-  if constexpr (std::is_floating_point_v<T>)
-    if (autograd::is_recording() && t.grad_meta()) autograd::detail::track_softmax(y, t.grad_meta(), axis, Log);
-  return y;
-}
-
-/// softmax_along's steps as separate reductions and elementwise passes.
-template <bool Log, class T>
-Tensor<T> softmax_composed(const Tensor<T>& t, int axis) {
-  // An empty axis leaves nothing to normalise: an empty result, as numpy's.
-  const Tensor<T> m = reduce<MaxReducer, false>(Log ? "log_softmax" : "softmax", t, axis, true, false);
-  Tensor<T> y;
-  if constexpr (Log) {
-    y = eval_untracked(t - m - Tensor<T>(eval_untracked(log(sum_untracked(exp(t - m), axis, true)))));
-  } else {
-    const Tensor<T> e = eval_untracked(exp(t - m));
-    y = eval_untracked(e / sum_untracked(e, axis, true));
-  }
+  if (autograd::is_recording() && t.grad_meta()) autograd::detail::track_softmax(y, t.grad_meta(), axis, Log);
   return y;
 }
 

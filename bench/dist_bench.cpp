@@ -6,7 +6,8 @@
 //      (deft's share of MPI's bandwidth: 1 is equal).
 //   2. the chapter's MLP (784-256-10) and LeNet steps (global batch 256, SGD)
 //      with two workers per process (one more than compute needs, as
-//      dist::init adds): steps per second, and how much of the gradients'
+//      dist::init adds), written out and as an nn::TrainStep (the whole
+//      step traced, its collectives included): steps per second, how much of the gradients'
 //      allreduce the backward hides, estimated as
 //      (local step + allreduce alone - distributed step) / allreduce alone,
 //      and read off the engine's trace of a few steps: for each bucket's
@@ -154,12 +155,21 @@ void step_rows(const char* title, const std::function<std::shared_ptr<nn::Sequen
   const Tensor<float> x = random::normal<float>(0, 1, shape(rows)), x_all = random::normal<float>(0, 1, shape(batch));
   const Tensor<std::int64_t> y = labels(rows), y_all = labels(batch);
 
-  auto local = make(), shared = make(), single = make();
-  for (auto* net : {local.get(), shared.get(), single.get()}) (void)(*net)(x.rows(0, 1));
+  auto local = make(), shared = make(), single = make(), hybrid = make();
+  for (auto* net : {local.get(), shared.get(), single.get(), hybrid.get()}) (void)(*net)(x.rows(0, 1));
   nn::Trainer t_local(local->collect_params(), nn::SGD{0.01f}), t_shared(shared->collect_params(), nn::SGD{0.01f}),
-      t_single(single->collect_params(), nn::SGD{0.01f});
-  t_shared.set_communicator(dist::world());
-  t_shared.set_allreduce_bucket_bytes(bucket);
+      t_single(single->collect_params(), nn::SGD{0.01f}), t_hybrid(hybrid->collect_params(), nn::SGD{0.01f});
+  for (auto* t : {&t_shared, &t_hybrid}) {
+    t->set_communicator(dist::world());
+    t->set_allreduce_bucket_bytes(bucket);
+  }
+  nn::TrainStep traced(*hybrid, nn::SoftmaxCrossEntropyLoss(), t_hybrid);
+  auto traced_step = [&] {
+    (void)traced(x, y, batch);
+    wait_all();
+  };
+  traced_step();  // runs plainly
+  traced_step();  // traces
   std::vector<Tensor<float>> grads;
   std::int64_t floats = 0;
   for (nn::Parameter* p : local->collect_params()) {
@@ -183,6 +193,7 @@ void step_rows(const char* title, const std::function<std::shared_ptr<nn::Sequen
       },
       [&] { step(*shared, t_shared, x, y); },          // the data-parallel step
       [&] { step(*single, t_single, x_all, y_all); },  // the whole batch in this process
+      traced_step,                                     // the data-parallel step, replayed
   });
   if (dist::rank() == 0) {
     const double hidden = (times[0] + times[1] - times[2]) / times[1];
@@ -192,6 +203,9 @@ void step_rows(const char* title, const std::function<std::shared_ptr<nn::Sequen
     std::printf("  gradients' allreduce alone:          %8.3f ms\n", times[1] * 1e3);
     std::printf("  data-parallel step:                  %8.3f ms  (%.0f samples/s)\n", times[2] * 1e3,
                 double(batch) / times[2]);
+    std::printf("  data-parallel TrainStep (replayed):  %8.3f ms  (%.0f samples/s; %lld traces, %lld replays)\n",
+                times[4] * 1e3, double(batch) / times[4], static_cast<long long>(traced.traces()),
+                static_cast<long long>(traced.replays()));
     std::printf("  whole batch in one process:          %8.3f ms  (%.0f samples/s)\n", times[3] * 1e3,
                 double(batch) / times[3]);
     std::printf("  allreduce hidden by the step:        %8.0f %%\n", 100.0 * std::clamp(hidden, 0.0, 1.0));

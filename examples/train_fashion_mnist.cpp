@@ -412,7 +412,7 @@ int main(int argc, char** argv) try {
       const auto [xs, ys] = split(as_input(batch.x), batch.y);
       std::vector<Tensor<float>> scores(xs.size());
       if (hybrid_step) {
-        auto parts = (*hybrid_step)(xs, ys);
+        auto parts = (*hybrid_step)(xs, ys, batch.rows);  // the global batch: every rank's rows
         for (std::size_t d = 0; d < parts.size(); ++d) {
           loss_sum = loss_sum + sum(parts[d].loss).to(cpu());
           scores[d] = std::move(parts[d].scores);

@@ -50,6 +50,86 @@ BOOST_AUTO_TEST_CASE(ranks_at_global_batch_b_train_like_one_process_at_batch_b) 
   }
 }
 
+// A TrainStep over a communicator traces the whole step, its collectives
+// included (the gradients' buckets, and synchronized BatchNorm's gather and
+// sum), and each replay gives them the communicator's next places, after
+// the collectives recorded outside the step since (a metric's allreduce).
+BOOST_AUTO_TEST_CASE(a_traced_train_step_replays_its_collectives_like_the_plain_steps) {
+  const auto [x, y] = data_set();
+  auto plain = make_normalized_net(), traced = make_normalized_net();
+  for (auto* net : {plain.get(), traced.get()}) {
+    random::seed(1000);
+    (void)(*net)(x.rows(0, 2));
+  }
+  nn::synchronize_batch_norm(*plain, dist::world());
+  nn::synchronize_batch_norm(*traced, dist::world());
+  nn::Trainer one(plain->collect_params(), nn::SGD{0.1f, 0.9f}), other(traced->collect_params(), nn::SGD{0.1f, 0.9f});
+  one.set_communicator(dist::world());
+  other.set_communicator(dist::world());
+  one.set_allreduce_bucket_bytes(512);  // several buckets
+  other.set_allreduce_bucket_bytes(512);
+  nn::TrainStep step(*traced, nn::SoftmaxCrossEntropyLoss(), other);
+  // Batches of 20, the last of 16: two shapes per rank, so two traces.
+  const data::LoaderOptions sharded{.seed = 3, .prefetch = false, .num_shards = dist::size(), .shard = dist::rank()};
+  // Three epochs of each, every step's summed loss kept (deferred); an
+  // allreduce of the epoch's loss at each epoch's end. Within an epoch no
+  // other collective comes between two steps.
+  auto epochs = [&](const auto& one_step, std::uint64_t& collectives) {
+    data::DataLoader part(x, y, 20, sharded);
+    std::vector<Tensor<float>> losses;
+    for (int e = 0; e < 3; ++e) {
+      Tensor<float> epoch = zeros<float>({});
+      for (const data::Batch& b : part) {
+        const std::uint64_t before = dist::world()->recorded();
+        losses.push_back(sum(one_step(b)));
+        collectives += dist::world()->recorded() - before;
+        epoch = epoch + losses.back();
+      }
+      dist::allreduce(epoch);
+    }
+    return losses;
+  };
+  std::uint64_t plain_collectives = 0, traced_collectives = 0;
+  const auto plain_losses = epochs(
+      [&](const data::Batch& b) {
+        Tensor<float> loss;
+        {
+          autograd::record rec;
+          loss = nn::SoftmaxCrossEntropyLoss()((*plain)(b.x), b.y);
+          loss.backward();
+        }
+        one.step(b.rows);
+        return loss.detach();
+      },
+      plain_collectives);
+  const auto traced_losses = epochs([&](const data::Batch& b) { return step(b.x, b.y, b.rows).loss; }, traced_collectives);
+  // Each rank's rows are not the batch the update divides by: refused, before anything is recorded.
+  const std::uint64_t before = dist::world()->recorded();
+  BOOST_CHECK_EXCEPTION(step(x.rows(0, 4), y.rows(0, 4)), std::invalid_argument,
+                        [](const auto& e) { return mentions(e, "global batch") && mentions(e, "Batch::rows"); });
+  BOOST_CHECK_EXCEPTION(step(x.rows(0, 4), y.rows(0, 4), 3), std::invalid_argument,
+                        [](const auto& e) { return mentions(e, "batch_size 3 is less than the 4 rows"); });
+  BOOST_TEST(dist::world()->recorded() == before);
+  BOOST_TEST(step.traces() == 2);
+  BOOST_TEST(step.replays() == std::int64_t(traced_losses.size()) - 3);  // the first call runs plainly; each shape is traced once
+  BOOST_TEST(traced_collectives == plain_collectives);  // every replay took its places
+  BOOST_REQUIRE(traced_losses.size() == plain_losses.size());
+  for (std::size_t i = 0; i < plain_losses.size(); ++i) {  // the same kernels on the same values: equal up to rounding
+    const float p = plain_losses[i].item(), t = traced_losses[i].item();
+    BOOST_TEST(std::abs(t - p) <= 1e-5f * std::abs(p), "step " << i << ": " << t << " against " << p);
+  }
+  const auto worst = relative_differences(values(*plain), values(*traced));
+  for (std::size_t i = 0; i < worst.size(); ++i) BOOST_TEST(worst[i] < 1e-5, "parameter " << i << ": " << worst[i]);
+  // Every rank holds the same bits.
+  for (const auto& v : values(*traced)) {
+    const Tensor<float> mine(v, Shape{std::int64_t(v.size())});
+    const auto all = dist::allgather(mine).to_vector();
+    for (int r = 0; r < dist::size(); ++r)
+      BOOST_TEST(std::equal(v.begin(), v.end(), all.begin() + std::ptrdiff_t(r) * std::ptrdiff_t(v.size())),
+                 "rank " << r);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(set_communicator_refuses_parameters_without_values_before_sending) {
   auto net = make_net();
   nn::Trainer trainer(net->collect_params(), nn::SGD{0.1f});

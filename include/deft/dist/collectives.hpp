@@ -6,7 +6,9 @@
 // order they were recorded (each task reads the previous one's output), so
 // that every rank issues them in the same order whatever its workers do.
 // Tensors on a GPU stay there where the communicator runs collectives on it
-// (NCCL), and are staged through host memory otherwise.
+// (NCCL), and are staged through host memory otherwise. A trace (hybridize,
+// TrainStep) keeps them: each replay gives them the communicator's next
+// places, after whatever was recorded on it since the last one.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -50,6 +52,18 @@ struct RunCollective {
     const T* data = in.source ? in.source->template as<const T>() + in.offset : nullptr;
     comm->run(c, data, out.data);
     if (out.device.type != DeviceType::cpu) deft::detail::read_after_sum(out);  // written on the collective lane
+    comm->ran(&out);
+  }
+  /// The same collective at the communicator's next place, writing
+  /// `output` (a replay's step); `after` receives the output it must run after.
+  RunCollective resequenced(const std::shared_ptr<Buffer>& output, std::shared_ptr<Buffer>& after) const {
+    RunCollective next{in, nullptr, comm, c};
+    comm->record_next([&](std::uint64_t sequence, const std::shared_ptr<Buffer>& prior) {
+      next.c.sequence = sequence;
+      after = prior;
+      return output;
+    });
+    return next;
   }
 };
 
@@ -60,9 +74,6 @@ template <Element T>
 Tensor<T> record_collective(const Tensor<T>& t, Collective c, const Shape& out_shape,
                             const std::shared_ptr<Communicator>& comm) {
   using namespace deft::detail;
-  if (active_trace())
-    raise<std::logic_error>("dist::", kind_name(c.kind), ": a collective cannot be traced (hybridize, TrainStep): "
-                            "a replay would repeat its place in the communicator's sequence");
   autograd::pause no_recording;  // collectives are not differentiated
   c.device = comm->runs_on(t.device());
   const Tensor<T> in = t.to(c.device);  // itself when already there
@@ -84,11 +95,16 @@ Tensor<T> record_collective(const Tensor<T>& t, Collective c, const Shape& out_s
 }
 
 /// Makes `result` (t's shape) t's value: its storage when both are on one
-/// device and t covers a whole storage (no copy), else a copy into t.
+/// device and t covers a whole storage (no copy), else a copy into t. A
+/// copy into storage the recording trace owns (a training step's
+/// gradients): its replays must update that storage.
 template <Element T>
 void write_back(Tensor<T>& t, const Tensor<T>& result) {
   using namespace deft::detail;
-  if (t.device() == result.device() && whole_storage(t)) replace_storage(t, whole_storage(result));
+  const Trace* trace = active_trace();
+  const auto whole = whole_storage(t);
+  if (t.device() == result.device() && whole && !(trace && trace->owns(whole.get())))
+    replace_storage(t, whole_storage(result));
   else t.assign(result.to(t.device()));
 }
 

@@ -3,6 +3,7 @@
 // (collectives.hpp) and the Trainer record against it, and dist/mpi.hpp
 // implements it over MPI. Only programs that include deft/dist.hpp need MPI.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -90,19 +91,27 @@ class Communicator {
   template <class Record>
   void record_next(Record&& record) {
     std::lock_guard lk(m_);
-    auto output = record(next_sequence_, std::as_const(last_output_));
+    auto output = record(next_sequence_.load(std::memory_order_relaxed), std::as_const(last_output_));
     last_output_ = std::move(output);
-    ++next_sequence_;
+    next_sequence_.fetch_add(1, std::memory_order_relaxed);
+  }
+  /// Called by the task of the collective writing `output` once it ran:
+  /// the next one need not wait for it, and the communicator stops holding
+  /// its output (which may be a tensor's storage, such as a gradient's).
+  /// Never waits: a worker must not wait for a recording thread, which may
+  /// wait for the engine while it holds the lock (record_next). That thread
+  /// is then recording the next collective, which replaces the output held.
+  void ran(const deft::detail::Buffer* output) {
+    std::shared_ptr<deft::detail::Buffer> last;  // released after the lock
+    std::unique_lock lk(m_, std::try_to_lock);
+    if (lk.owns_lock() && last_output_.get() == output) last = std::move(last_output_);
   }
   /// Collectives recorded so far.
-  std::uint64_t recorded() {
-    std::lock_guard lk(m_);
-    return next_sequence_;
-  }
+  std::uint64_t recorded() const { return next_sequence_.load(std::memory_order_relaxed); }
 
  private:
   std::mutex m_;
-  std::uint64_t next_sequence_ = 0;
+  std::atomic<std::uint64_t> next_sequence_{0};  // written under m_
   std::shared_ptr<deft::detail::Buffer> last_output_;
 };
 

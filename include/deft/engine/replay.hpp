@@ -33,17 +33,27 @@ struct Refill {
 /// What one replay's chain tasks do differently, per chain (empty when
 /// nothing does): the random steps draw new numbers, as many calls as the
 /// traced program made and in its order (dead steps too), so they draw what
-/// that program would; the copy-outs write new buffers (put in `copies`).
+/// that program would; the sequenced steps (collectives) take their
+/// sequence's next places, in the traced order, after whatever was
+/// recorded in it since; the copy-outs write new buffers (put in `copies`).
 inline std::vector<ChainReplay> chain_replays(const Trace::Plan& plan, std::size_t new_output,
                                               std::vector<std::shared_ptr<Buffer>>& copies) {
   std::vector<ChainReplay> per_chain;
-  if (plan.random_steps.empty() && plan.copy_outs.empty()) return per_chain;
+  if (plan.random_steps.empty() && plan.sequenced_steps.empty() && plan.copy_outs.empty()) return per_chain;
   per_chain.resize(plan.chains.size());
   if (!plan.random_steps.empty()) {
     const auto [key, first] = RandomState::get().take(plan.random_steps.size());
     for (std::size_t r = 0; r < plan.random_steps.size(); ++r)
       if (const std::size_t i = plan.random_steps[r], ci = plan.chain_of[i]; ci != Trace::none)
-        per_chain[ci].draws.emplace_back(i, plan.steps[i].prototype->redrawn(key, first + r));
+        per_chain[ci].kernels.emplace_back(i, plan.steps[i].prototype->redrawn(key, first + r));
+  }
+  for (const std::size_t i : plan.sequenced_steps) {
+    // Live: the sequence holds its output (Trace::sole_unread_writer keeps it the plan's).
+    const std::size_t ci = plan.chain_of[i];
+    if (ci == Trace::none) raise<std::logic_error>("replay: a sequenced step without an output");
+    std::shared_ptr<Buffer> previous;
+    per_chain[ci].kernels.emplace_back(i, plan.steps[i].prototype->resequenced(plan.steps[i].output, previous));
+    if (previous) per_chain[ci].after.push_back(std::move(previous));
   }
   copies.resize(plan.copy_outs.size());
   for (std::size_t j = 0; j < plan.copy_outs.size(); ++j) {
@@ -119,6 +129,8 @@ inline Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t ne
   for (std::size_t ci = 0; ci < plan->chains.size(); ++ci) {
     const auto& c = plan->chains[ci];
     const bool with_refill = fold && ci == 0;
+    std::vector<std::shared_ptr<Buffer>> after;
+    if (!per_chain.empty()) after = std::move(per_chain[ci].after);
     auto t = std::make_shared<ChainTask>(plan, ci, with_refill ? refill : nullptr, input,
                                          per_chain.empty() ? ChainReplay{} : std::move(per_chain[ci]));
     if (with_refill) {
@@ -132,6 +144,8 @@ inline Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t ne
     for (std::size_t a : c.after)
       if (tasks[first_chain + a] != head) t->deps.push_back(tasks[first_chain + a]);
     add_outer_deps(*plan, c, *t);
+    for (const auto& b : after)
+      if (const auto& p = b->producer; p && !p->finished()) t->deps.push_back(p);
     const std::size_t last = c.steps.back();
     if (last == new_output) {
       made = std::make_shared<Buffer>(plan->steps[last].output->bytes, plan->steps[last].output->device);

@@ -68,6 +68,16 @@ class Task {
   /// of seed `key`); redrawn() is then a clone drawing another call.
   virtual bool draws_random() const noexcept { return false; }
   virtual std::shared_ptr<Task> redrawn(std::uint64_t /*key*/, std::uint64_t /*stream*/) const { return nullptr; }
+  /// Whether it holds a place in a sequence shared with tasks recorded
+  /// outside any trace (a communicator's collectives): a replay must give
+  /// it the sequence's next place. resequenced() is then a clone in that
+  /// place, writing `output`; `previous` receives the output of the
+  /// sequence's element before it, which the clone must run after.
+  virtual bool sequenced() const noexcept { return false; }
+  virtual std::shared_ptr<Task> resequenced(const std::shared_ptr<Buffer>& /*output*/,
+                                            std::shared_ptr<Buffer>& /*previous*/) const {
+    return nullptr;
+  }
 
   bool finished() const {
     const State s = state.load(std::memory_order_acquire);
@@ -137,6 +147,9 @@ struct KernelOps {
   std::shared_ptr<KernelTask> (*clone)(const KernelTask& from);
   // Null unless the kernel draws random numbers (Task::draws_random).
   std::shared_ptr<KernelTask> (*redrawn)(const KernelTask& from, std::uint64_t key, std::uint64_t stream);
+  // Null unless the kernel holds a place in a sequence (Task::sequenced).
+  std::shared_ptr<KernelTask> (*resequenced)(const KernelTask& from, const std::shared_ptr<Buffer>& output,
+                                             std::shared_ptr<Buffer>& previous);
 };
 
 /// A task running a kernel object, `kernel(Buffer& out) const`, stored
@@ -160,6 +173,11 @@ class KernelTask final : public Task {
   bool draws_random() const noexcept override { return ops().redrawn != nullptr; }
   std::shared_ptr<Task> redrawn(std::uint64_t key, std::uint64_t stream) const override {
     return ops().redrawn ? ops().redrawn(*this, key, stream) : nullptr;
+  }
+  bool sequenced() const noexcept override { return ops().resequenced != nullptr; }
+  std::shared_ptr<Task> resequenced(const std::shared_ptr<Buffer>& output,
+                                    std::shared_ptr<Buffer>& previous) const override {
+    return ops().resequenced ? ops().resequenced(*this, output, previous) : nullptr;
   }
 
   /// The kernel, of type K (Task::kind is kernel_ops<K>), for declaring
@@ -207,6 +225,9 @@ struct KernelOpsOf {
   static constexpr bool redrawable = requires(const K& k) {
     { k.redrawn(std::uint64_t{}, std::uint64_t{}) } -> std::same_as<K>;
   };
+  static constexpr bool sequenced = requires(const K& k, std::shared_ptr<Buffer>& previous) {
+    { k.resequenced(std::shared_ptr<Buffer>{}, previous) } -> std::same_as<K>;
+  };
   static void execute(const void* k, Buffer& out) { (*static_cast<const K*>(k))(out); }
   static void destroy(void* k) noexcept { static_cast<K*>(k)->~K(); }
   static std::shared_ptr<KernelTask> clone_with(const KernelTask& from, const K& kernel) {
@@ -220,12 +241,23 @@ struct KernelOpsOf {
   {
     return clone_with(from, from.kernel<K>().redrawn(key, stream));
   }
-  // Only a kernel that draws random numbers compiles a redrawn().
+  static std::shared_ptr<KernelTask> resequenced(const KernelTask& from, const std::shared_ptr<Buffer>& output,
+                                                 std::shared_ptr<Buffer>& previous)
+    requires sequenced
+  {
+    return clone_with(from, from.kernel<K>().resequenced(output, previous));
+  }
+  // Only a kernel that draws random numbers compiles a redrawn(), and only
+  // one holding a place in a sequence a resequenced().
   static constexpr auto redraw_op() -> decltype(KernelOps::redrawn) {
     if constexpr (redrawable) return &redrawn;
     else return nullptr;
   }
-  static constexpr KernelOps ops{&execute, &destroy, &clone, redraw_op()};
+  static constexpr auto resequence_op() -> decltype(KernelOps::resequenced) {
+    if constexpr (sequenced) return &resequenced;
+    else return nullptr;
+  }
+  static constexpr KernelOps ops{&execute, &destroy, &clone, redraw_op(), resequence_op()};
 };
 /// The table of K: the Task::kind of every task running a K.
 template <class K>

@@ -57,6 +57,10 @@ class Trace {
     // in the order the traced program drew them: a replay redraws them with
     // as many new call numbers, taken in this order.
     std::vector<std::size_t> random_steps;
+    // The steps holding a place in a sequence shared with work outside the
+    // trace (Task::sequenced: collectives), in the order they were
+    // recorded: a replay gives them the sequence's next places in this order.
+    std::vector<std::size_t> sequenced_steps;
     // Values a replay also hands out in new buffers (Trace::copy_out).
     struct CopyOut {
       std::size_t step;            // the step writing the value
@@ -94,6 +98,7 @@ class Trace {
       originals_.push_back(t);
     }
     if (t->draws_random()) plan_->random_steps.push_back(plan_->steps.size());
+    if (t->sequenced()) plan_->sequenced_steps.push_back(plan_->steps.size());
     index_.emplace(t.get(), plan_->steps.size());
     plan_->steps.push_back(std::move(s));
   }
@@ -122,6 +127,8 @@ class Trace {
         if (found != none) return none;
         found = i;
       }
+    // A sequenced step writes the buffer its sequence's next element waits for.
+    if (found != none && steps[found].prototype->sequenced()) return none;
     for (const auto& s : steps)
       for (std::size_t j : s.inner)
         if (j == found) return none;
@@ -239,7 +246,8 @@ class Trace {
   }
 
   void find_program_device() {
-    if (!plan_->random_steps.empty()) return;  // a device program would replay the numbers it was recorded with
+    // A device program would replay the numbers it was recorded with, and the collectives' places.
+    if (!plan_->random_steps.empty() || !plan_->sequenced_steps.empty()) return;
     int device = -1, live = 0;
     for (std::size_t i = 0; i < plan_->steps.size(); ++i) {
       const auto& out = plan_->steps[i].output;
@@ -263,9 +271,13 @@ class Trace {
 
 /// What differs between replays of a chain (beyond the buffers' contents).
 struct ChainReplay {
-  // The chain's random steps with their redrawn prototypes (this replay's
-  // numbers; Plan::random_steps).
-  std::vector<std::pair<std::size_t, std::shared_ptr<Task>>> draws;
+  // The chain's steps that run a kernel of this replay's own: the random
+  // steps redrawn (this replay's numbers; Plan::random_steps), the
+  // sequenced ones at their new places (Plan::sequenced_steps).
+  std::vector<std::pair<std::size_t, std::shared_ptr<Task>>> kernels;
+  // Buffers whose producers the chain's task waits for besides the plan's
+  // dependencies: the sequence's elements recorded before its sequenced step.
+  std::vector<std::shared_ptr<Buffer>> after;
   // The chain's copy-outs (index into Plan::copy_outs) and this replay's
   // buffers for them; weak: a value nobody holds any more is not copied.
   std::vector<std::pair<std::size_t, std::weak_ptr<Buffer>>> copies;
@@ -296,8 +308,8 @@ class ChainTask final : public Task {
       Buffer& b = k + 1 == steps.size() ? out : *s.output;
       b.allocate();
       Task* kernel = s.prototype.get();
-      for (const auto& [step, drawn] : replay_.draws)
-        if (step == steps[k]) kernel = drawn.get();
+      for (const auto& [step, own] : replay_.kernels)
+        if (step == steps[k]) kernel = own.get();
       kernel->execute(b);
       for (const auto& [j, copy] : replay_.copies)
         if (plan_->copy_outs[j].step == steps[k])
@@ -325,6 +337,22 @@ class ChainTask final : public Task {
   // replays this replay's numbers.)
   std::shared_ptr<Task> clone() const override {
     return std::make_shared<ChainTask>(plan_, chain_, refill_ ? refill_->clone() : nullptr, input_, replay_);
+  }
+  // A chain holding a sequenced step (a chain of one: it is handed off)
+  // is sequenced in turn, when a trace captures this replay.
+  bool sequenced() const noexcept override {
+    if (!plan_) return false;
+    const auto& steps = plan_->chains[chain_].steps;
+    return steps.size() == 1 && plan_->steps[steps.front()].prototype->sequenced();
+  }
+  std::shared_ptr<Task> resequenced(const std::shared_ptr<Buffer>& output,
+                                    std::shared_ptr<Buffer>& previous) const override {
+    if (!sequenced()) return nullptr;
+    const std::size_t step = plan_->chains[chain_].steps.front();
+    ChainReplay r = replay_;
+    std::erase_if(r.kernels, [&](const auto& k) { return k.first == step; });
+    r.kernels.emplace_back(step, plan_->steps[step].prototype->resequenced(output, previous));
+    return std::make_shared<ChainTask>(plan_, chain_, refill_ ? refill_->clone() : nullptr, input_, std::move(r));
   }
 
  private:

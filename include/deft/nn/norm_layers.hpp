@@ -118,7 +118,7 @@ class SynchronizedBatchStatistics final : public BatchStatisticsAcrossProcesses<
 /// so that N ranks compute what one process would at the global batch, and
 /// every rank's running statistics are the same. The ranks may hold
 /// different numbers of rows. The layer must then be on one device per
-/// process, and a step that holds it cannot be traced (collectives are not).
+/// process; a TrainStep traces its collectives with the rest of the step.
 class BatchNorm : public Block {
  public:
   ~BatchNorm() override;

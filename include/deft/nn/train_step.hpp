@@ -77,37 +77,44 @@ class TrainStep {
   };
 
   /// Runs one step on a batch: network input `x`, labels `y`.
-  Output operator()(const Tensor<float>& x, const Tensor<Label>& y) {
-    return std::move((*this)(std::vector<Tensor<float>>{x}, std::vector<Tensor<Label>>{y})[0]);
+  /// `batch_size` is what Trainer::step takes: the rows of the whole batch,
+  /// x's rows when 0. A trainer over a communicator of several ranks needs
+  /// the global batch, every rank's rows (the sharded loader's Batch::rows):
+  /// std::invalid_argument for 0 or fewer than this rank's rows.
+  Output operator()(const Tensor<float>& x, const Tensor<Label>& y, std::int64_t batch_size = 0) {
+    return std::move((*this)(std::vector<Tensor<float>>{x}, std::vector<Tensor<Label>>{y}, batch_size)[0]);
   }
 
   /// Runs one data-parallel step: part `i` of the batch is `xs[i]` with
   /// labels `ys[i]`, each on a device the parameters live on (as
   /// split_and_load gives them); each part's forward and backward, then one
-  /// Trainer::step over all rows (which sums the gradients across devices).
+  /// Trainer::step over all rows (which sums the gradients across devices),
+  /// or over `batch_size` rows when not 0 (the global batch across ranks).
   /// Returns each part's loss and scores, on its device.
-  std::vector<Output> operator()(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys) {
+  std::vector<Output> operator()(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys,
+                                 std::int64_t batch_size = 0) {
     if (xs.empty() || xs.size() != ys.size())
       deft::detail::raise("TrainStep: ", xs.size(), " input parts and ", ys.size(),
                           " label parts; give one label part per input part, at least one");
+    const std::int64_t rows = batch_rows(xs, batch_size);
     if (net_.hybridized())
       deft::detail::raise<std::logic_error>("TrainStep: '", net_.name(),
                                             "' is hybridized; TrainStep traces the whole step, call it on a network "
                                             "that is not hybridized");
     ++calls_;
     if (!traced_.empty() && !still_valid()) drop_traces();
-    const auto it = std::ranges::find_if(traced_, [&](const auto& t) { return t->fits(xs, ys); });
+    const auto it = std::ranges::find_if(traced_, [&](const auto& t) { return t->fits(xs, ys, rows); });
     if (it != traced_.end()) {
       if (unread()) return replay(**it, xs, ys);
       drop_traces();  // the plain step's copy-on-write gives the state new storage
-      return run(xs, ys);
+      return run(xs, ys, rows);
     }
     if (calls_ > 1) {
       make_room();
-      if (traceable()) return trace(xs, ys);
+      if (traceable()) return trace(xs, ys, rows);
     }
     drop_traces();
-    return run(xs, ys);
+    return run(xs, ys, rows);
   }
 
   /// Clips the summed gradients by their global norm before each update
@@ -161,8 +168,9 @@ class TrainStep {
     std::vector<long> holds;  // the references to each state buffer (state_'s order) the trace keeps
     // Whether replays give part i's loss step a new buffer (else the loss is copied out).
     bool loss_made(std::size_t i) const { return i == 0 && loss_step != deft::detail::Trace::none; }
-    bool fits(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys) const {
-      if (xs.size() != parts.size()) return false;
+    std::int64_t rows = 0;  // the batch size its update divides by
+    bool fits(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys, std::int64_t batch) const {
+      if (xs.size() != parts.size() || batch != rows) return false;
       for (std::size_t i = 0; i < xs.size(); ++i) {
         const Part& p = parts[i];
         if (!(xs[i].shape() == p.x.shape()) || !(ys[i].shape() == p.y.shape()) || !(xs[i].device() == p.x.device()) ||
@@ -173,17 +181,32 @@ class TrainStep {
     }
   };
 
+  // The rows step(rows) divides by: `batch_size`, or the parts' rows.
+  std::int64_t batch_rows(const std::vector<Tensor<float>>& xs, std::int64_t batch_size) const {
+    std::int64_t mine = 0;
+    for (const auto& x : xs) mine += x.rank() ? x.shape()[0] : 0;
+    const auto& comm = trainer_.communicator();
+    if (batch_size == 0 && comm && comm->size() > 1)
+      deft::detail::raise("TrainStep: the trainer trains across ", comm->size(),
+                          " ranks, so the update divides by the global batch; pass every rank's rows "
+                          "together (the sharded loader's Batch::rows) as step(x, y, batch_size)");
+    if (batch_size == 0) return mine;
+    if (batch_size < mine)
+      deft::detail::raise("TrainStep: batch_size ", batch_size, " is less than the ", mine,
+                          " rows of this call's input; give the rows of the whole batch");
+    return batch_size;
+  }
+
   // The step as the user would write it.
-  std::vector<Output> run(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys) {
+  std::vector<Output> run(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys,
+                          std::int64_t rows) {
     std::vector<Output> out(xs.size());
-    std::int64_t rows = 0;
     {
       autograd::record recording;
       for (std::size_t i = 0; i < xs.size(); ++i) {
         out[i].scores = net_(xs[i]);
         out[i].loss = loss_(out[i].scores, ys[i]);
         out[i].loss.backward();
-        rows += xs[i].shape()[0];
       }
     }
     if (max_grad_norm_ > 0) {
@@ -206,8 +229,7 @@ class TrainStep {
   // tensor and the other traces alone (else its first write would copy it,
   // not update it).
   bool traceable() {
-    // A trace would replay each collective with its place in the sequence fixed.
-    if (trainer_.steps() == 0 || trainer_.communicator()) return false;
+    if (trainer_.steps() == 0) return false;
     std::vector<std::shared_ptr<deft::detail::Buffer>> state;  // (a gradient's visit holds a temporary tensor)
     trainer_.for_each_state_buffer([&](const std::shared_ptr<deft::detail::Buffer>& b) { state.push_back(b); });
     auto read_elsewhere = [&] {
@@ -223,8 +245,10 @@ class TrainStep {
     return !read_elsewhere();
   }
 
-  std::vector<Output> trace(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys) {
+  std::vector<Output> trace(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys,
+                            std::int64_t rows) {
     auto t = std::make_unique<Traced>();
+    t->rows = rows;
     t->trace.programs_allowed = options_.cuda_graph;
     t->parts.resize(xs.size());
     std::vector<Tensor<float>> x_parts;  // the placeholders, to run on
@@ -240,7 +264,7 @@ class TrainStep {
     for (const auto& [b, rest] : state_) t->trace.own(b);
     {
       deft::detail::TraceScope scope(t->trace);
-      auto out = run(x_parts, y_parts);
+      auto out = run(x_parts, y_parts, rows);
       for (std::size_t i = 0; i < out.size(); ++i) {
         t->parts[i].loss = std::move(out[i].loss);
         t->parts[i].scores = std::move(out[i].scores);

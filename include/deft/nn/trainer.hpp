@@ -134,7 +134,8 @@ class Trainer {
   /// still computing. step(batch_size) then takes the global batch, the rows
   /// of every rank. Every rank must make the same calls. Each rank's block
   /// state (BatchNorm's running statistics) follows its own rows. A
-  /// TrainStep over this trainer runs its step untraced. std::logic_error,
+  /// TrainStep over this trainer traces the step, collectives included,
+  /// and takes the global batch too. std::logic_error,
   /// with nothing sent, for a parameter without a value (run one forward
   /// pass first); std::invalid_argument for a root out of range. Null: one
   /// process again.

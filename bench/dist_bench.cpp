@@ -4,7 +4,8 @@
 //      the rendezvous and watchdog (the default), without them, and a bare
 //      MPI_Allreduce; interleaved repeats, medians; ratio = MPI's time / deft's
 //      (deft's share of MPI's bandwidth: 1 is equal).
-//   2. the chapter's MLP (784-256-10) and LeNet steps (global batch 256, SGD)
+//   2. the chapter's MLP (784-256-10, global batch 256 and 32) and LeNet
+//      steps (global batch 256, SGD)
 //      with two workers per process (one more than compute needs, as
 //      dist::init adds), written out and as an nn::TrainStep (the whole
 //      step traced, its collectives included): steps per second, how much of the gradients'
@@ -138,9 +139,9 @@ void traced_buckets(const std::function<void()>& step, int steps);
 
 // One model's step across the ranks; `make` builds it, `sample` is one input's shape.
 void step_rows(const char* title, const std::function<std::shared_ptr<nn::Sequential>()>& make,
-               std::vector<std::int64_t> sample, std::size_t bucket) {
+               std::vector<std::int64_t> sample, std::size_t bucket, std::int64_t batch = 256) {
   engine::set_num_workers(2);  // one computes, one more as dist::init adds (a collective waits on it)
-  const std::int64_t batch = 256, rows = batch / dist::size();
+  const std::int64_t rows = batch / dist::size();
   random::seed(1);
   auto shape = [&](std::int64_t n) {
     Shape s{n};
@@ -269,6 +270,7 @@ int main(int argc, char** argv) {
   // Buckets of 64 KiB (the default is 25 MiB, one bucket for these models),
   // so that the first buckets' sums can overlap the rest of the backward.
   step_rows("MLP 784-256-10", mlp, {784}, std::size_t(64) << 10);
+  step_rows("MLP 784-256-10", mlp, {784}, std::size_t(64) << 10, 32);  // small batches: recording weighs more
   step_rows("LeNet", lenet, {1, 28, 28}, std::size_t(64) << 10);
   dist::finalize();
 }

@@ -33,6 +33,14 @@ inline Trace*& active_trace() {
   return trace;
 }
 
+/// The reads tasks declared (Task::add_input) while this thread's trace
+/// records: the trace takes a task's entries when it captures the task, to
+/// order in-place writes of the buffers it owns after their readers.
+inline std::vector<std::pair<const Task*, const Buffer*>>& traced_reads() {
+  thread_local std::vector<std::pair<const Task*, const Buffer*>> reads;
+  return reads;
+}
+
 /// Whether a weak and a shared reference name the same object (its control
 /// block), without locking the weak one.
 template <class A, class B>
@@ -78,6 +86,10 @@ class Task {
                                             std::shared_ptr<Buffer>& /*previous*/) const {
     return nullptr;
   }
+
+  /// Whether every buffer its kernel reads went through add_input (a
+  /// replay's chain task reads its steps' inputs without declaring them).
+  virtual bool declares_reads() const noexcept { return true; }
 
   bool finished() const {
     const State s = state.load(std::memory_order_acquire);
@@ -318,6 +330,7 @@ DEFT_DECL Task::~Task() {
 
 DEFT_DECL void Task::add_input(const std::shared_ptr<Buffer>& b) {
   work += b->bytes;
+  if (active_trace()) traced_reads().emplace_back(this, b.get());
   if (b->device.type != DeviceType::cpu) {
     hand_off = true;
     for (Buffer*& slot : gpu_inputs)

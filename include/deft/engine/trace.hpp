@@ -29,13 +29,16 @@ class Trace {
     std::shared_ptr<Buffer> output;   // null: nobody could read it when traced (dead work, not replayed)
     std::vector<std::size_t> inner;          // traced tasks it waits for
     std::vector<std::weak_ptr<Task>> outer;  // tasks recorded before the trace
-    bool after_all = false;  // writes an owned buffer in place: waits for every step before it
+    // Writes an owned buffer in place: the earlier steps that read its
+    // value, which it must not overwrite under them (it reads nothing of theirs).
+    std::vector<std::size_t> after_readers;
   };
-  /// Steps one replay task runs in order. Each step after the first reads the
-  /// step before it and nothing outside the chain, or waits for every
-  /// earlier step anyway (Step::after_all), so running them on one thread
-  /// loses no parallelism. Steps that must run on a worker (hand_off:
-  /// GPU work, a user's map function) are chains of one.
+  /// Steps one replay task runs in order. Each step after the first reads
+  /// only what the chain waits for, and reads the step before it as that
+  /// step's only reader or (in a training step) is too small for a task of
+  /// its own, so running them on one thread loses little parallelism.
+  /// Steps that must run on a worker (hand_off: GPU work, a user's map
+  /// function) are chains of one.
   struct Chain {
     std::vector<std::size_t> steps;
     std::vector<std::size_t> after;  // the chains it reads from
@@ -87,16 +90,8 @@ class Trace {
       if (it != index_.end()) s.inner.push_back(it->second);
       else s.outer.push_back(d);
     }
-    if (!owned_.empty()) {
-      // Buffers are not told who reads them, so an in-place write of an
-      // owned buffer waits for every earlier step (some may read the old value).
-      if (s.output && owns(s.output.get())) {
-        s.after_all = true;
-        for (const auto& o : originals_)
-          if (!o->finished() && std::ranges::find(t->deps, o) == t->deps.end()) t->deps.push_back(o);
-      }
-      originals_.push_back(t);
-    }
+    order_owned_write(t, s);
+    if (!owned_.empty()) originals_.push_back(t);
     if (t->draws_random()) plan_->random_steps.push_back(plan_->steps.size());
     if (t->sequenced()) plan_->sequenced_steps.push_back(plan_->steps.size());
     index_.emplace(t.get(), plan_->steps.size());
@@ -132,7 +127,7 @@ class Trace {
     for (const auto& s : steps)
       for (std::size_t j : s.inner)
         if (j == found) return none;
-    // A later step waiting for every step may have joined its chain (plan_chains).
+    // A later step may have joined its chain (plan_chains).
     for (const auto& c : plan_->chains)
       if (c.steps.back() == found) return found;
     return none;
@@ -168,6 +163,9 @@ class Trace {
   /// Ends the capture: forgets the tracing run's task identities and groups the steps into chains.
   void seal() {
     index_.clear();
+    readers_.clear();
+    opaque_readers_.clear();
+    traced_reads().clear();
     // The first replay overwrites owned buffers: it waits for the traced run.
     for (auto& t : originals_) last_.push_back(std::move(t));
     originals_.clear();
@@ -177,16 +175,51 @@ class Trace {
   }
 
  private:
-  // A step extends the latest chain when everything it reads from other
+  struct Reader {
+    std::size_t step;
+    std::shared_ptr<Task> task;  // the tracing run's, which the write waits for too
+  };
+  // An in-place write of an owned buffer waits for the steps that read the
+  // value it overwrites: in the tracing run and in every replay, where
+  // other chains may still be reading it. Steps declare their reads through
+  // Task::add_input (traced_reads); a nested replay's chain task does not
+  // (Task::declares_reads), so it counts as reading every owned buffer.
+  void order_owned_write(const std::shared_ptr<Task>& t, Step& s) {
+    std::vector<const Buffer*> reads;
+    std::erase_if(traced_reads(), [&](const std::pair<const Task*, const Buffer*>& r) {
+      if (r.first != t.get()) return false;
+      if (owns(r.second) && std::ranges::find(reads, r.second) == reads.end()) reads.push_back(r.second);
+      return true;
+    });
+    if (owned_.empty()) return;
+    const std::size_t index = plan_->steps.size();
+    const Buffer* written = s.output && owns(s.output.get()) ? s.output.get() : nullptr;
+    if (written) {
+      auto wait_for = [&](const Reader& r) {
+        if (std::ranges::find(s.after_readers, r.step) == s.after_readers.end()) s.after_readers.push_back(r.step);
+        if (!r.task->finished() && std::ranges::find(t->deps, r.task) == t->deps.end()) t->deps.push_back(r.task);
+      };
+      // Readers before the write before this one are ordered before that one.
+      auto& earlier = readers_[written];
+      for (const Reader& r : earlier) wait_for(r);
+      earlier.clear();
+      for (const Reader& r : opaque_readers_) wait_for(r);
+    }
+    if (!t->declares_reads()) opaque_readers_.push_back({index, t});
+    else
+      for (const Buffer* b : reads)
+        if (b != written) readers_[b].push_back({index, t});  // its own read comes before its write
+  }
+
+  // A step extends the latest chain when everything it waits for in other
   // chains is done before that chain's task starts (the chain waits for
   // them, directly or not), and it could not have run beside the chain
   // anyway: it reads the chain's last step and is that step's only reader
   // (a value read twice ends its chain, so its readers can run in
-  // parallel), or it waits for every earlier step (Step::after_all). In a
-  // training step (owned buffers) a step too small to be worth a task of
-  // its own (thresholds::inline_task_work) joins too: a backward pass reads
-  // most values several times, which would end nearly every chain.
-  // (Forwards keep their branches apart; tests/nn pins that.)
+  // parallel). In a training step (owned buffers) a step too small to be
+  // worth a task of its own (thresholds::inline_task_work) joins too: a
+  // backward pass reads most values several times, which would end nearly
+  // every chain. (Forwards keep their branches apart; tests/nn pins that.)
   void plan_chains() {
     auto& steps = plan_->steps;
     auto& chains = plan_->chains;
@@ -205,13 +238,10 @@ class Trace {
       if (extend) {
         const std::size_t latest = chains.size() - 1, last = chains.back().steps.back();
         const auto& w = waits[latest];
-        extend = std::ranges::all_of(s.inner, [&](std::size_t j) {
-          return !steps[j].output || chain_of[j] == latest || w[chain_of[j]];
-        });
-        if (s.after_all) extend = extend && std::ranges::all_of(w, [](bool b) { return b; });
-        else
-          extend = extend && ((readers[last] == 1 && std::ranges::find(s.inner, last) != s.inner.end()) ||
-                              (!owned_.empty() && s.prototype->work < thresholds::inline_task_work));
+        const auto waited = [&](std::size_t j) { return !steps[j].output || chain_of[j] == latest || w[chain_of[j]]; };
+        extend = std::ranges::all_of(s.inner, waited) && std::ranges::all_of(s.after_readers, waited) &&
+                 ((readers[last] == 1 && std::ranges::find(s.inner, last) != s.inner.end()) ||
+                  (!owned_.empty() && s.prototype->work < thresholds::inline_task_work));
       }
       if (!extend) chains.emplace_back();
       Chain& c = chains.back();
@@ -221,11 +251,10 @@ class Trace {
       c.work += s.prototype->work;
       c.hand_off = handed_off;
       chain_of[i] = ci;
-      if (s.after_all && c.steps.size() == 1)
-        for (std::size_t a = 0; a < ci; ++a) c.after.push_back(a);
-      for (std::size_t j : s.inner)
-        if (steps[j].output && chain_of[j] != ci && std::ranges::find(c.after, chain_of[j]) == c.after.end())
-          c.after.push_back(chain_of[j]);
+      for (const auto* waited : {&s.inner, &s.after_readers})
+        for (std::size_t j : *waited)
+          if (steps[j].output && chain_of[j] != ci && std::ranges::find(c.after, chain_of[j]) == c.after.end())
+            c.after.push_back(chain_of[j]);
       if (!extend) {  // an extension reads only what its chain waits for already
         std::vector<bool> w(ci, false);
         for (std::size_t a : c.after) {
@@ -267,6 +296,8 @@ class Trace {
   std::vector<std::shared_ptr<Task>> last_;
   std::unordered_map<const Buffer*, std::shared_ptr<Buffer>> owned_;
   std::vector<std::shared_ptr<Task>> originals_;  // the tracing run's tasks, while owned_ is not empty
+  std::unordered_map<const Buffer*, std::vector<Reader>> readers_;  // of each owned buffer, since its last write
+  std::vector<Reader> opaque_readers_;                              // steps that read without declaring
 };
 
 /// What differs between replays of a chain (beyond the buffers' contents).
@@ -338,6 +369,7 @@ class ChainTask final : public Task {
   std::shared_ptr<Task> clone() const override {
     return std::make_shared<ChainTask>(plan_, chain_, refill_ ? refill_->clone() : nullptr, input_, replay_);
   }
+  bool declares_reads() const noexcept override { return false; }
   // A chain holding a sequenced step (a chain of one: it is handed off)
   // is sequenced in turn, when a trace captures this replay.
   bool sequenced() const noexcept override {

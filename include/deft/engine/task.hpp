@@ -33,11 +33,16 @@ inline Trace*& active_trace() {
   return trace;
 }
 
-/// The reads tasks declared (Task::add_input) while this thread's trace
-/// records: the trace takes a task's entries when it captures the task, to
-/// order in-place writes of the buffers it owns after their readers.
-inline std::vector<std::pair<const Task*, const Buffer*>>& traced_reads() {
-  thread_local std::vector<std::pair<const Task*, const Buffer*>> reads;
+/// A read a task declared (Task::add_input) while a trace recorded.
+struct TracedRead {
+  const Task* task;
+  const Buffer* buffer;
+};
+/// Where add_input notes reads while this thread's trace owns buffers (null
+/// otherwise): the trace takes a task's entries when it captures the task,
+/// to order in-place writes of the buffers it owns after their readers.
+inline std::vector<TracedRead>*& traced_reads() {
+  thread_local std::vector<TracedRead>* reads = nullptr;
   return reads;
 }
 
@@ -330,7 +335,7 @@ DEFT_DECL Task::~Task() {
 
 DEFT_DECL void Task::add_input(const std::shared_ptr<Buffer>& b) {
   work += b->bytes;
-  if (active_trace()) traced_reads().emplace_back(this, b.get());
+  if (auto* reads = traced_reads()) reads->push_back({this, b.get()});
   if (b->device.type != DeviceType::cpu) {
     hand_off = true;
     for (Buffer*& slot : gpu_inputs)

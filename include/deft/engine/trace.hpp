@@ -90,8 +90,10 @@ class Trace {
       if (it != index_.end()) s.inner.push_back(it->second);
       else s.outer.push_back(d);
     }
-    order_owned_write(t, s);
-    if (!owned_.empty()) originals_.push_back(t);
+    if (order_owned_write_) {
+      order_owned_write_(*this, t, s);
+      originals_.push_back(t);
+    }
     if (t->draws_random()) plan_->random_steps.push_back(plan_->steps.size());
     if (t->sequenced()) plan_->sequenced_steps.push_back(plan_->steps.size());
     index_.emplace(t.get(), plan_->steps.size());
@@ -100,11 +102,14 @@ class Trace {
 
   /// Declares `b` a buffer the traced program reads and writes again on
   /// every run (a training step's parameters, gradients and optimizer
-  /// state). Tensor::write keeps writes to it in place while tracing, so
-  /// each replay updates the storage the next one reads.
+  /// state), before the trace records (TraceScope). Tensor::write keeps
+  /// writes to it in place while tracing, so each replay updates the
+  /// storage the next one reads.
   void own(std::shared_ptr<Buffer> b) {
     const Buffer* key = b.get();
     owned_.emplace(key, std::move(b));
+    // Compiled only in programs that own buffers (train steps).
+    order_owned_write_ = [](Trace& trace, const std::shared_ptr<Task>& t, Step& s) { trace.order_owned_write(t, s); };
   }
   bool owns(const Buffer* b) const { return owned_.contains(b); }
   const std::unordered_map<const Buffer*, std::shared_ptr<Buffer>>& owned() const { return owned_; }
@@ -164,8 +169,7 @@ class Trace {
   void seal() {
     index_.clear();
     readers_.clear();
-    opaque_readers_.clear();
-    traced_reads().clear();
+    declared_.clear();
     // The first replay overwrites owned buffers: it waits for the traced run.
     for (auto& t : originals_) last_.push_back(std::move(t));
     originals_.clear();
@@ -175,7 +179,11 @@ class Trace {
   }
 
  private:
+  friend class TraceScope;  // points traced_reads at declared_
+  // A step that read an owned buffer since that buffer's last write
+  // (`buffer` null: every owned buffer, for a step that declares no reads).
   struct Reader {
+    const Buffer* buffer;
     std::size_t step;
     std::shared_ptr<Task> task;  // the tracing run's, which the write waits for too
   };
@@ -186,29 +194,32 @@ class Trace {
   // (Task::declares_reads), so it counts as reading every owned buffer.
   void order_owned_write(const std::shared_ptr<Task>& t, Step& s) {
     std::vector<const Buffer*> reads;
-    std::erase_if(traced_reads(), [&](const std::pair<const Task*, const Buffer*>& r) {
-      if (r.first != t.get()) return false;
-      if (owns(r.second) && std::ranges::find(reads, r.second) == reads.end()) reads.push_back(r.second);
-      return true;
-    });
-    if (owned_.empty()) return;
-    const std::size_t index = plan_->steps.size();
+    std::size_t kept = 0;
+    for (const TracedRead& r : declared_)
+      if (r.task != t.get()) declared_[kept++] = r;
+      else if (owns(r.buffer)) reads.push_back(r.buffer);
+    while (declared_.size() > kept) declared_.pop_back();
     const Buffer* written = s.output && owns(s.output.get()) ? s.output.get() : nullptr;
     if (written) {
-      auto wait_for = [&](const Reader& r) {
-        if (std::ranges::find(s.after_readers, r.step) == s.after_readers.end()) s.after_readers.push_back(r.step);
-        if (!r.task->finished() && std::ranges::find(t->deps, r.task) == t->deps.end()) t->deps.push_back(r.task);
-      };
-      // Readers before the write before this one are ordered before that one.
-      auto& earlier = readers_[written];
-      for (const Reader& r : earlier) wait_for(r);
-      earlier.clear();
-      for (const Reader& r : opaque_readers_) wait_for(r);
+      // The readers of this buffer are done with once this write waits for
+      // them: later writes wait for this one.
+      std::size_t left = 0;
+      for (Reader& r : readers_) {
+        if (!r.buffer || r.buffer == written) {
+          if (std::ranges::find(s.after_readers, r.step) == s.after_readers.end()) s.after_readers.push_back(r.step);
+          if (!r.task->finished() && std::ranges::find(t->deps, r.task) == t->deps.end()) t->deps.push_back(r.task);
+        }
+        if (r.buffer == written) continue;
+        if (&readers_[left] != &r) readers_[left] = std::move(r);
+        ++left;
+      }
+      while (readers_.size() > left) readers_.pop_back();
     }
-    if (!t->declares_reads()) opaque_readers_.push_back({index, t});
+    const std::size_t index = plan_->steps.size();
+    if (!t->declares_reads()) readers_.push_back({nullptr, index, t});
     else
       for (const Buffer* b : reads)
-        if (b != written) readers_[b].push_back({index, t});  // its own read comes before its write
+        if (b != written) readers_.push_back({b, index, t});  // its own read comes before its write
   }
 
   // A step extends the latest chain when everything it waits for in other
@@ -296,8 +307,9 @@ class Trace {
   std::vector<std::shared_ptr<Task>> last_;
   std::unordered_map<const Buffer*, std::shared_ptr<Buffer>> owned_;
   std::vector<std::shared_ptr<Task>> originals_;  // the tracing run's tasks, while owned_ is not empty
-  std::unordered_map<const Buffer*, std::vector<Reader>> readers_;  // of each owned buffer, since its last write
-  std::vector<Reader> opaque_readers_;                              // steps that read without declaring
+  std::vector<Reader> readers_;
+  std::vector<TracedRead> declared_;  // reads not yet captured (traced_reads)
+  void (*order_owned_write_)(Trace&, const std::shared_ptr<Task>&, Step&) = nullptr;  // set by own()
 };
 
 /// What differs between replays of a chain (beyond the buffers' contents).
@@ -461,16 +473,21 @@ class ProgramTask final : public Task {
 /// Makes the calling thread record into `t` for the scope's lifetime.
 class TraceScope {
  public:
-  explicit TraceScope(Trace& t) : previous_(active_trace()) { active_trace() = &t; }
+  explicit TraceScope(Trace& t) : previous_(active_trace()), previous_reads_(traced_reads()) {
+    active_trace() = &t;
+    traced_reads() = t.owned().empty() ? nullptr : &t.declared_;
+  }
   ~TraceScope() {
     active_trace()->seal();
     active_trace() = previous_;
+    traced_reads() = previous_reads_;
   }
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
 
  private:
   Trace* previous_;
+  std::vector<TracedRead>* previous_reads_;
 };
 
 /// Sync points are refused while a trace records: the traced graph could not

@@ -13,5 +13,7 @@
 #endif
 
 #define DEFT_BUILDING_RUNTIME
-// Every DEFT_DEFINE_RUNTIME section is below the engine (engine/, device/).
+// Every DEFT_DEFINE_RUNTIME section is in the engine (engine/, device/) but
+// the CPU kernel of autograd's elementwise programs.
 #include "engine/engine.hpp"
+#include "eval/cpu/program.hpp"

@@ -17,6 +17,7 @@
 
 #include "../core/error.hpp"
 #include "../expr/nodes.hpp"
+#include "../expr/program.hpp"
 #include "../ops/elementwise.hpp"
 #include "../ops/creation.hpp"
 #include "../ops/linalg.hpp"
@@ -167,6 +168,47 @@ struct ElementwiseNode final : Node {
   void check_differentiable() const override { detail::check_differentiable(e); }
 };
 
+/// The kernel of a ProgramNode's backward: the program's gradient outputs,
+/// output k at element k * size of one buffer.
+template <class T>
+struct ProgramBackward {
+  deft::detail::ElementwiseProgram<T> program;
+  deft::detail::Leaf<T> up;  // the gradient of the program's value
+  ProgramBackward(deft::detail::ElementwiseProgram<T> p, deft::detail::Leaf<T> g) : program(std::move(p)), up(std::move(g)) {}
+  void operator()(deft::detail::Buffer& out) const {
+    deft::detail::on_device(out.device, [&](auto ex) { ex.program_backward(program, up, out.as<T>()); });
+  }
+};
+
+/// An elementwise expression, differentiated through its program
+/// (expr/program.hpp): one kernel per element type for every expression.
+template <class T>
+struct ProgramNode final : Node {
+  deft::detail::ElementwiseProgram<T> program;
+  explicit ProgramNode(deft::detail::ElementwiseProgram<T> p) : Node("elementwise"), program(std::move(p)) {
+    for (int l = 0; l < program.n_leaves; ++l)
+      if (program.leaves[l].grad) inputs.push_back(program.leaves[l].grad);
+  }
+  void backward(MetaBase& out) override {
+    namespace d = deft::detail;
+    if (program.n_outputs == 0) return;
+    const std::int64_t size = program.shape.size();
+    const auto add_reads = [](d::KernelTask& t) {
+      const auto& k = t.kernel<ProgramBackward<T>>();
+      for (int l = 0; l < k.program.n_leaves; ++l)
+        if (k.program.leaves[l].buffer) t.add_input(k.program.leaves[l].buffer);
+      t.add_input(k.up.buffer);
+    };
+    const Tensor<T> all = d::record_new_emplaced<T, ProgramBackward<T>>(
+        "elementwise backward", Shape{program.n_outputs * size}, program.device, add_reads, program, gathered<T>(out).leaf());
+    const auto storage = all.leaf().buffer;
+    for (int k = 0; k < program.n_outputs; ++k) {
+      const auto& leaf = program.leaves[program.output_leaf[k]];
+      accumulate_to<T>(*leaf.grad, leaf.extent, d::tensor_from_buffer<T>(storage, program.shape, k * size));
+    }
+  }
+};
+
 template <class Reducer, class E>
 struct ReduceNode final : Node {
   using T = value_t<E>;
@@ -306,8 +348,12 @@ struct CopyNode final : Node {
 // Integer results carry no record: gradients stop at them, as at comparisons.
 template <class T, class E>
 void track_elementwise(Tensor<T>& out, E e) {
-  if constexpr (std::is_floating_point_v<T>)
-    out.set_grad_meta(new_meta<T>(out.shape(), std::make_shared<ElementwiseNode<E>>(std::move(e))));
+  if constexpr (std::is_floating_point_v<T>) {
+    std::shared_ptr<Node> node;
+    if constexpr (deft::detail::has_program<E>) node = std::make_shared<ProgramNode<T>>(deft::detail::program_of(std::move(e)));
+    else node = std::make_shared<ElementwiseNode<E>>(std::move(e));
+    out.set_grad_meta(new_meta<T>(out.shape(), std::move(node)));
+  }
 }
 
 template <class Reducer, class T, class E>

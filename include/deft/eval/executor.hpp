@@ -24,6 +24,7 @@
 #include "cpu/elementwise.hpp"
 #include "cpu/gemm.hpp"
 #include "cpu/permute.hpp"
+#include "cpu/program.hpp"
 #include "cpu/random.hpp"
 #include "cpu/reduce.hpp"
 #include "cpu/softmax.hpp"
@@ -47,6 +48,10 @@ template <>
 struct Executor<DeviceType::cpu> {
   template <class E, class T>
   static void evaluate(const E& e, T* out) { cpu::evaluate(e, out); }
+  template <class T>
+  static void program_backward(const ElementwiseProgram<T>& p, const Leaf<T>& up, T* out) {
+    cpu::program_backward(p, up, out);
+  }
   template <class R, class E, class T>
   static void reduce_all(const E& e, T* out) { cpu::reduce_all<R>(e, out); }
   template <class R, class E, class T>

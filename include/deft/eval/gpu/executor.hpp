@@ -23,6 +23,7 @@
 #include "elementwise.hpp"
 #include "gemm.hpp"
 #include "permute.hpp"
+#include "program.hpp"
 #include "random.hpp"
 #include "reduce.hpp"
 #include "../../device/cuda/scratch.hpp"
@@ -59,6 +60,15 @@ struct Executor<DeviceType::gpu> {
   void evaluate(const E& e, T* out) const {
     gpu::Launch on(device, gpu::uses_of(e, out));
     gpu::evaluate(on.policy(), e, out);
+  }
+  template <class T>
+  void program_backward(const ElementwiseProgram<T>& p, const Leaf<T>& up, T* out) const {
+    MemoryUses uses;
+    for (int l = 0; l < p.n_leaves; ++l) uses.reads.push_back(p.leaves[l].source->data);
+    uses.reads.push_back(up.source->data);
+    uses.writes.push_back(out);
+    gpu::Launch on(device, std::move(uses));
+    gpu::program_backward(on.policy(), p, up, out);
   }
   template <class R, class E, class T>
   void reduce_all(const E& e, T* out) const {

@@ -41,8 +41,8 @@ struct Gradients {
   std::vector<float> x, y, b;
 };
 
-// f = where(x > y, x*y, exp(x) / (y*y + 1)) - tanh(x)*b + sigmoid(y) + maximum(x, y)*2 + x*x
-//     + pow(abs(x) + 1, y) - relu(y - b) + log(abs(y) + 2) * sin(x) - cos(y) / sqrt(b)
+// f = where(x > y, x*y, exp(x) / (y*y + 1)) - tanh(x)*b + sigmoid(y) + maximum(x, y)*2 + x*x + y
+//     + pow(abs(x) + 1, y) - relu(y - b) + log(abs(y) + 2) * sin(x) - cos(y) / sqrt(b) + b
 // (x and y of shape (rows, cols), b of shape (cols) and positive), backward
 // with head gradient g.
 Gradients program_gradients(const Tensor<float>& xv, const Tensor<float>& yv, const Tensor<float>& bv,
@@ -54,8 +54,9 @@ Gradients program_gradients(const Tensor<float>& xv, const Tensor<float>& yv, co
   {
     autograd::record rec;
     // Two trees (a program holds 16 leaves), each one program.
-    auto first = where(x > y, x * y, exp(x) / (y * y + 1.0f)) - tanh(x) * b + sigmoid(y) + maximum(x, y) * 2.0f + x * x;
-    auto second = pow(abs(x) + 1.0f, y) - relu(y - b) + log(abs(y) + 2.0f) * sin(x) - cos(y) / sqrt(b);
+    // y and b are also added as they are: their gradient is g itself.
+    auto first = where(x > y, x * y, exp(x) / (y * y + 1.0f)) - tanh(x) * b + sigmoid(y) + maximum(x, y) * 2.0f + x * x + y;
+    auto second = pow(abs(x) + 1.0f, y) - relu(y - b) + log(abs(y) + 2.0f) * sin(x) - cos(y) / sqrt(b) + b;
     static_assert(detail::has_program<decltype(first)> && detail::has_program<decltype(second)>);
     Tensor<float> f = Tensor<float>(std::move(first)) + Tensor<float>(std::move(second));
     f.backward(g);
@@ -85,7 +86,7 @@ void check_against_double_loop(std::int64_t rows, std::int64_t cols, std::uint32
       else gy += 2;
       const double base = std::abs(x) + 1, p = std::pow(base, y);
       gx += y * std::pow(base, y - 1) * (x > 0 ? 1 : x < 0 ? -1 : 0), gy += p * std::log(base);
-      gx += 2 * x;
+      gx += 2 * x, gy += 1, gb += 1;
       if (y - b > 0) gy -= 1, gb += 1;
       const double l = std::log(std::abs(y) + 2);
       gx += l * std::cos(x), gy += (y > 0 ? 1 : y < 0 ? -1 : 0) / (std::abs(y) + 2) * std::sin(x);

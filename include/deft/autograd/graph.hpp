@@ -55,17 +55,24 @@ std::shared_ptr<Meta<T>> new_meta(const Shape& s, std::shared_ptr<Node> fn) {
 using deft::detail::eval_untracked;
 using deft::detail::sum_untracked;
 
+template <class T>
+struct ProgramNode;
+template <class T>
+void program_node_backward(const ProgramNode<T>& node, MetaBase& out);
+
 // Gathering gradients (adding them up, summing them over broadcast axes,
-// handing them to x.grad()) depends on the element type only, yet every
-// recorded operation's node refers to it. It is reached through this table,
-// which backward() fills: a translation unit that records operations but
-// never calls backward() does not compile it (the README's first example
-// spent a third of its code there).
+// handing them to x.grad()) and the backward of elementwise programs depend
+// on the element type only, yet every recorded operation's node refers to
+// them. They are reached through this table, which backward() fills: a
+// translation unit that records operations but never calls backward() does
+// not compile them (the README's first example spent a third of its code
+// in gathering, and the program kernels are 20 KB more).
 template <class T>
 struct Gathering {
   void (*add)(MetaBase& m, Tensor<T> g) = nullptr;
   void (*add_summed)(MetaBase& m, const Shape& target, Tensor<T> g) = nullptr;
   void (*deliver)(Meta<T>& m) = nullptr;
+  void (*program_backward)(const ProgramNode<T>& node, MetaBase& out) = nullptr;
 };
 template <class T>
 inline Gathering<T> gathering;
@@ -105,8 +112,10 @@ void deliver_gathered(Meta<T>& m) {
 template <int = 0>
 void install_gathering() {
   static const bool installed = [] {
-    gathering<float> = {&add_gathered<float>, &add_gathered_summed<float>, &deliver_gathered<float>};
-    gathering<double> = {&add_gathered<double>, &add_gathered_summed<double>, &deliver_gathered<double>};
+    gathering<float> = {&add_gathered<float>, &add_gathered_summed<float>, &deliver_gathered<float>,
+                        &program_node_backward<float>};
+    gathering<double> = {&add_gathered<double>, &add_gathered_summed<double>, &deliver_gathered<double>,
+                         &program_node_backward<double>};
     return true;
   }();
   (void)installed;
@@ -189,25 +198,38 @@ struct ProgramNode final : Node {
     for (int l = 0; l < program.n_leaves; ++l)
       if (program.leaves[l].grad) inputs.push_back(program.leaves[l].grad);
   }
-  void backward(MetaBase& out) override {
-    namespace d = deft::detail;
-    if (program.n_outputs == 0) return;
-    const std::int64_t size = program.shape.size();
-    const auto add_reads = [](d::KernelTask& t) {
-      const auto& k = t.kernel<ProgramBackward<T>>();
-      for (int l = 0; l < k.program.n_leaves; ++l)
-        if (k.program.leaves[l].buffer) t.add_input(k.program.leaves[l].buffer);
-      t.add_input(k.up.buffer);
-    };
-    const Tensor<T> all = d::record_new_emplaced<T, ProgramBackward<T>>(
-        "elementwise backward", Shape{program.n_outputs * size}, program.device, add_reads, program, gathered<T>(out).leaf());
-    const auto storage = all.leaf().buffer;
-    for (int k = 0; k < program.n_outputs; ++k) {
-      const auto& leaf = program.leaves[program.output_leaf[k]];
-      accumulate_to<T>(*leaf.grad, leaf.extent, d::tensor_from_buffer<T>(storage, program.shape, k * size));
-    }
-  }
+  void backward(MetaBase& out) override { gathering<T>.program_backward(*this, out); }
 };
+
+/// ProgramNode::backward, through gathering<T> (see there): the recorded
+/// leaves reached through sums only get the upstream gradient as it is;
+/// one task computes the others' gradients, output k at k * size of one
+/// buffer.
+template <class T>
+void program_node_backward(const ProgramNode<T>& node, MetaBase& out) {
+  namespace d = deft::detail;
+  const auto& program = node.program;
+  const Tensor<T>& up = gathered<T>(out);
+  for (int k = 0; k < program.n_passed; ++k) {
+    const auto& leaf = program.leaves[program.passed[k]];
+    accumulate_to<T>(*leaf.grad, leaf.extent, up);
+  }
+  if (program.n_outputs == 0) return;
+  const std::int64_t size = program.shape.size();
+  const auto add_reads = [](d::KernelTask& t) {
+    const auto& k = t.kernel<ProgramBackward<T>>();
+    for (int l = 0; l < k.program.n_leaves; ++l)
+      if (k.program.leaves[l].buffer) t.add_input(k.program.leaves[l].buffer);
+    t.add_input(k.up.buffer);
+  };
+  const Tensor<T> all = d::record_new_emplaced<T, ProgramBackward<T>>(
+      "elementwise backward", Shape{program.n_outputs * size}, program.device, add_reads, program, up.leaf());
+  const auto storage = all.leaf().buffer;
+  for (int k = 0; k < program.n_outputs; ++k) {
+    const auto& leaf = program.leaves[program.output_leaf[k]];
+    accumulate_to<T>(*leaf.grad, leaf.extent, d::tensor_from_buffer<T>(storage, program.shape, k * size));
+  }
+}
 
 template <class Reducer, class E>
 struct ReduceNode final : Node {

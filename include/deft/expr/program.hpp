@@ -72,20 +72,23 @@ struct ProgramStep {
   std::uint8_t index = 0;  // leaf: its place in leaves; constant: in constants
   bool below = false;      // a recorded leaf is at or under this step
   bool grad = false;       // a gradient flows into this step
-  std::int8_t output = -1;  // a leaf with a gradient: the output that receives it
+  bool passes = false;     // ... and it is the program's upstream gradient, unchanged (through + and -'s left)
+  std::int8_t output = -1;  // a leaf with a gradient the kernel computes: the output that receives it
 };
 
 /// Steps, leaves and constants of a floating-point elementwise expression
 /// (steps in post-order: the last is the root), with which leaves receive
-/// a gradient. Leaves reading the same recorded value with the same extent
-/// share one output.
+/// a gradient: the upstream gradient itself (`passed`: reached through sums
+/// only, so no kernel computes it), or an output of the kernel. Leaves
+/// reading the same recorded value with the same extent share one output.
 template <class T>
 struct ElementwiseProgram {
   std::array<ProgramStep, program_max_steps> steps{};
   std::array<Leaf<T>, program_max_leaves> leaves{};
   std::array<T, program_max_steps> constants{};
   std::array<std::uint8_t, program_max_leaves> output_leaf{};  // output k: the leaf whose shape and record it has
-  int n_steps = 0, n_leaves = 0, n_constants = 0, n_outputs = 0;
+  std::array<std::uint8_t, program_max_leaves> passed{};       // leaves whose gradient is the upstream one
+  int n_steps = 0, n_leaves = 0, n_constants = 0, n_outputs = 0, n_passed = 0;
   Shape shape;
   Device device;
 };
@@ -289,11 +292,16 @@ void mark_gradient_paths(ElementwiseProgram<T>& p) {
   const auto below = [&](int i) { return p.steps[i].below; };
   if (p.n_steps == 0 || !below(p.n_steps - 1)) return;
   p.steps[p.n_steps - 1].grad = true;
+  p.steps[p.n_steps - 1].passes = true;
   for (int i = p.n_steps - 1; i >= 0; --i) {
     ProgramStep& s = p.steps[i];
     if (!s.grad) continue;
     switch (s.op) {
       case ProgramOp::leaf: {
+        if (s.passes) {
+          p.passed[p.n_passed++] = s.index;
+          break;
+        }
         const auto& leaf = p.leaves[s.index];
         for (int k = 0; k < p.n_outputs && s.output < 0; ++k) {
           const auto& other = p.leaves[p.output_leaf[k]];
@@ -313,7 +321,11 @@ void mark_gradient_paths(ElementwiseProgram<T>& p) {
       default:
         if (is_comparison(s.op)) break;
         p.steps[s.a].grad = below(s.a);
-        if (s.op >= ProgramOp::add) p.steps[s.b].grad = below(s.b);
+        p.steps[s.a].passes = s.passes && (s.op == ProgramOp::add || s.op == ProgramOp::sub);
+        if (s.op >= ProgramOp::add) {
+          p.steps[s.b].grad = below(s.b);
+          p.steps[s.b].passes = s.passes && s.op == ProgramOp::add;
+        }
     }
   }
 }

@@ -140,6 +140,7 @@ void run(const ElementwiseProgram<T>& p, const Leaf<T>& up, T* out) {
           const ProgramStep& st = p.steps[i];
           if (!st.grad || st.op == ProgramOp::constant) continue;
           if (st.op == ProgramOp::leaf) {
+            if (st.output < 0) continue;  // passed on as the upstream gradient
             T* o = out + st.output * total + start + (j - c0);
             if (!written[st.output]) std::memcpy(o, grad(i), std::size_t(n) * sizeof(T));
             else

@@ -54,6 +54,7 @@ struct ProgramBackwardAt {
       const ProgramStep& st = steps[s];
       if (!st.grad || st.op == ProgramOp::constant) continue;
       if (st.op == ProgramOp::leaf) {
+        if (st.output < 0) continue;  // passed on as the upstream gradient
         T& o = out[st.output * total + linear];
         o = written[st.output] ? o + grad[s] : grad[s];
         written[st.output] = true;

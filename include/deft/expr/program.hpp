@@ -205,6 +205,19 @@ ElementwiseProgram<value_t<E>> program_of(E&& e) {
   return p;
 }
 
+/// The kernel views of p's leaves and, last, of the gradient `up` of its
+/// value, over p's shape collapsed as far as all of them allow (collapse()).
+template <class T>
+Shape program_views(const ElementwiseProgram<T>& p, const Leaf<T>& up,
+                    std::array<LeafView<T>, program_max_leaves + 1>& views) {
+  const int n = p.n_leaves + 1;
+  for (int l = 0; l < p.n_leaves; ++l) views[l] = p.leaves[l].view(p.shape);
+  views[p.n_leaves] = up.view(p.shape);
+  std::array<LeafLayout, program_max_leaves + 1> layouts;
+  for (int l = 0; l < n; ++l) layouts[l] = LeafLayout{&views[l].strides, &views[l].inner};
+  return collapse_layouts(layouts.data(), n, p.shape);
+}
+
 /// op's value at a, b, c (its operands; V a scalar or a SIMD batch).
 template <class V>
 DEFT_HD DEFT_ALWAYS_INLINE inline V program_forward(ProgramOp op, const V& a, const V& b, const V& c) {

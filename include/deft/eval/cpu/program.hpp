@@ -107,11 +107,7 @@ void run(const ElementwiseProgram<T>& p, const Leaf<T>& up, T* out) {
   if (total == 0 || p.n_outputs == 0) return;
   Rows<T> rows;
   rows.n = p.n_leaves + 1;
-  for (int l = 0; l < p.n_leaves; ++l) rows.leaves[l] = p.leaves[l].view(p.shape);
-  rows.leaves[p.n_leaves] = up.view(p.shape);
-  std::array<LeafLayout, program_max_leaves + 1> layouts;
-  for (int l = 0; l < rows.n; ++l) layouts[l] = LeafLayout{&rows.leaves[l].strides, &rows.leaves[l].inner};
-  const Shape s = collapse_layouts(layouts.data(), rows.n, p.shape);
+  const Shape s = program_views(p, up, rows.leaves);
 
   const int steps = p.n_steps, root = steps - 1;
   // Values and gradients of every step for a chunk of elements: about 16 KiB.

@@ -83,12 +83,7 @@ void program_backward(const Policy& policy, const ElementwiseProgram<T>& p, cons
   f.n_leaves = p.n_leaves;
   f.total = total;
   f.out = out;
-  const int n = p.n_leaves + 1;
-  for (int l = 0; l < p.n_leaves; ++l) f.leaves[l] = p.leaves[l].view(p.shape);
-  f.leaves[p.n_leaves] = up.view(p.shape);
-  std::array<LeafLayout, program_max_leaves + 1> layouts;
-  for (int l = 0; l < n; ++l) layouts[l] = LeafLayout{&f.leaves[l].strides, &f.leaves[l].inner};
-  const Shape s = collapse_layouts(layouts.data(), n, p.shape);
+  const Shape s = program_views(p, up, f.leaves);
   f.rank = s.rank();
   std::int64_t stride = 1;
   for (int d = f.rank - 1; d > 0; --d) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 
 #if defined(__SSE2__)
@@ -48,30 +49,44 @@ DEFT_ALWAYS_INLINE inline void store_batch(const B& x, T* p, [[maybe_unused]] bo
   x.store_unaligned(p);
 }
 
-/// out[j - c0] = d(j) for j in [c0, c1), d a row whose leaves are all
-/// contiguous (DenseLeafView). With `stream` the aligned middle is written
-/// with non-temporal stores: for an output far larger than the caches this
-/// saves reading every destination line before writing it (a sixth of the
-/// traffic of a 4-input expression). Returns where it stopped (the tail of
-/// fewer than two batches is left to the caller).
-template <class B, class Dense, class T>
-DEFT_ALWAYS_INLINE inline std::int64_t eval_dense(const Dense& d, std::int64_t c0, std::int64_t c1, T* out, bool stream) {
-  constexpr std::int64_t W = B::size;
-  std::int64_t j = c0;
-  if (stream)
-    for (; j < c1 && reinterpret_cast<std::uintptr_t>(out + (j - c0)) % sizeof(B) != 0; ++j) out[j - c0] = d.at(j);
-  for (; j + 2 * W <= c1; j += 2 * W) {
-    const B x0 = d.template batch_dense<B>(j);
-    const B x1 = d.template batch_dense<B>(j + W);
-    store_batch(x0, out + (j - c0), stream);
-    store_batch(x1, out + (j - c0) + W, stream);
+/// out[j - c0] = d(j) for j in [c0, c1), d a dense view: every leaf
+/// contiguous (flat_view() of a whole statement, or dense_row() of one row).
+/// With `stream` the aligned middle is written with non-temporal stores: for
+/// an output far larger than the caches this saves reading every
+/// destination line before writing it (a sixth of the traffic of a 4-input
+/// expression).
+/// Each loop holds a copy of the whole expression tree (its reads are always
+/// inlined), and each copy costs compile time in every program: so this is
+/// one function per expression, not inlined, that the flat evaluation and
+/// the dense rows of a broadcast share, with one scalar loop for the head and
+/// the tail.
+template <class Dense, class T>
+DEFT_NOINLINE void eval_dense(const Dense d, std::int64_t c0, std::int64_t c1, T* out, [[maybe_unused]] bool stream) {
+  std::int64_t body = c0, end = c0;  // [body, end): whole SIMD batches
+#if DEFT_CPU_SIMD
+  if constexpr (Dense::simd && std::is_same_v<typename Dense::value_type, T>) {
+    using B = simd_batch<T>;
+    constexpr std::int64_t W = B::size;
+    if (stream)
+      while (body < c1 && reinterpret_cast<std::uintptr_t>(out + (body - c0)) % sizeof(B) != 0) ++body;
+    end = body + (c1 - body) / W * W;
+    std::int64_t j = body;
+    for (const std::int64_t pairs = body + (end - body) / (2 * W) * (2 * W); j != pairs; j += 2 * W) {
+      const B x0 = d.template batch_dense<B>(j);
+      const B x1 = d.template batch_dense<B>(j + W);
+      store_batch(x0, out + (j - c0), stream);
+      store_batch(x1, out + (j - c0) + W, stream);
+    }
+    if (j < end) store_batch(d.template batch_dense<B>(j), out + (j - c0), stream);
   }
-  return j;
+#endif
+  for (std::int64_t j = c0; j < c1; ++j) {
+    if (j == body) j = end;
+    if (j < c1) out[j - c0] = d.at(j);
+  }
 }
 
 /// out[j - c0] = v(j) for j in [c0, c1) of the current row.
-/// Each loop below holds a copy of the whole expression tree (its batch
-/// reads are always inlined), so there are as few loops as the paths need.
 template <class View, class T>
 inline void eval_row(const View& v, std::int64_t c0, std::int64_t c1, T* out, bool stream) {
   std::int64_t j = c0;
@@ -79,13 +94,10 @@ inline void eval_row(const View& v, std::int64_t c0, std::int64_t c1, T* out, bo
   if constexpr (View::simd && std::is_same_v<typename View::value_type, T>) {
     using B = simd_batch<T>;
     constexpr std::int64_t W = B::size;
-    if (v.dense()) j = eval_dense<B>(v.dense_row(), c0, c1, out, stream);  // plain loads, no stride tests
-    for (; j + 2 * W <= c1; j += 2 * W) {
-      const B x0 = v.template batch<B>(j);
-      const B x1 = v.template batch<B>(j + W);
-      x0.store_unaligned(out + (j - c0));
-      x1.store_unaligned(out + (j - c0) + W);
-    }
+    // Plain loads, no stride tests; a row of a few batches stays here, where
+    // a call would cost more than the tests (the split points agree: without
+    // streaming both loops start their batches at c0).
+    if (v.dense() && (stream || c1 - c0 >= 4 * W)) return eval_dense(v.dense_row(), c0, c1, out, stream);
     for (; j + W <= c1; j += W) v.template batch<B>(j).store_unaligned(out + (j - c0));
   }
 #endif
@@ -130,32 +142,6 @@ inline void eval_range(View v, const Shape& s, std::int64_t lo, std::int64_t hi,
 #endif
 }
 
-/// Splits [0, total) into pieces of about a multiple of `align` elements as
-/// the cost model allows and runs body(lo, hi) on each, in parallel. Each
-/// inner split point t moves to split(t), a monotone map into [0, total]
-/// (the elementwise kernels' SplitPoints).
-template <class Split, class Body>
-inline void parallel_range_split(std::int64_t total, std::int64_t cost_per_element, std::int64_t align, Split&& split,
-                                 Body&& body) {
-  Engine& eng = Engine::get();
-  const std::int64_t chunks = thresholds::parallel_chunks(total * std::max<std::int64_t>(cost_per_element, 1),
-                                                          eng.parallelism());
-  if (chunks <= 1) {
-    body(std::int64_t{0}, total);
-    return;
-  }
-  std::int64_t len = (total + chunks - 1) / chunks;
-  len = (len + align - 1) / align * align;
-  const std::int64_t pieces = (total + len - 1) / len;
-  const auto at = [&](std::int64_t i) { return i == 0 ? std::int64_t{0} : i >= pieces ? total : std::min(total, split(i * len)); };
-  eng.parallel_for(pieces, [&](std::int64_t i) { body(at(i), at(i + 1)); });
-}
-/// The same, split at multiples of `align`.
-template <class Body>
-inline void parallel_range(std::int64_t total, std::int64_t cost_per_element, std::int64_t align, Body&& body) {
-  parallel_range_split(total, cost_per_element, align, [](std::int64_t t) { return t; }, std::forward<Body>(body));
-}
-
 /// Where an elementwise kernel may split its output between workers so
 /// that every element takes the path it takes in one piece: a SIMD batch or
 /// a row's scalar tail, whose functions may differ in the last bits (pow,
@@ -163,30 +149,76 @@ inline void parallel_range(std::int64_t total, std::int64_t cost_per_element, st
 /// at each row's column 0, or, with streaming stores into dense rows, at
 /// addresses aligned to the batch (after a scalar prologue); a split falls
 /// on a batch boundary of the one-piece run.
-template <class T, bool Simd>
 struct SplitPoints {
   std::int64_t row = 1;    // the innermost extent (the whole range for a flat evaluation)
   std::int64_t width = 1;  // the SIMD batch's elements, or 1
   std::int64_t phase = 0;  // by address: the first element at an aligned address
   bool by_address = false;
-  SplitPoints(const T* out, std::int64_t row_length, bool stream_dense) : row(std::max<std::int64_t>(row_length, 1)) {
+
+  /// For an output `out` of T, written in batches when Simd.
+  template <bool Simd, class T>
+  static SplitPoints of(const T* out, std::int64_t row_length, [[maybe_unused]] bool stream_dense) {
+    SplitPoints p;
+    p.row = std::max<std::int64_t>(row_length, 1);
 #if DEFT_CPU_SIMD
     if constexpr (Simd) {
       using B = simd_batch<T>;
-      width = B::size;
-      by_address = stream_dense;
+      p.width = B::size;
+      p.by_address = stream_dense;
       const auto misaligned = reinterpret_cast<std::uintptr_t>(out) % sizeof(B);
-      phase = misaligned == 0 || misaligned % sizeof(T) ? 0 : std::int64_t((sizeof(B) - misaligned) / sizeof(T));
+      p.phase = misaligned == 0 || misaligned % sizeof(T) ? 0 : std::int64_t((sizeof(B) - misaligned) / sizeof(T));
     }
 #else
-    (void)out, (void)stream_dense;
+    (void)out;
 #endif
+    return p;
   }
   std::int64_t operator()(std::int64_t t) const {
     if (by_address) return t + ((phase - t) % width + width) % width;
     return t - t % row % width;
   }
 };
+
+/// Splits [0, total) into pieces of about a multiple of `align` elements as
+/// the cost model allows and runs body(context, lo, hi) on each, in
+/// parallel. With `split`, each inner split point t moves to (*split)(t).
+/// One function for every kernel: a body is reached through a pointer, so
+/// it is compiled once, not once more for the serial case.
+DEFT_NOINLINE inline void parallel_pieces(std::int64_t total, std::int64_t cost_per_element, std::int64_t align,
+                                          const SplitPoints* split,
+                                          void (*body)(void*, std::int64_t, std::int64_t), void* context) {
+  Engine& eng = Engine::get();
+  const std::int64_t chunks = thresholds::parallel_chunks(total * std::max<std::int64_t>(cost_per_element, 1),
+                                                          eng.parallelism());
+  if (chunks <= 1) {
+    body(context, 0, total);
+    return;
+  }
+  std::int64_t len = (total + chunks - 1) / chunks;
+  len = (len + align - 1) / align * align;
+  const std::int64_t pieces = (total + len - 1) / len;
+  const auto at = [&](std::int64_t i) {
+    if (i == 0) return std::int64_t{0};
+    if (i >= pieces) return total;
+    return std::min(total, split ? (*split)(i * len) : i * len);
+  };
+  eng.parallel_for(pieces, [&](std::int64_t i) { body(context, at(i), at(i + 1)); });
+}
+
+/// parallel_pieces with body(lo, hi), a callable.
+template <class Body>
+inline void parallel_range_split(std::int64_t total, std::int64_t cost_per_element, std::int64_t align,
+                                 const SplitPoints* split, Body&& body) {
+  using Callable = std::remove_reference_t<Body>;
+  parallel_pieces(total, cost_per_element, align, split,
+                  [](void* c, std::int64_t lo, std::int64_t hi) { (*static_cast<Callable*>(c))(lo, hi); },
+                  const_cast<void*>(static_cast<const void*>(std::addressof(body))));
+}
+/// The same, split at multiples of `align`.
+template <class Body>
+inline void parallel_range(std::int64_t total, std::int64_t cost_per_element, std::int64_t align, Body&& body) {
+  parallel_range_split(total, cost_per_element, align, nullptr, std::forward<Body>(body));
+}
 
 /// An expression whose every node has a flat_view() (no cast, no map).
 template <class E>
@@ -204,21 +236,13 @@ inline bool reads_flat(const Expr& e, const Shape& out) {
 /// Writes the flat view `d` of an expression (see reads_flat) into out[0, total).
 template <class Dense, class T>
 inline void evaluate_flat(const Dense& dref, std::int64_t total, std::int64_t cost, T* out, bool stream) {
-  const SplitPoints<T, Dense::simd && std::is_same_v<typename Dense::value_type, T>> split(out, total, stream);
-  parallel_range_split(total, cost, 64, split, [&](std::int64_t lo, std::int64_t hi) {
-    // A local copy: through the reference, the stores to `out` might alias
-    // the view, and the constants' broadcasts were reloaded every batch.
-    const Dense d = dref;
-    std::int64_t j = lo;
-#if DEFT_CPU_SIMD
-    if constexpr (Dense::simd && std::is_same_v<typename Dense::value_type, T>) {
-      using B = simd_batch<T>;
-      constexpr std::int64_t W = B::size;
-      j = eval_dense<B>(d, lo, hi, out + lo, stream);
-      for (; j + W <= hi; j += W) d.template batch_dense<B>(j).store_unaligned(out + j);
-    }
-#endif
-    for (; j < hi; ++j) out[j] = d.at(j);
+  if (total * cost < thresholds::parallel_burst_min_work && !stream) {  // one piece: skip the split's plumbing
+    eval_dense(dref, 0, total, out, false);
+    return;
+  }
+  const auto split = SplitPoints::of<Dense::simd && std::is_same_v<typename Dense::value_type, T>>(out, total, stream);
+  parallel_range_split(total, cost, 64, &split, [&](std::int64_t lo, std::int64_t hi) {
+    eval_dense(dref, lo, hi, out + lo, stream);
 #if defined(__SSE2__)
     if (stream) _mm_sfence();  // non-temporal stores are visible before the task reports completion
 #endif
@@ -242,8 +266,8 @@ inline void evaluate(const Expr& e, T* out) {
   static_assert(std::is_trivially_copy_constructible_v<decltype(v)> && std::is_trivially_destructible_v<decltype(v)>, "kernel views must be trivially copyable (device-ready)");
   const Shape s = collapse(v, shape);  // as many elements as `shape`, in fewer dimensions
   constexpr bool simd = decltype(v)::simd && std::is_same_v<typename decltype(v)::value_type, T>;
-  const SplitPoints<T, simd> split(out, s.rank() > 0 ? s[s.rank() - 1] : 1, stream && v.dense());
-  parallel_range_split(total, cost, 64, split,
+  const auto split = SplitPoints::of<simd>(out, s.rank() > 0 ? s[s.rank() - 1] : 1, stream && v.dense());
+  parallel_range_split(total, cost, 64, &split,
                        [&](std::int64_t lo, std::int64_t hi) { eval_range(v, s, lo, hi, out + lo, stream); });
 }
 

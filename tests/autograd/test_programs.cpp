@@ -1,7 +1,8 @@
 // Elementwise trees differentiated through their programs (expr/program.hpp,
 // eval/cpu/program.hpp): every operation in one tree, broadcast operands,
 // a value read twice, outputs long enough to be split between workers,
-// against hand-written derivatives in double precision.
+// sums and means of a tree, against hand-written derivatives in double
+// precision.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -146,6 +147,56 @@ BOOST_AUTO_TEST_CASE(long_outputs_split_between_workers_give_the_same_bits) {
   }
   BOOST_TEST(worst_error(one.first, dx) < 1e-5);
   BOOST_TEST(worst_error(one.second, dy) < 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(sums_and_means_of_a_tree_match_their_derivatives) {
+  // r = sum or mean of f = x*y + exp(x)*b - y + c over all elements or one
+  // axis (x, y of shape (rows, cols); b, c of shape (cols); c reached
+  // through sums only), backward with a random head gradient of r's shape.
+  const std::int64_t rows = 37, cols = 29;
+  const std::size_t n = std::size_t(rows * cols);
+  const auto xs = random_values(n, -1, 1, 21), ys = random_values(n, -1, 1, 22),
+             bs = random_values(std::size_t(cols), -1, 1, 23), cs = random_values(std::size_t(cols), -1, 1, 24);
+  struct Case {
+    bool mean;
+    int axis;  // -1: all elements
+    bool keepdims;
+  };
+  for (const Case k : {Case{false, -1, false}, Case{true, -1, false}, Case{false, 0, false}, Case{true, 1, true},
+                       Case{false, 1, false}, Case{true, 0, true}}) {
+    Tensor<float> x(xs, {rows, cols}), y(ys, {rows, cols}), b(bs, {cols}), c(cs, {cols});
+    for (auto* t : {&x, &y, &b, &c}) t->attach_grad();
+    std::vector<float> head;
+    {
+      autograd::record rec;
+      auto f = x * y + exp(x) * b - y + c;
+      static_assert(detail::has_program<decltype(f)>);
+      Tensor<float> r;
+      if (k.axis < 0) r = k.mean ? Tensor<float>(mean(f)) : Tensor<float>(sum(f));
+      else r = k.mean ? Tensor<float>(mean(f, k.axis, k.keepdims)) : Tensor<float>(sum(f, k.axis, k.keepdims));
+      head = random_values(std::size_t(r.size()), -1, 1, 25 + std::uint32_t(k.axis + 1));
+      r.backward(Tensor<float>(head, r.shape()));
+    }
+    std::vector<double> dx(n), dy(n), db(std::size_t(cols), 0.0), dc(std::size_t(cols), 0.0);
+    const double count = k.axis < 0 ? double(n) : k.axis == 0 ? double(rows) : double(cols);
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const std::size_t e = std::size_t(i * cols + j);
+        const std::size_t at = k.axis < 0 ? 0 : k.axis == 0 ? std::size_t(j) : std::size_t(i);
+        const double g = double(head[at]) / (k.mean ? count : 1.0);
+        const double xv = xs[e], yv = ys[e];
+        dx[e] = g * (yv + std::exp(xv) * bs[std::size_t(j)]);
+        dy[e] = g * (xv - 1);
+        db[std::size_t(j)] += g * std::exp(xv);
+        dc[std::size_t(j)] += g;
+      }
+    BOOST_TEST_CONTEXT("mean " << k.mean << ", axis " << k.axis << ", keepdims " << k.keepdims) {
+      BOOST_TEST(worst_error(x.grad().to_vector(), dx) < 1e-6);
+      BOOST_TEST(worst_error(y.grad().to_vector(), dy) < 1e-6);
+      BOOST_TEST(worst_error(b.grad().to_vector(), db) < 1e-6 * double(rows));  // sums of `rows` terms
+      BOOST_TEST(worst_error(c.grad().to_vector(), dc) < 1e-6 * double(rows));
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_tree_too_large_for_a_program_keeps_its_compile_time_derivative) {

@@ -24,145 +24,11 @@
 #include "../ops/reduction.hpp"
 #include "../tensor.hpp"
 #include "backprop.hpp"
+#include "gathering.hpp"
 #include "meta.hpp"
+#include "programs.hpp"
 
 namespace deft::autograd::detail {
-
-template <class T>
-struct Meta final : MetaBase {
-  explicit Meta(const Shape& s) : shape(s) {}
-  Shape shape;
-  Tensor<T> grad;     // attached variables: what x.grad() returns
-  Tensor<T> pending;  // during backward: the gradient gathered so far
-
-  bool has_pending() const override { return static_cast<bool>(pending); }
-  void clear_pending() override { pending = Tensor<T>(); }
-  void deliver() override;
-};
-
-template <class T>
-Meta<T>& meta_of(MetaBase& m) { return static_cast<Meta<T>&>(m); }
-
-template <class T>
-std::shared_ptr<Meta<T>> new_meta(const Shape& s, std::shared_ptr<Node> fn) {
-  auto m = std::make_shared<Meta<T>>(s);
-  m->grad_fn = std::move(fn);
-  return m;
-}
-
-// Backward work uses these untracked forms only: a tracked form would make
-// every derivative instantiate its own derivative, without end.
-using deft::detail::eval_untracked;
-using deft::detail::sum_untracked;
-
-template <class T>
-struct ProgramNode;
-template <class T>
-void program_node_backward(const ProgramNode<T>& node, MetaBase& out);
-
-// Gathering gradients (adding them up, summing them over broadcast axes,
-// handing them to x.grad()) and the backward of elementwise programs depend
-// on the element type only, yet every recorded operation's node refers to
-// them. They are reached through this table, which backward() fills: a
-// translation unit that records operations but never calls backward() does
-// not compile them (the README's first example spent a third of its code
-// in gathering, and the program kernels are 20 KB more).
-template <class T>
-struct Gathering {
-  void (*add)(MetaBase& m, Tensor<T> g) = nullptr;
-  void (*add_summed)(MetaBase& m, const Shape& target, Tensor<T> g) = nullptr;
-  void (*deliver)(Meta<T>& m) = nullptr;
-  void (*program_backward)(const ProgramNode<T>& node, MetaBase& out) = nullptr;
-};
-template <class T>
-inline Gathering<T> gathering;
-
-/// Adds g (of m's shape) to the gradient gathered for m.
-template <class T>
-void add_gathered(MetaBase& m, Tensor<T> g) {
-  auto& mt = meta_of<T>(m);
-  if (mt.attached && mt.req == GradReq::null) return;
-  mt.pending = mt.pending ? eval_untracked(mt.pending + g) : std::move(g);
-}
-
-/// Adds g, computed for a broadcast use of a value of shape `target`, after
-/// summing it over the broadcast axes (numpy's rule, undone).
-template <class T>
-void add_gathered_summed(MetaBase& m, const Shape& target, Tensor<T> g) {
-  const Shape s = g.shape();
-  if (!(s == target)) {
-    const int lead = s.rank() - target.rank();
-    for (int i = target.rank() - 1; i >= 0; --i)  // trailing axes first: the leading ones keep their numbers
-      if (target[i] == 1 && s[lead + i] != 1) g = sum_untracked(g, lead + i, true);
-    for (int i = 0; i < lead; ++i) g = sum_untracked(g, 0, false);
-  }
-  add_gathered<T>(m, std::move(g));
-}
-
-template <class T>
-void deliver_gathered(Meta<T>& m) {
-  if (m.req == GradReq::write) m.grad.assign(m.pending);
-  else if (m.req == GradReq::add) m.grad += m.pending;
-  m.fresh_grad = true;
-}
-
-/// Fills the gathering tables of both floating-point types (a cast joins
-/// them in one graph), once per program; a template, so that only the
-/// translation units calling backward() instantiate it.
-template <int = 0>
-void install_gathering() {
-  static const bool installed = [] {
-    gathering<float> = {&add_gathered<float>, &add_gathered_summed<float>, &deliver_gathered<float>,
-                        &program_node_backward<float>};
-    gathering<double> = {&add_gathered<double>, &add_gathered_summed<double>, &deliver_gathered<double>,
-                         &program_node_backward<double>};
-    return true;
-  }();
-  (void)installed;
-}
-
-template <class T>
-void Meta<T>::deliver() { gathering<T>.deliver(*this); }
-
-/// Adds g (of m's shape) to the gradient gathered for m.
-template <class T>
-void accumulate(MetaBase& m, Tensor<T> g) { gathering<T>.add(m, std::move(g)); }
-
-/// Adds g, computed for a broadcast use of a value of shape `target`, after
-/// summing it over the broadcast axes. An expression is evaluated once
-/// first, so that each derivative costs one kernel.
-template <class T>
-void accumulate_to(MetaBase& m, const Shape& target, Tensor<T> g) {
-  gathering<T>.add_summed(m, target, std::move(g));
-}
-template <class T, Expression G>
-void accumulate_to(MetaBase& m, const Shape& target, G&& g) {
-  accumulate_to<T>(m, target, Tensor<T>(eval_untracked(std::forward<G>(g))));
-}
-
-/// The visitor backprop() calls for every recorded leaf.
-struct AccumulateLeaf {
-  template <class T, class G>
-  void operator()(const deft::detail::Leaf<T>& leaf, G&& g) const {
-    accumulate_to<T>(*leaf.grad, leaf.shape(), std::forward<G>(g));
-  }
-};
-
-template <class T>
-const Tensor<T>& gathered(MetaBase& out) { return meta_of<T>(out).pending; }
-
-/// A tensor reading a leaf's version (for backward formulas needing a Tensor).
-template <class T>
-Tensor<T> tensor_of(const deft::detail::Leaf<T>& l) {
-  return deft::detail::tensor_from_buffer<T>(l.buffer, l.extent, l.offset);
-}
-
-template <class E>
-void add_leaf_metas(Node& n, const E& e) {
-  e.for_each_leaf([&](const auto& leaf) {
-    if (leaf.grad) n.inputs.push_back(leaf.grad);
-  });
-}
 
 // --- nodes -------------------------------------------------------------------
 
@@ -176,60 +42,6 @@ struct ElementwiseNode final : Node {
   }
   void check_differentiable() const override { detail::check_differentiable(e); }
 };
-
-/// The kernel of a ProgramNode's backward: the program's gradient outputs,
-/// output k at element k * size of one buffer.
-template <class T>
-struct ProgramBackward {
-  deft::detail::ElementwiseProgram<T> program;
-  deft::detail::Leaf<T> up;  // the gradient of the program's value
-  ProgramBackward(deft::detail::ElementwiseProgram<T> p, deft::detail::Leaf<T> g) : program(std::move(p)), up(std::move(g)) {}
-  void operator()(deft::detail::Buffer& out) const {
-    deft::detail::on_device(out.device, [&](auto ex) { ex.program_backward(program, up, out.as<T>()); });
-  }
-};
-
-/// An elementwise expression, differentiated through its program
-/// (expr/program.hpp): one kernel per element type for every expression.
-template <class T>
-struct ProgramNode final : Node {
-  deft::detail::ElementwiseProgram<T> program;
-  explicit ProgramNode(deft::detail::ElementwiseProgram<T> p) : Node("elementwise"), program(std::move(p)) {
-    for (int l = 0; l < program.n_leaves; ++l)
-      if (program.leaves[l].grad) inputs.push_back(program.leaves[l].grad);
-  }
-  void backward(MetaBase& out) override { gathering<T>.program_backward(*this, out); }
-};
-
-/// ProgramNode::backward, through gathering<T> (see there): the recorded
-/// leaves reached through sums only get the upstream gradient as it is;
-/// one task computes the others' gradients, output k at k * size of one
-/// buffer.
-template <class T>
-void program_node_backward(const ProgramNode<T>& node, MetaBase& out) {
-  namespace d = deft::detail;
-  const auto& program = node.program;
-  const Tensor<T>& up = gathered<T>(out);
-  for (int k = 0; k < program.n_passed; ++k) {
-    const auto& leaf = program.leaves[program.passed[k]];
-    accumulate_to<T>(*leaf.grad, leaf.extent, up);
-  }
-  if (program.n_outputs == 0) return;
-  const std::int64_t size = program.shape.size();
-  const auto add_reads = [](d::KernelTask& t) {
-    const auto& k = t.kernel<ProgramBackward<T>>();
-    for (int l = 0; l < k.program.n_leaves; ++l)
-      if (k.program.leaves[l].buffer) t.add_input(k.program.leaves[l].buffer);
-    t.add_input(k.up.buffer);
-  };
-  const Tensor<T> all = d::record_new_emplaced<T, ProgramBackward<T>>(
-      "elementwise backward", Shape{program.n_outputs * size}, program.device, add_reads, program, up.leaf());
-  const auto storage = all.leaf().buffer;
-  for (int k = 0; k < program.n_outputs; ++k) {
-    const auto& leaf = program.leaves[program.output_leaf[k]];
-    accumulate_to<T>(*leaf.grad, leaf.extent, d::tensor_from_buffer<T>(storage, program.shape, k * size));
-  }
-}
 
 template <class Reducer, class E>
 struct ReduceNode final : Node {
@@ -380,8 +192,25 @@ void track_elementwise(Tensor<T>& out, E e) {
 
 template <class Reducer, class T, class E>
 void track_reduce(Tensor<T>& out, const E& in, int axis, bool all, bool keepdims) {
-  if constexpr (std::is_floating_point_v<T>)
-    out.set_grad_meta(new_meta<T>(out.shape(), std::make_shared<ReduceNode<Reducer, E>>(in, out, axis, all, keepdims)));
+  namespace d = deft::detail;
+  if constexpr (std::is_floating_point_v<T>) {
+    constexpr bool mean = std::is_same_v<Reducer, d::MeanReducer<T>>;
+    // A tensor's own sum keeps its node: one type per element type already.
+    if constexpr (d::has_program<E> && !std::is_same_v<E, d::Leaf<T>> &&
+                  (mean || std::is_same_v<Reducer, d::SumReducer<T>>)) {
+      const Shape s = in.shape();
+      Shape kept = out.shape();
+      if (!all && !keepdims) {
+        std::vector<std::int64_t> dims(s.begin(), s.end());
+        dims[axis] = 1;
+        kept = Shape(dims);
+      }
+      const std::int64_t count = mean ? (all ? s.size() : s[axis]) : 1;
+      out.set_grad_meta(new_meta<T>(out.shape(), std::make_shared<ReduceProgramNode<T>>(d::program_of(E(in)), kept, count)));
+    } else {
+      out.set_grad_meta(new_meta<T>(out.shape(), std::make_shared<ReduceNode<Reducer, E>>(in, out, axis, all, keepdims)));
+    }
+  }
 }
 
 template <class T>
@@ -457,6 +286,21 @@ inline std::vector<MetaBase*> reverse_topological(MetaBase* root) {
   }
   std::reverse(post.begin(), post.end());  // the root first, inputs after all their readers
   return post;
+}
+
+/// Fills the gathering tables of both floating-point types (a cast joins
+/// them in one graph), once per program; a template, so that only the
+/// translation units calling backward() instantiate it.
+template <int = 0>
+void install_gathering() {
+  static const bool installed = [] {
+    gathering<float> = {&add_gathered<float>, &add_gathered_summed<float>, &deliver_gathered<float>,
+                        &program_backward<float>};
+    gathering<double> = {&add_gathered<double>, &add_gathered_summed<double>, &deliver_gathered<double>,
+                         &program_backward<double>};
+    return true;
+  }();
+  (void)installed;
 }
 
 template <class T>

@@ -61,7 +61,11 @@ DEFT_ALWAYS_INLINE inline void store_batch(const B& x, T* p, [[maybe_unused]] bo
 /// the dense rows of a broadcast share, with one scalar loop for the head and
 /// the tail.
 template <class Dense, class T>
-DEFT_NOINLINE void eval_dense(const Dense d, std::int64_t c0, std::int64_t c1, T* out, [[maybe_unused]] bool stream) {
+DEFT_NOINLINE void eval_dense(const Dense& view, std::int64_t c0, std::int64_t c1, T* out, [[maybe_unused]] bool stream) {
+  // By reference, then copied here: through the reference each store to
+  // `out` might change the view; passed by value, the caller's copy was
+  // built with stores of mixed widths and read back whole, which stalled.
+  const Dense d = view;
   std::int64_t body = c0, end = c0;  // [body, end): whole SIMD batches
 #if DEFT_CPU_SIMD
   if constexpr (Dense::simd && std::is_same_v<typename Dense::value_type, T>) {

@@ -1,8 +1,8 @@
 // Elementwise trees differentiated through their programs (expr/program.hpp,
 // eval/cpu/program.hpp): every operation in one tree, broadcast operands,
 // a value read twice, outputs long enough to be split between workers,
-// sums and means of a tree, against hand-written derivatives in double
-// precision.
+// against hand-written derivatives in double precision; and sums and means
+// of a tree (compile-time derivatives) against the same.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>

@@ -192,25 +192,8 @@ void track_elementwise(Tensor<T>& out, E e) {
 
 template <class Reducer, class T, class E>
 void track_reduce(Tensor<T>& out, const E& in, int axis, bool all, bool keepdims) {
-  namespace d = deft::detail;
-  if constexpr (std::is_floating_point_v<T>) {
-    constexpr bool mean = std::is_same_v<Reducer, d::MeanReducer<T>>;
-    // A tensor's own sum keeps its node: one type per element type already.
-    if constexpr (d::has_program<E> && !std::is_same_v<E, d::Leaf<T>> &&
-                  (mean || std::is_same_v<Reducer, d::SumReducer<T>>)) {
-      const Shape s = in.shape();
-      Shape kept = out.shape();
-      if (!all && !keepdims) {
-        std::vector<std::int64_t> dims(s.begin(), s.end());
-        dims[axis] = 1;
-        kept = Shape(dims);
-      }
-      const std::int64_t count = mean ? (all ? s.size() : s[axis]) : 1;
-      out.set_grad_meta(new_meta<T>(out.shape(), std::make_shared<ReduceProgramNode<T>>(d::program_of(E(in)), kept, count)));
-    } else {
-      out.set_grad_meta(new_meta<T>(out.shape(), std::make_shared<ReduceNode<Reducer, E>>(in, out, axis, all, keepdims)));
-    }
-  }
+  if constexpr (std::is_floating_point_v<T>)
+    out.set_grad_meta(new_meta<T>(out.shape(), std::make_shared<ReduceNode<Reducer, E>>(in, out, axis, all, keepdims)));
 }
 
 template <class T>

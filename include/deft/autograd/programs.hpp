@@ -1,7 +1,7 @@
 // Elementwise expressions differentiated through their programs
-// (expr/program.hpp): a recorded tree, or a sum or mean over one, keeps its
-// program instead of its type, and its backward is one kernel per element
-// type (eval/cpu/program.hpp, eval/gpu/program.hpp) for every expression.
+// (expr/program.hpp): a recorded tree keeps its program instead of its
+// type, and its backward is one kernel per element type
+// (eval/cpu/program.hpp, eval/gpu/program.hpp) for every expression.
 #pragma once
 #include <cstdint>
 #include <utility>
@@ -26,16 +26,15 @@ struct ProgramBackward {
 };
 
 /// The recorded leaves' gradients of `program`, given `up`, the gradient of
-/// its value (of its shape, or broadcasting to it). Leaves reached through
-/// sums only get `up` as it is; one task computes the others' gradients,
-/// output k at k * size of one buffer. Reached through gathering<T>.
+/// its value. Leaves reached through sums only get `up` as it is; one task
+/// computes the others' gradients, output k at k * size of one buffer.
+/// Reached through gathering<T>.
 template <class T>
 void program_backward(const deft::detail::ElementwiseProgram<T>& program, const Tensor<T>& up) {
   namespace d = deft::detail;
   for (int k = 0; k < program.n_passed; ++k) {
     const auto& leaf = program.leaves[program.passed[k]];
-    if (up.shape() == program.shape) accumulate_to<T>(*leaf.grad, leaf.extent, up);
-    else accumulate_to<T>(*leaf.grad, leaf.extent, d::BroadcastTo(up.leaf(), program.shape));
+    accumulate_to<T>(*leaf.grad, leaf.extent, up);
   }
   if (program.n_outputs == 0) return;
   const std::int64_t size = program.shape.size();
@@ -54,43 +53,16 @@ void program_backward(const deft::detail::ElementwiseProgram<T>& program, const 
   }
 }
 
-/// Adds the recorded leaves of `program` to node's inputs.
-template <class T>
-void add_program_inputs(Node& node, const deft::detail::ElementwiseProgram<T>& program) {
-  for (int l = 0; l < program.n_leaves; ++l)
-    if (program.leaves[l].grad) node.inputs.push_back(program.leaves[l].grad);
-}
-
 /// An elementwise expression, differentiated through its program
 /// (expr/program.hpp): one kernel per element type for every expression.
 template <class T>
 struct ProgramNode final : Node {
   deft::detail::ElementwiseProgram<T> program;
   explicit ProgramNode(deft::detail::ElementwiseProgram<T> p) : Node("elementwise"), program(std::move(p)) {
-    add_program_inputs(*this, program);
+    for (int l = 0; l < program.n_leaves; ++l)
+      if (program.leaves[l].grad) inputs.push_back(program.leaves[l].grad);
   }
   void backward(MetaBase& out) override { gathering<T>.program_backward(program, gathered<T>(out)); }
-};
-
-/// A sum or a mean of an elementwise expression, differentiated through the
-/// expression's program: every element's gradient is the upstream one at
-/// its place in the result (divided by the count for a mean), which the
-/// program's backward reads broadcast, with no copy.
-template <class T>
-struct ReduceProgramNode final : Node {
-  deft::detail::ElementwiseProgram<T> program;
-  Shape kept;              // the result's shape with the reduced axes kept as 1 (or () over all)
-  std::int64_t count = 1;  // a mean's elements per result, 1 for a sum
-  ReduceProgramNode(deft::detail::ElementwiseProgram<T> p, const Shape& kept_shape, std::int64_t mean_count)
-      : Node("reduce"), program(std::move(p)), kept(kept_shape), count(mean_count) {
-    add_program_inputs(*this, program);
-  }
-  void backward(MetaBase& out) override {
-    Tensor<T> up = gathered<T>(out);
-    if (!(up.shape() == kept)) up = up.reshape(std::vector<std::int64_t>(kept.begin(), kept.end()));
-    if (count != 1) up = eval_untracked(up / T(count));
-    gathering<T>.program_backward(program, up);
-  }
 };
 
 }  // namespace deft::autograd::detail

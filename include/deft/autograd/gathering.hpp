@@ -43,11 +43,12 @@ using deft::detail::sum_untracked;
 
 // Gathering gradients (adding them up, summing them over broadcast axes,
 // handing them to x.grad()) and the backward of elementwise programs
-// (programs.hpp) depend on the element type only, yet every recorded operation's node refers to
-// them. They are reached through this table, which backward() fills: a
-// translation unit that records operations but never calls backward() does
-// not compile them (the README's first example spent a third of its code
-// in gathering, and the program kernels are 20 KB more).
+// (programs.hpp) depend on the element type only, yet every recorded
+// operation's node refers to them. They are reached through this table,
+// which backward() fills: a translation unit that records operations but
+// never calls backward() does not compile them (the README's first example
+// spent a third of its code in gathering, and the program kernels are 20 KB
+// more).
 template <class T>
 struct Gathering {
   void (*add)(MetaBase& m, Tensor<T> g) = nullptr;

@@ -38,9 +38,13 @@ inline constexpr std::int64_t parallel_burst_min_work = std::int64_t(1) << 16;
 // running their last chunk (a few us) before it yields its core.
 inline constexpr int helper_spin_count = 256;
 
+/// Whether a loop of `work` element-ops runs in one piece whatever the
+/// number of workers (a kernel may then skip asking the engine).
+constexpr bool serial_work(std::int64_t work) { return work < parallel_burst_min_work; }
+
 /// How many pieces a loop of `work` element-ops should be cut into.
 constexpr std::int64_t parallel_chunks(std::int64_t work, int workers) {
-  if (workers <= 1 || work < parallel_burst_min_work) return 1;
+  if (workers <= 1 || serial_work(work)) return 1;
   if (work < parallel_min_work) return 2;
   const std::int64_t by_grain = work / parallel_grain_work;
   const std::int64_t by_workers = std::int64_t(workers) * chunks_per_worker;

@@ -161,7 +161,7 @@ struct SplitPoints {
 
   /// For an output `out` of T, written in batches when Simd.
   template <bool Simd, class T>
-  static SplitPoints of(const T* out, std::int64_t row_length, [[maybe_unused]] bool stream_dense) {
+  static SplitPoints of([[maybe_unused]] const T* out, std::int64_t row_length, [[maybe_unused]] bool stream_dense) {
     SplitPoints p;
     p.row = std::max<std::int64_t>(row_length, 1);
 #if DEFT_CPU_SIMD
@@ -172,8 +172,6 @@ struct SplitPoints {
       const auto misaligned = reinterpret_cast<std::uintptr_t>(out) % sizeof(B);
       p.phase = misaligned == 0 || misaligned % sizeof(T) ? 0 : std::int64_t((sizeof(B) - misaligned) / sizeof(T));
     }
-#else
-    (void)out;
 #endif
     return p;
   }
@@ -240,7 +238,7 @@ inline bool reads_flat(const Expr& e, const Shape& out) {
 /// Writes the flat view `d` of an expression (see reads_flat) into out[0, total).
 template <class Dense, class T>
 inline void evaluate_flat(const Dense& dref, std::int64_t total, std::int64_t cost, T* out, bool stream) {
-  if (total * cost < thresholds::parallel_burst_min_work && !stream) {  // one piece: skip the split's plumbing
+  if (thresholds::serial_work(total * cost) && !stream) {  // one piece: skip the split's plumbing
     eval_dense(dref, 0, total, out, false);
     return;
   }

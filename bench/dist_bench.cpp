@@ -15,6 +15,7 @@
 //      collective, the share of its time during which other tasks computed.
 // Options: --repeats N (default 15), --max-mib N (default 64).
 #include <deft/dist.hpp>
+#include <deft/engine/profiler.hpp>
 #include <deft/nn.hpp>
 
 #include <algorithm>

@@ -7,6 +7,7 @@
 // Chrome trace (engine::trace_to) of both experiments at a small size.
 // docs/tutorial.md walks through this program and its output.
 #include <deft/deft.hpp>
+#include <deft/engine/profiler.hpp>
 
 #include <algorithm>
 #include <chrono>

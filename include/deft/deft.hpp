@@ -1,14 +1,14 @@
 // deft: deferred tensors. Tensors, their operations, autograd and the engine.
 // What fewer programs use has its own header, so that the others do not
 // parse it: deft/nn.hpp (networks), deft/data.hpp (IDX files,
-// Fashion-MNIST, the DataLoader), deft/engine/graph_dump.hpp (the pending
-// task graph as DOT).
+// Fashion-MNIST, the DataLoader), deft/engine/profiler.hpp (Chrome traces
+// of the tasks that ran), deft/engine/graph_dump.hpp (the pending task
+// graph as DOT).
 //
 //   core/    shapes, dtypes, devices, errors
 //   expr/    expression nodes (what), element functors, kernel views
 //   eval/    evaluators per device (how): eval/cpu/ runs on xsimd
-//   engine/  tasks, the scheduler and its thread pool (where and when),
-//            the profiler (Chrome traces)
+//   engine/  tasks, the scheduler and its thread pool (where and when)
 //   ops/     the public vocabulary: elementwise operators and functions,
 //            creation, random, reductions, softmax, linalg, convolutions,
 //            slicing and joining (slice, concat, stack, one_hot), several
@@ -31,7 +31,6 @@
 #include "core/shape.hpp"
 #include "engine/api.hpp"
 #include "engine/engine.hpp"
-#include "engine/profiler.hpp"
 #include "ops/elementwise.hpp"
 #include "io/print.hpp"
 #include "ops/conv.hpp"

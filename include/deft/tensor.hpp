@@ -355,7 +355,7 @@ class Tensor {
     const bool whole = offset_ == 0 && covers_storage();
     // A trace's owned buffers (TrainStep's state) stay in place although the
     // trace holds them: replays must update the storage the next one reads.
-    const detail::Trace* trace = detail::active_trace();
+    const detail::TraceRecorder* trace = detail::active_trace();
     const bool unshared = detail::Buffer::unshared(cur);
     const bool in_place = !overlaps && (unshared || (trace && trace->owns(cur.get())));
     using Kernel = detail::EvaluateInto<std::remove_cvref_t<decltype(e)>>;

@@ -11,6 +11,8 @@
 #include "json.hpp"
 #include "support.hpp"
 
+#include <deft/engine/profiler.hpp>
+
 using namespace deft;
 
 namespace {

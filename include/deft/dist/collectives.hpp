@@ -101,7 +101,7 @@ Tensor<T> record_collective(const Tensor<T>& t, Collective c, const Shape& out_s
 template <Element T>
 void write_back(Tensor<T>& t, const Tensor<T>& result) {
   using namespace deft::detail;
-  const Trace* trace = active_trace();
+  const TraceRecorder* trace = active_trace();
   const auto whole = whole_storage(t);
   if (t.device() == result.device() && whole && !(trace && trace->owns(whole.get())))
     replace_storage(t, whole_storage(result));

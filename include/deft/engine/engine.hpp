@@ -24,12 +24,11 @@
 #include "../device/backend.hpp"
 #include "gpu_lanes.hpp"
 #include "../core/light_mutex.hpp"
-#include "profiler.hpp"
+#include "task_slice.hpp"
 #include "stats.hpp"
 #include "task.hpp"
 #include "thread_pool.hpp"
 #include "../core/thresholds.hpp"
-#include "trace.hpp"
 
 namespace deft::engine {
 

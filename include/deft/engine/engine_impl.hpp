@@ -23,7 +23,7 @@ DEFT_DECL Engine& Engine::get() {
 }
 
 DEFT_DECL void Engine::record(const std::shared_ptr<Task>& t, const std::shared_ptr<Task>& overwritten) {
-  if (Trace* trace = active_trace()) trace->capture(t);
+  if (TraceRecorder* trace = active_trace()) trace->capture(t);
   auto& c = counters();
   TaskList<4> cancelled;  // in place: a tiny op's overwrite allocates nothing
   if (mode_.load(std::memory_order_relaxed) == engine::Mode::synchronous) {  // run it here, now

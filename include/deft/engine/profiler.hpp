@@ -4,9 +4,10 @@
 // per task with its name, output size and dependency count, and one "help"
 // slice per stretch a worker spent on another task's split loop.
 //
-// Off by default. Off, a task pays one relaxed atomic load (TaskSlice's
-// constructor) and a split loop one more; on, two clock reads and a short
-// critical section per slice.
+// Off by default. Off, a task pays one relaxed atomic load (TaskSlice,
+// engine/task_slice.hpp) and a split loop one more; on, two clock reads and a
+// short critical section per slice. Include this header to profile
+// (engine::trace_to, ScopedTrace); deft/deft.hpp does not.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -25,29 +26,10 @@
 #include <vector>
 
 #include "../core/error.hpp"
-#include "task.hpp"
+#include "task_slice.hpp"
 #include "../core/thresholds.hpp"
 
 namespace deft::detail {
-
-/// The calling thread's index in the engine's pool, or -1 outside it (set by ThreadPool).
-inline int& worker_index() {
-  thread_local int index = -1;
-  return index;
-}
-
-/// A task as the profiler names it: its name and a number unique within one
-/// trace (addresses are not: a freed task's memory is reused by the next).
-struct ProfiledTask {
-  const char* name = nullptr;  // null: not traced
-  std::uint64_t id = 0;
-};
-
-/// The task this thread is running, while a trace records.
-inline ProfiledTask& current_profiled_task() {
-  thread_local ProfiledTask task;
-  return task;
-}
 
 /// Writes `s` as a JSON string body (quotes, backslashes and control characters escaped).
 inline void json_escape(std::string& out, const char* s) {
@@ -73,19 +55,12 @@ inline std::ofstream open_for_writing(const std::string& path, const char* who) 
   return f;
 }
 
-class Profiler {
+class Profiler final : public SliceSink {
  public:
-  using Clock = std::chrono::steady_clock;
-
   /// Never destroyed: workers may still finish tasks while the process exits.
   static Profiler& get() {
     static Profiler* p = new Profiler();
     return *p;
-  }
-  /// The switch every task reads (relaxed) before it runs.
-  static std::atomic<bool>& enabled() {
-    static std::atomic<bool> on{false};
-    return on;
   }
 
   /// Starts a trace into `path`; returns its number (ScopedTrace stops only its own).
@@ -105,7 +80,7 @@ class Profiler {
     dropped_ = 0;
     origin_ = Clock::now();
     active_ = true;
-    enabled().store(true, std::memory_order_release);
+    slice_sink().store(this, std::memory_order_release);
     return ++generation_;
   }
 
@@ -116,7 +91,7 @@ class Profiler {
     std::unique_lock lk(m_);
     if (only && (!active_ || generation_ != only)) return 0;
     if (!active_) raise<std::logic_error>("engine::trace_stop(): no trace is being recorded (start one with engine::trace_to)");
-    enabled().store(false, std::memory_order_relaxed);
+    slice_sink().store(nullptr, std::memory_order_relaxed);
     active_ = false;
     auto slices = std::move(slices_);
     auto lanes = std::move(lanes_);
@@ -132,13 +107,10 @@ class Profiler {
     return active_;
   }
 
-  /// A number for a task about to run (unique within a trace).
-  std::uint64_t next_id() { return next_id_.fetch_add(1, std::memory_order_relaxed); }
-
   /// One finished task (called by TaskSlice), or with `help` one stretch of
   /// another thread's task run by this thread (HelpSlice).
   void add(ProfiledTask t, std::size_t bytes, Clock::time_point begin, Clock::time_point end, std::size_t deps,
-           bool failed, bool help) {
+           bool failed, bool help) override {
     std::lock_guard lk(m_);
     if (!active_ || begin < origin_) return;  // began before this trace started
     if (slices_.size() >= thresholds::max_trace_slices) {
@@ -230,71 +202,11 @@ class Profiler {
   std::mutex m_;
   bool active_ = false, exit_hook_ = false;
   std::uint64_t generation_ = 0;
-  std::atomic<std::uint64_t> next_id_{1};
   std::string path_;
   Clock::time_point origin_;
   std::vector<Slice> slices_;
   std::vector<Lane> lanes_;
   std::size_t dropped_ = 0;
-};
-
-/// Times one task run for the profiler; when tracing is off it costs one relaxed load.
-class TaskSlice {
- public:
-  explicit TaskSlice(const Task& t) noexcept
-      : task_(Profiler::enabled().load(std::memory_order_relaxed) ? &t : nullptr) {
-    if (!task_) return;
-    deps_ = t.deps.size();
-    unwinding_ = std::uncaught_exceptions();
-    me_ = ProfiledTask{t.name, Profiler::get().next_id()};
-    outer_ = std::exchange(current_profiled_task(), me_);
-    begin_ = Profiler::Clock::now();
-  }
-  ~TaskSlice() {
-    if (!task_) return;
-    const auto end = Profiler::Clock::now();
-    current_profiled_task() = outer_;
-    try {
-      Profiler::get().add(me_, task_->bytes, begin_, end, deps_, std::uncaught_exceptions() > unwinding_, false);
-    } catch (...) {  // out of memory for the slice: the trace misses it, the task's own outcome stands
-    }
-  }
-  TaskSlice(const TaskSlice&) = delete;
-  TaskSlice& operator=(const TaskSlice&) = delete;
-
- private:
-  const Task* task_;
-  ProfiledTask me_, outer_;
-  std::size_t deps_ = 0;
-  int unwinding_ = 0;
-  Profiler::Clock::time_point begin_;
-};
-
-/// The task a split loop started on this thread belongs to, for its helpers'
-/// slices; unnamed (after one relaxed load) when no trace records.
-inline ProfiledTask profiled_task() noexcept {
-  return Profiler::enabled().load(std::memory_order_relaxed) ? current_profiled_task() : ProfiledTask{};
-}
-
-/// Times a worker's stretch of chunks of `owner`'s split loop (no-op for an unnamed owner).
-class HelpSlice {
- public:
-  explicit HelpSlice(ProfiledTask owner) noexcept : owner_(owner) {
-    if (owner_.name) begin_ = Profiler::Clock::now();
-  }
-  ~HelpSlice() {
-    if (!owner_.name) return;
-    try {
-      Profiler::get().add(owner_, 0, begin_, Profiler::Clock::now(), 0, false, true);
-    } catch (...) {  // the trace misses this slice; the loop's result stands
-    }
-  }
-  HelpSlice(const HelpSlice&) = delete;
-  HelpSlice& operator=(const HelpSlice&) = delete;
-
- private:
-  ProfiledTask owner_;
-  Profiler::Clock::time_point begin_;
 };
 
 }  // namespace deft::detail

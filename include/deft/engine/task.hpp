@@ -13,11 +13,13 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "../core/config.hpp"
+#include "../core/error.hpp"
 #include "buffer.hpp"
 #include "stats.hpp"
 #include "task_list.hpp"
@@ -25,12 +27,35 @@
 
 namespace deft::detail {
 
-class Trace;
+class Task;
 
-/// The trace the calling thread is recording into, if any (trace.hpp).
-inline Trace*& active_trace() {
-  thread_local Trace* trace = nullptr;
+/// What the engine and the tensors see of a hybridize trace (Trace,
+/// engine/trace.hpp): the engine hands it every task recorded while it is
+/// active, and in-place writes ask it which buffers it owns. Only programs
+/// that hybridize include the trace itself.
+class TraceRecorder {
+ public:
+  /// Called by Engine::record for every task recorded while this trace is active.
+  virtual void capture(const std::shared_ptr<Task>& t) = 0;
+  /// Whether `b` is a buffer the traced program writes again on every run (Trace::own).
+  virtual bool owns(const Buffer* b) const = 0;
+
+ protected:
+  ~TraceRecorder() = default;
+};
+
+/// The trace the calling thread is recording into, if any (TraceScope).
+inline TraceRecorder*& active_trace() {
+  thread_local TraceRecorder* trace = nullptr;
   return trace;
+}
+
+/// Sync points are refused while a trace records: the traced graph could not
+/// replay what the program did with the value.
+inline void refuse_sync_in_trace(const char* what) {
+  if (active_trace()) [[unlikely]]
+    raise<std::logic_error>(what, " inside a hybridized forward: a traced graph cannot read values (to_vector, item, "
+                                  "wait_to_read, printing, wait_all, branching on data); read them outside the block");
 }
 
 /// A read a task declared (Task::add_input) while a trace recorded.

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "../core/config.hpp"
-#include "profiler.hpp"
+#include "task_slice.hpp"
 #include "../core/spin_lock.hpp"
 #include "task.hpp"
 #include "../core/thresholds.hpp"

@@ -22,7 +22,7 @@
 
 namespace deft::detail {
 
-class Trace {
+class Trace final : public TraceRecorder {
  public:
   struct Step {
     std::shared_ptr<Task> prototype;  // never recorded: its kernel runs in each replay's chain task
@@ -80,8 +80,7 @@ class Trace {
     int failures = 0;                   // recordings that failed for another reason (replays run in turn)
   };
 
-  /// Called by Engine::record for every task recorded while this trace is active.
-  void capture(const std::shared_ptr<Task>& t) {
+  void capture(const std::shared_ptr<Task>& t) override {
     Step s;
     s.prototype = t->clone();
     s.output = t->output.lock();
@@ -111,7 +110,7 @@ class Trace {
     // Compiled only in programs that own buffers (train steps).
     order_owned_write_ = [](Trace& trace, const std::shared_ptr<Task>& t, Step& s) { trace.order_owned_write(t, s); };
   }
-  bool owns(const Buffer* b) const { return owned_.contains(b); }
+  bool owns(const Buffer* b) const override { return owned_.contains(b); }
   const std::unordered_map<const Buffer*, std::shared_ptr<Buffer>>& owned() const { return owned_; }
 
   const std::shared_ptr<const Plan>& plan() const { return shared_; }
@@ -473,12 +472,12 @@ class ProgramTask final : public Task {
 /// Makes the calling thread record into `t` for the scope's lifetime.
 class TraceScope {
  public:
-  explicit TraceScope(Trace& t) : previous_(active_trace()), previous_reads_(traced_reads()) {
+  explicit TraceScope(Trace& t) : trace_(t), previous_(active_trace()), previous_reads_(traced_reads()) {
     active_trace() = &t;
     traced_reads() = t.owned().empty() ? nullptr : &t.declared_;
   }
   ~TraceScope() {
-    active_trace()->seal();
+    trace_.seal();
     active_trace() = previous_;
     traced_reads() = previous_reads_;
   }
@@ -486,16 +485,9 @@ class TraceScope {
   TraceScope& operator=(const TraceScope&) = delete;
 
  private:
-  Trace* previous_;
+  Trace& trace_;
+  TraceRecorder* previous_;
   std::vector<TracedRead>* previous_reads_;
 };
-
-/// Sync points are refused while a trace records: the traced graph could not
-/// replay what the program did with the value.
-inline void refuse_sync_in_trace(const char* what) {
-  if (active_trace())
-    raise<std::logic_error>(what, " inside a hybridized forward: a traced graph cannot read values (to_vector, item, "
-                                  "wait_to_read, printing, wait_all, branching on data); read them outside the block");
-}
 
 }  // namespace deft::detail

@@ -13,7 +13,9 @@
 #endif
 
 #define DEFT_BUILDING_RUNTIME
-// Every DEFT_DEFINE_RUNTIME section is in the engine (engine/, device/) but
+// Every DEFT_DEFINE_RUNTIME section is in the engine (engine/, device/;
+// replay.hpp and trace.hpp are hybridize's, which deft.hpp leaves out) but
 // the CPU kernel of autograd's elementwise programs.
 #include "engine/engine.hpp"
+#include "engine/replay.hpp"
 #include "eval/cpu/program.hpp"

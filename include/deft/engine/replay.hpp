@@ -15,6 +15,29 @@
 
 namespace deft::detail {
 
+/// A task that writes a traced input (a placeholder) anew before a replay:
+/// unrecorded, its reads declared.
+struct Refill {
+  std::shared_ptr<Task> task;
+  std::shared_ptr<Buffer> input;
+};
+
+/// Records the steps of `trace` again after `refills`. Each refill waits for
+/// every task of the previous replay still running, and the replay for the
+/// refills, so nothing overwrites a buffer the previous replay still reads.
+/// A plan on one GPU (Trace::replays_as_program) replays as one ProgramTask.
+/// Otherwise each chain (Trace::Chain) is a task; on the CPU, when every
+/// chain waits for the first (Plan::rooted), the last refill runs inside the
+/// first chain's task (the others are tasks of their own): a chain of
+/// layers is then one task, and step `new_output`
+/// (Trace::sole_unread_writer, or Trace::none) writes a new buffer.
+struct Replayed {
+  std::shared_ptr<Buffer> output;               // new_output's new buffer; null when none was made
+  std::vector<std::shared_ptr<Buffer>> copies;  // Plan::copy_outs' new buffers; empty for a device program
+};
+DEFT_DECL Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t new_output = Trace::none);
+
+#if DEFT_DEFINE_RUNTIME
 /// The tasks recorded before the trace that the steps of `chain` read and
 /// that have not finished: a replay of them waits for these.
 inline void add_outer_deps(const Trace::Plan& plan, const Trace::Chain& chain, Task& t) {
@@ -22,13 +45,6 @@ inline void add_outer_deps(const Trace::Plan& plan, const Trace::Chain& chain, T
     for (const auto& w : plan.steps[i].outer)
       if (auto d = w.lock(); d && !d->finished()) t.deps.push_back(std::move(d));
 }
-
-/// A task that writes a traced input (a placeholder) anew before a replay:
-/// unrecorded, its reads declared.
-struct Refill {
-  std::shared_ptr<Task> task;
-  std::shared_ptr<Buffer> input;
-};
 
 /// What one replay's chain tasks do differently, per chain (empty when
 /// nothing does): the random steps draw new numbers, as many calls as the
@@ -65,20 +81,7 @@ inline std::vector<ChainReplay> chain_replays(const Trace::Plan& plan, std::size
   return per_chain;
 }
 
-/// Records the steps of `trace` again after `refills`. Each refill waits for
-/// every task of the previous replay still running, and the replay for the
-/// refills, so nothing overwrites a buffer the previous replay still reads.
-/// A plan on one GPU (Trace::replays_as_program) replays as one ProgramTask.
-/// Otherwise each chain (Trace::Chain) is a task; on the CPU, when every
-/// chain waits for the first (Plan::rooted), the last refill runs inside the
-/// first chain's task (the others are tasks of their own): a chain of
-/// layers is then one task, and step `new_output`
-/// (Trace::sole_unread_writer, or Trace::none) writes a new buffer.
-struct Replayed {
-  std::shared_ptr<Buffer> output;               // new_output's new buffer; null when none was made
-  std::vector<std::shared_ptr<Buffer>> copies;  // Plan::copy_outs' new buffers; empty for a device program
-};
-inline Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t new_output = Trace::none) {
+DEFT_DECL Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t new_output) {
   const auto& plan = trace.plan();
   const bool program = trace.replays_as_program();
   Replayed out;
@@ -167,5 +170,7 @@ inline Replayed replay(Trace& trace, std::vector<Refill> refills, std::size_t ne
     out.copies[j]->producer = tasks[first_chain + plan->chain_of[plan->copy_outs[j].step]];
   return out;
 }
+
+#endif
 
 }  // namespace deft::detail

@@ -308,14 +308,7 @@ class Block {
   /// the weight of the second child). Paths depend on the structure alone,
   /// not on the blocks' names, so a file saved from one network loads into
   /// another built the same way (Gluon's structural names).
-  std::vector<NamedParameter> named_params() {
-    std::vector<NamedParameter> all, out;
-    collect("", all);
-    std::unordered_set<const Parameter*> seen;
-    for (NamedParameter& n : all)
-      if (seen.insert(n.parameter).second) out.push_back(std::move(n));
-    return out;
-  }
+  std::vector<NamedParameter> named_params();
   /// Sets how parameters start (default Xavier for weights; biases keep zeros);
   /// values are drawn when each parameter's shape is known.
   void initialize(const Initializer& weights = init::xavier()) { apply_initializer(weights); }
@@ -397,41 +390,7 @@ class Block {
   // calls it on several in turn) and input shape (an epoch's last, shorter
   // batch), at most options_.shapes per device, the least recently used
   // last to go.
-  Tensor<float> cached_call(const Tensor<float>& x) {
-    const auto it = std::ranges::find_if(caches_, [&](const auto& c) { return c->fits(x); });
-    if (it != caches_.end() && !(*it)->stale()) {
-      std::rotate(it, it + 1, caches_.end());  // the most recently used last
-      CachedGraph* cache = caches_.back().get();
-      // Refill the input placeholder (after the previous replay's last reads).
-      auto refill = detail::copy_task("hybridized input", cache->input_buffer->bytes, x);
-      auto made = detail::replay(cache->trace, {{std::move(refill), cache->input_buffer}}, cache->output_step).output;
-      return detail::traced_result(cache->trace, std::move(made), cache->output);
-    }
-    // Deferred initialization runs untraced: replays must not draw the weights again.
-    for (auto* p : collect_params())
-      if (!p->initialized()) return forward(x);
-    // Graphs that read older parameters would only hold their memory; a
-    // device's least recently used shape makes room for the new one.
-    // (A replay in flight keeps its plan alive.)
-    const auto on_device = [&](const auto& c) { return c->input.device() == x.device(); };
-    std::erase_if(caches_, [&](const auto& c) { return on_device(c) && (c->fits(x) || c->stale()); });
-    if (std::size_t(std::ranges::count_if(caches_, on_device)) >= options_.shapes)
-      caches_.erase(std::ranges::find_if(caches_, on_device));
-    auto graph = std::make_unique<CachedGraph>();
-    graph->trace.programs_allowed = options_.cuda_graph;
-    graph->input = x.clone();  // the placeholder later calls refill
-    {
-      detail::TraceScope scope(graph->trace);
-      graph->output = forward(graph->input);
-    }
-    for (auto* p : collect_params()) graph->params.emplace_back(p, p->data(x.device()).storage());
-    graph->input_buffer = graph->input.leaf().buffer;
-    graph->output_step = graph->trace.sole_unread_writer(graph->output.storage());
-    ++traces_;
-    Tensor<float> out = detail::traced_result(graph->trace, nullptr, graph->output);
-    caches_.push_back(std::move(graph));
-    return out;
-  }
+  Tensor<float> cached_call(const Tensor<float>& x);
 
   std::string name_;
   std::vector<std::unique_ptr<Parameter>> params_;
@@ -475,6 +434,51 @@ class Sequential : public Block {
 #if DEFT_DEFINE_NN
 DEFT_DECL Block::~Block() = default;
 DEFT_DECL Sequential::~Sequential() = default;
+
+DEFT_DECL Tensor<float> Block::cached_call(const Tensor<float>& x) {
+  const auto it = std::ranges::find_if(caches_, [&](const auto& c) { return c->fits(x); });
+  if (it != caches_.end() && !(*it)->stale()) {
+    std::rotate(it, it + 1, caches_.end());  // the most recently used last
+    CachedGraph* cache = caches_.back().get();
+    // Refill the input placeholder (after the previous replay's last reads).
+    auto refill = detail::copy_task("hybridized input", cache->input_buffer->bytes, x);
+    auto made = detail::replay(cache->trace, {{std::move(refill), cache->input_buffer}}, cache->output_step).output;
+    return detail::traced_result(cache->trace, std::move(made), cache->output);
+  }
+  // Deferred initialization runs untraced: replays must not draw the weights again.
+  for (auto* p : collect_params())
+    if (!p->initialized()) return forward(x);
+  // Graphs that read older parameters would only hold their memory; a
+  // device's least recently used shape makes room for the new one.
+  // (A replay in flight keeps its plan alive.)
+  const auto on_device = [&](const auto& c) { return c->input.device() == x.device(); };
+  std::erase_if(caches_, [&](const auto& c) { return on_device(c) && (c->fits(x) || c->stale()); });
+  if (std::size_t(std::ranges::count_if(caches_, on_device)) >= options_.shapes)
+    caches_.erase(std::ranges::find_if(caches_, on_device));
+  auto graph = std::make_unique<CachedGraph>();
+  graph->trace.programs_allowed = options_.cuda_graph;
+  graph->input = x.clone();  // the placeholder later calls refill
+  {
+    detail::TraceScope scope(graph->trace);
+    graph->output = forward(graph->input);
+  }
+  for (auto* p : collect_params()) graph->params.emplace_back(p, p->data(x.device()).storage());
+  graph->input_buffer = graph->input.leaf().buffer;
+  graph->output_step = graph->trace.sole_unread_writer(graph->output.storage());
+  ++traces_;
+  Tensor<float> out = detail::traced_result(graph->trace, nullptr, graph->output);
+  caches_.push_back(std::move(graph));
+  return out;
+}
+
+DEFT_DECL std::vector<NamedParameter> Block::named_params() {
+  std::vector<NamedParameter> all, out;
+  collect("", all);
+  std::unordered_set<const Parameter*> seen;
+  for (NamedParameter& n : all)
+    if (seen.insert(n.parameter).second) out.push_back(std::move(n));
+  return out;
+}
 
 DEFT_DECL Tensor<float> Sequential::forward(const Tensor<float>& x) {
   if (children().empty()) detail::raise<std::logic_error>(name(), ": no layers were added");

@@ -45,7 +45,23 @@ struct CheckpointAccess {
   static void save(std::ofstream& out, Block& net, const Trainer& t);
   static void load(Block& net, Trainer& t, const std::filesystem::path& file);
 };
+}  // namespace detail_io
 
+/// Writes `net`'s parameters and block state and `trainer`'s state to
+/// `file`, atomically (a crash midway leaves the previous file whole).
+/// Call it between steps; it waits for the values it writes.
+DEFT_DECL void save_checkpoint(Block& net, const Trainer& trainer, const std::filesystem::path& file);
+
+/// Restores what save_checkpoint wrote into `net` and `trainer`, built as
+/// the saved ones were (the same structure and optimizer): the next steps
+/// then compute what the saved run's next steps would have. The whole file
+/// is checked first: another network's checkpoint (a missing, extra or
+/// misshapen entry), another optimizer, or a truncated or corrupt file
+/// raises std::runtime_error naming the file and the entry, and changes nothing.
+DEFT_DECL void load_checkpoint(Block& net, Trainer& trainer, const std::filesystem::path& file);
+
+#if DEFT_DEFINE_NN
+namespace detail_io {
 template <class T>
 void put_entry(std::ofstream& out, const std::string& key, const Shape& shape, const std::vector<T>& values) {
   put(out, std::uint32_t(key.size()));
@@ -56,7 +72,7 @@ void put_entry(std::ofstream& out, const std::string& key, const Shape& shape, c
   out.write(reinterpret_cast<const char*>(values.data()), std::streamsize(values.size() * sizeof(T)));
 }
 
-inline void CheckpointAccess::save(std::ofstream& out, Block& net, const Trainer& t) {
+DEFT_DECL void CheckpointAccess::save(std::ofstream& out, Block& net, const Trainer& t) {
   const auto params = net.named_params();
   std::map<const Parameter*, std::string> path_of;
   for (const NamedParameter& p : params) path_of[p.parameter] = p.path;
@@ -99,7 +115,7 @@ inline void CheckpointAccess::save(std::ofstream& out, Block& net, const Trainer
   for (const auto& [key, v] : clocks) put_entry(out, key, Shape{3}, v);
 }
 
-inline void CheckpointAccess::load(Block& net, Trainer& t, const std::filesystem::path& file) {
+DEFT_DECL void CheckpointAccess::load(Block& net, Trainer& t, const std::filesystem::path& file) {
   const std::string where = file.string();
   const auto params = net.named_params();
   require_unique_paths(params, "load_checkpoint", "a checkpoint cannot say which is which");
@@ -222,22 +238,14 @@ inline void CheckpointAccess::load(Block& net, Trainer& t, const std::filesystem
 }
 }  // namespace detail_io
 
-/// Writes `net`'s parameters and block state and `trainer`'s state to
-/// `file`, atomically (a crash midway leaves the previous file whole).
-/// Call it between steps; it waits for the values it writes.
-inline void save_checkpoint(Block& net, const Trainer& trainer, const std::filesystem::path& file) {
+DEFT_DECL void save_checkpoint(Block& net, const Trainer& trainer, const std::filesystem::path& file) {
   deft::detail::write_atomically(file, "save_checkpoint: ",
                                  [&](std::ofstream& out) { detail_io::CheckpointAccess::save(out, net, trainer); });
 }
 
-/// Restores what save_checkpoint wrote into `net` and `trainer`, built as
-/// the saved ones were (the same structure and optimizer): the next steps
-/// then compute what the saved run's next steps would have. The whole file
-/// is checked first: another network's checkpoint (a missing, extra or
-/// misshapen entry), another optimizer, or a truncated or corrupt file
-/// raises std::runtime_error naming the file and the entry, and changes nothing.
-inline void load_checkpoint(Block& net, Trainer& trainer, const std::filesystem::path& file) {
+DEFT_DECL void load_checkpoint(Block& net, Trainer& trainer, const std::filesystem::path& file) {
   detail_io::CheckpointAccess::load(net, trainer, file);
 }
+#endif
 
 }  // namespace deft::nn

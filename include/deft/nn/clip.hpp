@@ -90,7 +90,10 @@ Tensor<T> clip_global_norm(std::vector<Tensor<T>>& arrays, T max_norm) {
 /// Returns the norm on the first device. std::invalid_argument for no
 /// parameters or parameters on different devices; std::logic_error for
 /// one without a value yet.
-inline Tensor<float> clip_global_norm(const std::vector<Parameter*>& params, float max_norm) {
+DEFT_DECL Tensor<float> clip_global_norm(const std::vector<Parameter*>& params, float max_norm);
+
+#if DEFT_DEFINE_NN
+DEFT_DECL Tensor<float> clip_global_norm(const std::vector<Parameter*>& params, float max_norm) {
   if (params.empty()) detail::raise("clip_global_norm: no parameters given");
   for (const Parameter* p : params) {
     if (!p->initialized())
@@ -121,5 +124,6 @@ inline Tensor<float> clip_global_norm(const std::vector<Parameter*>& params, flo
   }
   return first_norm;
 }
+#endif
 
 }  // namespace deft::nn

@@ -50,7 +50,10 @@ class Residual : public Block {
 /// a global average pool and a Dense layer of `num_classes` outputs.
 /// width 64 is the full network (11.2 M parameters); smaller widths scale
 /// every stage, for a CPU. std::invalid_argument for num_classes or width below 1.
-inline std::shared_ptr<Sequential> resnet18(std::int64_t num_classes, std::int64_t width = 64) {
+DEFT_DECL std::shared_ptr<Sequential> resnet18(std::int64_t num_classes, std::int64_t width = 64);
+
+#if DEFT_DEFINE_NN
+DEFT_DECL std::shared_ptr<Sequential> resnet18(std::int64_t num_classes, std::int64_t width) {
   if (num_classes < 1 || width < 1)
     detail::raise("resnet18: num_classes and width must be at least 1, got ", num_classes, " and ", width);
   auto net = std::make_shared<Sequential>();
@@ -68,7 +71,6 @@ inline std::shared_ptr<Sequential> resnet18(std::int64_t num_classes, std::int64
   return net;
 }
 
-#if DEFT_DEFINE_NN
 DEFT_DECL Residual::~Residual() = default;
 
 DEFT_DECL Tensor<float> Residual::forward(const Tensor<float>& x) {

@@ -26,6 +26,20 @@
 
 namespace deft::nn {
 
+/// Writes every parameter of `net` (all must have values) to `file`,
+/// atomically: a crash or error midway leaves the file that was there.
+DEFT_DECL void save_parameters(Block& net, const std::filesystem::path& file);
+
+/// Reads `file` into the parameters of `net`, matching them by path
+/// (Block::named_params; a file of global names, deft's earlier format, by
+/// name). The whole file is checked, and every parameter's
+/// new copies made, before any parameter changes: a missing, extra,
+/// misshapen or truncated entry, or a failure while copying, leaves the
+/// network as it was.
+DEFT_DECL void load_parameters(Block& net, const std::filesystem::path& file);
+
+// Compiled once in the compiled mode (deft/nn_src.hpp), as the checkpoints are.
+#if DEFT_DEFINE_NN
 namespace detail_io {
 inline constexpr char magic[8] = {'D', 'E', 'F', 'T', 'P', 'R', 'M', '1'};
 inline constexpr std::uint32_t byte_order = 0x01020304u;
@@ -87,9 +101,7 @@ struct Reader {
 };
 }  // namespace detail_io
 
-/// Writes every parameter of `net` (all must have values) to `file`,
-/// atomically: a crash or error midway leaves the file that was there.
-inline void save_parameters(Block& net, const std::filesystem::path& file) {
+DEFT_DECL void save_parameters(Block& net, const std::filesystem::path& file) {
   const auto params = net.named_params();
   detail_io::require_unique_paths(params, "save_parameters", "a parameter file names each once (give them distinct names)");
   for (const NamedParameter& p : params)
@@ -114,13 +126,7 @@ inline void save_parameters(Block& net, const std::filesystem::path& file) {
   });
 }
 
-/// Reads `file` into the parameters of `net`, matching them by path
-/// (Block::named_params; a file of global names, deft's earlier format, by
-/// name). The whole file is checked, and every parameter's
-/// new copies made, before any parameter changes: a missing, extra,
-/// misshapen or truncated entry, or a failure while copying, leaves the
-/// network as it was.
-inline void load_parameters(Block& net, const std::filesystem::path& file) {
+DEFT_DECL void load_parameters(Block& net, const std::filesystem::path& file) {
   const auto params = net.named_params();
   detail_io::require_unique_paths(params, "load_parameters", "a parameter file cannot say which is which");
   detail_io::Reader r{deft::detail::open_input(file, "load_parameters: "), file.string()};
@@ -209,5 +215,6 @@ inline void load_parameters(Block& net, const std::filesystem::path& file) {
   for (const NamedParameter& p : params) staged.push_back(p.parameter->stage(loaded.at(key(p))));
   for (std::size_t i = 0; i < params.size(); ++i) params[i].parameter->commit(std::move(staged[i]));
 }
+#endif
 
 }  // namespace deft::nn

@@ -39,7 +39,7 @@ DEFT_DECL void Trace::capture(const std::shared_ptr<Task>& t) {
 DEFT_DECL void Trace::own(std::shared_ptr<Buffer> b) {
   const Buffer* key = b.get();
   owned_.emplace(key, std::move(b));
-  // Compiled only in programs that own buffers (train steps).
+  // Header-only, order_owned_write is compiled only where buffers are owned (train steps).
   order_owned_write_ = [](Trace& trace, const std::shared_ptr<Task>& t, Step& s) { trace.order_owned_write(t, s); };
 }
 

@@ -358,24 +358,25 @@ class Tensor {
     const detail::TraceRecorder* trace = detail::active_trace();
     const bool unshared = detail::Buffer::unshared(cur);
     const bool in_place = !overlaps && (unshared || (trace && trace->owns(cur.get())));
-    using Kernel = detail::EvaluateInto<std::remove_cvref_t<decltype(e)>>;
+    using E = std::remove_cvref_t<decltype(e)>;
+    using Kernel = detail::EvaluateInto<E>;
+    // In place when nobody but its running writer can see this version.
+    // use_count() is a relaxed read and does not order the write of
+    // cur->producer below after the reads of it by the tasks that held
+    // `cur` until now (TSan saw that race); those reads preceded their
+    // Engine::record, so recording this task (under the engine's lock)
+    // first orders them. An overwrite cancels the still-recorded writer
+    // before it, whose value nobody else holds; an owned buffer may have
+    // readers of it. Otherwise copy-on-write: pending readers keep the old
+    // version; a task still reading it (or copying the part it does not
+    // write) keeps it alive.
+    const bool cancels = in_place && !reads_cur && whole && unshared;
+    const bool keeps_cur = !in_place && (reads_cur || !whole);
+    // The task reads `cur`: in place, to be ordered after the writer before it.
+    const std::shared_ptr<detail::Buffer>* reads = (in_place ? !cancels : keeps_cur) ? &cur : nullptr;
+    const std::size_t bytes = in_place ? std::size_t(size()) * sizeof(T) : cur->bytes;
+    const bool hand_off = in_place && cur->device.type != DeviceType::cpu;
     if (in_place) {
-      // Nobody but its running writer can see this version: write it where
-      // it is. use_count() is a relaxed read and does not order the write of
-      // cur->producer below after the reads of it by the tasks that held
-      // `cur` until now (TSan saw that race); those reads preceded their
-      // Engine::record, so recording this task (under the engine's lock)
-      // first orders them.
-      const bool overwrites = !reads_cur && whole;
-      // An overwrite cancels the still-recorded writer before it, whose
-      // value nobody else holds; an owned buffer may have readers of it.
-      const bool cancels = overwrites && unshared;
-      const std::size_t bytes = std::size_t(size()) * sizeof(T);
-      auto declare = [&](detail::KernelTask& t) {
-        if (!cancels) t.add_input(cur);  // ordered after the writer before it
-        detail::add_leaf_inputs<std::remove_cvref_t<decltype(e)>>(t);
-        if (cur->device.type != DeviceType::cpu) t.hand_off = true;
-      };
       // A loop body writes its tensor with the same kind of expression each
       // time: the task of the time before, finished, takes the new kernel.
       const auto& p = cur->producer;
@@ -383,24 +384,14 @@ class Tensor {
           detail::Engine::get().record_again(p, [&](detail::Task& task) {
             auto& t = static_cast<detail::KernelTask&>(task);
             t.reset_for_reuse(op, 0, bytes);  // allocates nothing: its storage is its previous run's output
-            t.build<Kernel>(std::move(e), offset_);
-            declare(t);
+            detail::build_write<E>(t, std::move(e), offset_, reads, nullptr, false, hand_off);
           }))
         return;
-      // The argument types of record_expression's tasks: one constructor per expression.
-      auto t = detail::emplace_task<Kernel>(op, bytes, std::move(e), std::int64_t{offset_}, std::shared_ptr<detail::Buffer>(), false);
-      declare(*t);
-      detail::record_in_place(std::move(t), cur, cancels);
-    } else {
-      // Copy-on-write: pending readers keep the old version; a task still
-      // reading it (or copying the part it does not write) keeps it alive.
-      const bool keeps_cur = reads_cur || !whole;
-      auto t = detail::emplace_task<Kernel>(op, cur->bytes, std::move(e), std::int64_t{offset_},
-                                            keeps_cur ? cur : std::shared_ptr<detail::Buffer>(), bool(!whole));
-      if (keeps_cur) t->add_input(cur);
-      detail::add_leaf_inputs<std::remove_cvref_t<decltype(e)>>(*t);
-      detail::record_copy_on_write(std::move(t), v.current);  // `cur` now refers to the new version
     }
+    auto t = detail::new_kernel_task(op, bytes, detail::kernel_ops<Kernel>, sizeof(Kernel));
+    detail::build_write<E>(*t, std::move(e), offset_, reads, keeps_cur ? cur : nullptr, !in_place && !whole, hand_off);
+    if (in_place) detail::record_in_place(std::move(t), cur, cancels);
+    else detail::record_copy_on_write(std::move(t), v.current);  // `cur` now refers to the new version
   }
 
   std::shared_ptr<detail::Var> var_;

@@ -25,6 +25,10 @@ namespace deft::nn {
 namespace detail_io {
 struct CheckpointAccess;
 }
+namespace detail_step {
+template <class Label>
+class Core;
+}
 
 /// Stochastic gradient descent, optionally with momentum and weight decay.
 /// With momentum mu each step is m = mu * m - lr * g, w += m (Gluon's form;
@@ -172,8 +176,8 @@ class Trainer {
   std::int64_t steps() const { return steps_; }
 
  private:
-  template <class Loss>
-  friend class TrainStep;
+  template <class Label>
+  friend class detail_step::Core;  // TrainStep's
   friend struct detail_io::CheckpointAccess;
 
   struct State {

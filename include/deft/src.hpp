@@ -15,7 +15,9 @@
 #define DEFT_BUILDING_RUNTIME
 // Every DEFT_DEFINE_RUNTIME section is in the engine (engine/, device/;
 // replay.hpp and trace.hpp are hybridize's, which deft.hpp leaves out) but
-// the CPU kernel of autograd's elementwise programs.
+// the CPU kernel of autograd's elementwise programs and the data readers
+// (data/: files, gzip, Fashion-MNIST, the DataLoader).
 #include "engine/engine.hpp"
 #include "engine/replay.hpp"
 #include "eval/cpu/program.hpp"
+#include "data.hpp"

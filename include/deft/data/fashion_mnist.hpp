@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "../core/config.hpp"
 #include "../core/error.hpp"
 #include "../tensor.hpp"
 #include "idx.hpp"
@@ -50,44 +51,17 @@ inline std::pair<const char*, const char*> fashion_mnist_names(Split split) {
 
 /// dir/base if it is a file, else dir/base.gz if that is; nullopt otherwise.
 /// The plain file wins: it is what a user who ran gunzip meant.
-inline std::optional<std::filesystem::path> find_idx_file(const std::filesystem::path& dir, const char* base) {
-  std::error_code ec;
-  for (const char* suffix : {"", ".gz"}) {
-    const auto p = dir / (std::string(base) + suffix);
-    if (std::filesystem::is_regular_file(p, ec)) return p;
-  }
-  return std::nullopt;
-}
+DEFT_DECL std::optional<std::filesystem::path> find_idx_file(const std::filesystem::path& dir, const char* base);
 
 /// Why `p` cannot be looked at, when it exists but a permission or a loop of
 /// links is in the way ("" when it is there or simply absent).
-inline std::string unreachable(const std::filesystem::path& p) {
-  std::error_code ec;
-  (void)std::filesystem::status(p, ec);
-  return ec && ec != std::errc::no_such_file_or_directory ? ec.message() : std::string();
-}
+DEFT_DECL std::string unreachable(const std::filesystem::path& p);
 
 /// What is wrong with `dir` as a data directory that lacks `missing` (`if_absent` when it is not there).
-inline std::string directory_problem(const std::filesystem::path& dir, const std::string& missing, const char* if_absent) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(dir, ec)) {
-    const std::string why = unreachable(dir / "x");  // a directory without search permission
-    return why.empty() ? "lacks " + missing : "cannot be read: " + why;
-  }
-  const std::string why = unreachable(dir);
-  return why.empty() ? std::string(if_absent) : "cannot be read: " + why;
-}
+DEFT_DECL std::string directory_problem(const std::filesystem::path& dir, const std::string& missing, const char* if_absent);
 
 /// The files `dir` lacks for a complete Fashion-MNIST (both splits), as "a, b".
-inline std::string fashion_mnist_missing(const std::filesystem::path& dir) {
-  std::string missing;
-  for (Split s : {Split::train, Split::test}) {
-    const auto [img, lbl] = fashion_mnist_names(s);
-    for (const char* base : {img, lbl})
-      if (!find_idx_file(dir, base)) missing += (missing.empty() ? "" : ", ") + std::string(base);
-  }
-  return missing;
-}
+DEFT_DECL std::string fashion_mnist_missing(const std::filesystem::path& dir);
 
 inline constexpr const char* fashion_mnist_help =
     "To get Fashion-MNIST: `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu; the files go to "
@@ -101,7 +75,56 @@ inline constexpr const char* fashion_mnist_help =
 /// Throws std::runtime_error naming the file and the problem: a missing file,
 /// a malformed one (see read_idx), images that are not (N, rows, cols), labels
 /// that are not (N,) or lie outside 0..9, or as many labels as images.
-inline FashionMnist load_fashion_mnist(const std::filesystem::path& dir, Split split, Layout layout = Layout::grid) {
+DEFT_DECL FashionMnist load_fashion_mnist(const std::filesystem::path& dir, Split split, Layout layout = Layout::grid);
+
+/// The directory to load Fashion-MNIST from. Looks, in order, in
+///   1. `user_dir` (say, from --data DIR) or its fashion-mnist subdirectory:
+///      when a user_dir is given, the files must be there;
+///   2. $DEFT_DATA/fashion-mnist, then $DEFT_DATA itself;
+///   3. $FASHION_MNIST_DIR;
+///   4. /usr/share/datasets/fashion-mnist (Debian's dataset-fashion-mnist).
+/// A directory qualifies when it holds all four files (each plain or .gz).
+/// Otherwise throws std::runtime_error listing every place looked at and what
+/// to do about it.
+DEFT_DECL std::filesystem::path find_fashion_mnist_dir(const std::optional<std::filesystem::path>& user_dir = std::nullopt);
+
+#if DEFT_DEFINE_RUNTIME
+DEFT_DECL std::optional<std::filesystem::path> detail::find_idx_file(const std::filesystem::path& dir, const char* base) {
+  std::error_code ec;
+  for (const char* suffix : {"", ".gz"}) {
+    const auto p = dir / (std::string(base) + suffix);
+    if (std::filesystem::is_regular_file(p, ec)) return p;
+  }
+  return std::nullopt;
+}
+
+DEFT_DECL std::string detail::unreachable(const std::filesystem::path& p) {
+  std::error_code ec;
+  (void)std::filesystem::status(p, ec);
+  return ec && ec != std::errc::no_such_file_or_directory ? ec.message() : std::string();
+}
+
+DEFT_DECL std::string detail::directory_problem(const std::filesystem::path& dir, const std::string& missing, const char* if_absent) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir, ec)) {
+    const std::string why = unreachable(dir / "x");  // a directory without search permission
+    return why.empty() ? "lacks " + missing : "cannot be read: " + why;
+  }
+  const std::string why = unreachable(dir);
+  return why.empty() ? std::string(if_absent) : "cannot be read: " + why;
+}
+
+DEFT_DECL std::string detail::fashion_mnist_missing(const std::filesystem::path& dir) {
+  std::string missing;
+  for (Split s : {Split::train, Split::test}) {
+    const auto [img, lbl] = fashion_mnist_names(s);
+    for (const char* base : {img, lbl})
+      if (!find_idx_file(dir, base)) missing += (missing.empty() ? "" : ", ") + std::string(base);
+  }
+  return missing;
+}
+
+DEFT_DECL FashionMnist load_fashion_mnist(const std::filesystem::path& dir, Split split, Layout layout) {
   const auto [img_name, lbl_name] = detail::fashion_mnist_names(split);
   auto require = [&](const char* base) {
     auto p = detail::find_idx_file(dir, base);
@@ -140,16 +163,7 @@ inline FashionMnist load_fashion_mnist(const std::filesystem::path& dir, Split s
   return FashionMnist{Tensor<float>(std::move(pixels), shape), Tensor<std::int64_t>(std::move(labels), Shape{n})};
 }
 
-/// The directory to load Fashion-MNIST from. Looks, in order, in
-///   1. `user_dir` (say, from --data DIR) or its fashion-mnist subdirectory:
-///      when a user_dir is given, the files must be there;
-///   2. $DEFT_DATA/fashion-mnist, then $DEFT_DATA itself;
-///   3. $FASHION_MNIST_DIR;
-///   4. /usr/share/datasets/fashion-mnist (Debian's dataset-fashion-mnist).
-/// A directory qualifies when it holds all four files (each plain or .gz).
-/// Otherwise throws std::runtime_error listing every place looked at and what
-/// to do about it.
-inline std::filesystem::path find_fashion_mnist_dir(const std::optional<std::filesystem::path>& user_dir = std::nullopt) {
+DEFT_DECL std::filesystem::path find_fashion_mnist_dir(const std::optional<std::filesystem::path>& user_dir) {
   if (user_dir) {
     const std::string missing = detail::fashion_mnist_missing(*user_dir);
     if (missing.empty()) return *user_dir;
@@ -176,5 +190,6 @@ inline std::filesystem::path find_fashion_mnist_dir(const std::optional<std::fil
   }
   deft::detail::raise<std::runtime_error>("Fashion-MNIST not found. Looked at:", looked, "\n", detail::fashion_mnist_help);
 }
+#endif
 
 }  // namespace deft::data

@@ -18,6 +18,7 @@
 
 #include <zlib.h>
 
+#include "../core/config.hpp"
 #include "../core/error.hpp"
 
 namespace deft::data {
@@ -103,7 +104,22 @@ struct Inflated {
 /// gunzip()'s work, stopping as soon as the output passes `limit` bytes: a
 /// small file can inflate to gigabytes (1032:1 is DEFLATE's ratio), so a
 /// caller who knows how much data to expect reads no more than that.
-inline Inflated inflate_members(std::span<const std::uint8_t> bytes, const std::string& name, std::size_t limit) {
+DEFT_DECL Inflated inflate_members(std::span<const std::uint8_t> bytes, const std::string& name, std::size_t limit);
+
+}  // namespace detail
+
+/// Decompresses gzip data: every member in `bytes` (`gzip a b > c` makes
+/// several), checking each one's CRC-32 and length. Errors are
+/// std::runtime_error naming `name` (the file) and what is wrong.
+DEFT_DECL std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, const std::string& name);
+
+/// As above, for data from anyone: std::runtime_error naming `name` once the
+/// output passes `max_bytes`, raised before much more than that is held (a
+/// few MB of gzip can inflate to gigabytes).
+DEFT_DECL std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, const std::string& name, std::size_t max_bytes);
+
+#if DEFT_DEFINE_RUNTIME
+DEFT_DECL detail::Inflated detail::inflate_members(std::span<const std::uint8_t> bytes, const std::string& name, std::size_t limit) {
   const std::uint8_t* const begin = bytes.data();
   const std::uint8_t* const end = begin + bytes.size();
   auto fail = [&](const auto&... what) -> void { deft::detail::raise<std::runtime_error>(name, ": corrupt gzip data: ", what...); };
@@ -172,24 +188,17 @@ inline Inflated inflate_members(std::span<const std::uint8_t> bytes, const std::
   return {std::move(out), n > limit};
 }
 
-}  // namespace detail
-
-/// Decompresses gzip data: every member in `bytes` (`gzip a b > c` makes
-/// several), checking each one's CRC-32 and length. Errors are
-/// std::runtime_error naming `name` (the file) and what is wrong.
-inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, const std::string& name) {
+DEFT_DECL std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, const std::string& name) {
   return detail::inflate_members(bytes, name, std::numeric_limits<std::size_t>::max()).data;
 }
 
-/// As above, for data from anyone: std::runtime_error naming `name` once the
-/// output passes `max_bytes`, raised before much more than that is held (a
-/// few MB of gzip can inflate to gigabytes).
-inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, const std::string& name, std::size_t max_bytes) {
+DEFT_DECL std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> bytes, const std::string& name, std::size_t max_bytes) {
   detail::Inflated inflated = detail::inflate_members(bytes, name, max_bytes);
   if (inflated.passed_limit)
     deft::detail::raise<std::runtime_error>(name, ": the gzip data inflates to more than ", max_bytes,
                                             " bytes, the most the caller allows (or is damaged: its checksum comes after)");
   return std::move(inflated.data);
 }
+#endif
 
 }  // namespace deft::data

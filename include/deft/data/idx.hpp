@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "../core/config.hpp"
 #include "../core/error.hpp"
 #include "../core/shape.hpp"
 #include "../io/file.hpp"
@@ -57,17 +58,7 @@ inline const char* idx_type_name(std::uint8_t code) {
 }
 
 /// The whole file as bytes; std::runtime_error naming the file when it cannot be read.
-inline std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& file) {
-  std::ifstream in = deft::detail::open_input(file);
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  if (size < 0) deft::detail::raise<std::runtime_error>(file.string(), ": cannot determine the file's size");
-  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(size));
-  if (size > 0 && !in.read(reinterpret_cast<char*>(bytes.data()), size))
-    deft::detail::raise<std::runtime_error>(file.string(), ": read error after ", in.gcount(), " of ", size, " bytes");
-  return bytes;
-}
+DEFT_DECL std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& file);
 
 }  // namespace detail
 
@@ -93,7 +84,36 @@ struct IdxHeader {
 /// throws std::runtime_error naming `name` for a bad magic number, an
 /// element type other than unsigned byte, no dimensions, a zero or too large
 /// extent, or a header cut short.
-inline IdxHeader parse_idx_header(std::span<const std::uint8_t> bytes, const std::string& name) {
+DEFT_DECL IdxHeader parse_idx_header(std::span<const std::uint8_t> bytes, const std::string& name);
+
+}  // namespace detail
+
+/// Parses the bytes of an (uncompressed) IDX file; `name` names it in errors.
+/// Throws std::runtime_error for a bad magic number, an element type other
+/// than unsigned byte, no dimensions, a zero or too large extent, and data
+/// that is shorter (truncated) or longer (trailing bytes) than the header says.
+DEFT_DECL IdxArray parse_idx(std::vector<std::uint8_t> bytes, const std::string& name);
+
+/// Reads an IDX file of unsigned bytes, plain or gzipped. Every problem is a
+/// std::runtime_error whose message names the file and what is wrong (see parse_idx;
+/// also: no such file, not readable, corrupt or truncated gzip data, gzip
+/// data that inflates to more than the IDX header declares).
+DEFT_DECL IdxArray read_idx(const std::filesystem::path& file);
+
+#if DEFT_DEFINE_RUNTIME
+DEFT_DECL std::vector<std::uint8_t> detail::read_file_bytes(const std::filesystem::path& file) {
+  std::ifstream in = deft::detail::open_input(file);
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (size < 0) deft::detail::raise<std::runtime_error>(file.string(), ": cannot determine the file's size");
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(size));
+  if (size > 0 && !in.read(reinterpret_cast<char*>(bytes.data()), size))
+    deft::detail::raise<std::runtime_error>(file.string(), ": read error after ", in.gcount(), " of ", size, " bytes");
+  return bytes;
+}
+
+DEFT_DECL detail::IdxHeader detail::parse_idx_header(std::span<const std::uint8_t> bytes, const std::string& name) {
   auto fail = [&](const auto&... what) { deft::detail::raise<std::runtime_error>(name, ": ", what...); };
   if (bytes.size() < 4)
     fail("too short for an IDX file (", bytes.size(), " bytes; the magic number alone takes 4)");
@@ -131,13 +151,7 @@ inline IdxHeader parse_idx_header(std::span<const std::uint8_t> bytes, const std
   return h;
 }
 
-}  // namespace detail
-
-/// Parses the bytes of an (uncompressed) IDX file; `name` names it in errors.
-/// Throws std::runtime_error for a bad magic number, an element type other
-/// than unsigned byte, no dimensions, a zero or too large extent, and data
-/// that is shorter (truncated) or longer (trailing bytes) than the header says.
-inline IdxArray parse_idx(std::vector<std::uint8_t> bytes, const std::string& name) {
+DEFT_DECL IdxArray parse_idx(std::vector<std::uint8_t> bytes, const std::string& name) {
   detail::IdxHeader h = detail::parse_idx_header(bytes, name);
   const std::size_t payload = bytes.size() - h.bytes;
   if (h.elements > payload)
@@ -152,11 +166,7 @@ inline IdxArray parse_idx(std::vector<std::uint8_t> bytes, const std::string& na
   return a;
 }
 
-/// Reads an IDX file of unsigned bytes, plain or gzipped. Every problem is a
-/// std::runtime_error whose message names the file and what is wrong (see parse_idx;
-/// also: no such file, not readable, corrupt or truncated gzip data, gzip
-/// data that inflates to more than the IDX header declares).
-inline IdxArray read_idx(const std::filesystem::path& file) {
+DEFT_DECL IdxArray read_idx(const std::filesystem::path& file) {
   std::vector<std::uint8_t> bytes = detail::read_file_bytes(file);
   if (!is_gzip(bytes)) return parse_idx(std::move(bytes), file.string());
   // Errors in the IDX data of a sound gzip file say so.
@@ -175,5 +185,6 @@ inline IdxArray read_idx(const std::filesystem::path& file) {
                                             "); the gzip data holds more, or is damaged (its checksum comes after)");
   return parse_idx(std::move(all.data), inflated);
 }
+#endif
 
 }  // namespace deft::data

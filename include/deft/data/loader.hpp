@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../core/config.hpp"
 #include "../core/error.hpp"
 #include "../core/shape.hpp"
 #include "../tensor.hpp"
@@ -148,30 +149,8 @@ class DataLoader {
   /// labels (N,). Reads both to the host once (a sync point). Throws
   /// std::invalid_argument for batch_size < 1, a scalar feature tensor,
   /// labels that are not 1-D, or a different number of features and labels.
-  DataLoader(const Tensor<float>& features, const Tensor<std::int64_t>& labels, std::int64_t batch_size,
-             LoaderOptions options = {})
-      : batch_(batch_size), options_(options) {
-    if (batch_size < 1) deft::detail::raise("DataLoader: batch_size must be at least 1, got ", batch_size);
-    if (options.num_shards < 1 || options.shard < 0 || options.shard >= options.num_shards)
-      deft::detail::raise("DataLoader: shard ", options.shard, " of ", options.num_shards,
-                          " shards; needs num_shards >= 1 and 0 <= shard < num_shards");
-    if (batch_size < options.num_shards)
-      deft::detail::raise("DataLoader: batch_size ", batch_size, " is smaller than num_shards ", options.num_shards,
-                          "; every shard needs at least one row of each batch");
-    if (features.rank() < 1)
-      deft::detail::raise("DataLoader: features need a sample axis (shape (N, ...)), got shape ", features.shape().to_string());
-    if (labels.rank() != 1)
-      deft::detail::raise("DataLoader: labels need shape (N,), got shape ", labels.shape().to_string());
-    if (features.shape()[0] != labels.shape()[0])
-      deft::detail::raise("DataLoader: ", features.shape()[0], " samples of features (shape ", features.shape().to_string(),
-                          ") but ", labels.shape()[0], " labels (shape ", labels.shape().to_string(), ")");
-    auto d = std::make_shared<Data>();
-    d->features = features.to_vector();
-    d->labels = labels.to_vector();
-    d->sample_shape = features.shape().without(0);
-    d->row = d->sample_shape.size();
-    data_ = std::move(d);
-  }
+  DEFT_DECL DataLoader(const Tensor<float>& features, const Tensor<std::int64_t>& labels, std::int64_t batch_size,
+                       LoaderOptions options = {});
 
   /// An input iterator over one epoch's batches (end() is a sentinel).
   class Iterator {
@@ -202,29 +181,7 @@ class DataLoader {
   /// Starts the next epoch: fixes its order (and, with rollover, the samples
   /// it carries into the epoch after, so breaking out early drops the rest)
   /// and gathers the first batch.
-  Iterator begin() {
-    auto e = std::make_unique<Epoch>();
-    e->data = data_;
-    e->batch = batch_;
-    e->prefetch = options_.prefetch;
-    e->shard = options_.shard;
-    e->num_shards = options_.num_shards;
-    // Nothing of the loader changes until batch 0 is gathered: a failure
-    // there (an allocation) leaves the epoch and the carried samples for a retry.
-    e->order = carry_;
-    const std::vector<std::int64_t> perm = order_of(epoch_);
-    e->order.insert(e->order.end(), perm.begin(), perm.end());
-    const std::int64_t total = std::int64_t(e->order.size());
-    e->batches = batches_of(total);
-    std::vector<std::int64_t> carry;
-    if (options_.last_batch == LastBatch::rollover) carry.assign(e->order.begin() + e->batches * batch_, e->order.end());
-    e->order.resize(std::size_t(std::min(total, e->batches * batch_)));
-    e->index = -1;
-    e->advance();  // batch 0 now (nothing to overlap with yet), batch 1 in the background
-    carry_ = std::move(carry);
-    ++epoch_;
-    return Iterator(std::move(e));
-  }
+  DEFT_DECL Iterator begin();
   /// The end of an epoch.
   std::default_sentinel_t end() const { return {}; }
 
@@ -246,24 +203,7 @@ class DataLoader {
   void set_epoch(std::uint64_t e) { epoch_ = e; }
 
   /// Epoch e's order of the N samples: 0..N-1, shuffled when options().shuffle.
-  std::vector<std::int64_t> order_of(std::uint64_t e) const {
-    std::vector<std::int64_t> order(static_cast<std::size_t>(size()));
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = std::int64_t(i);
-    if (!options_.shuffle) return order;
-    const std::uint64_t s = options_.seed;
-    std::seed_seq seq{std::uint32_t(s), std::uint32_t(s >> 32), std::uint32_t(e), std::uint32_t(e >> 32)};
-    std::mt19937_64 gen(seq);
-    // Fisher-Yates with an unbiased bounded draw (rejection of the top
-    // 2^64 mod bound values), both fixed here for portable orders.
-    for (std::size_t i = order.size(); i > 1; --i) {
-      const std::uint64_t bound = i, reject_below = (0 - bound) % bound;
-      std::uint64_t r;
-      do r = gen();
-      while (r < reject_below);
-      std::swap(order[i - 1], order[std::size_t(r % bound)]);
-    }
-    return order;
-  }
+  DEFT_DECL std::vector<std::int64_t> order_of(std::uint64_t e) const;
 
  private:
   // The batches an epoch of `total` samples yields (a short last one only
@@ -272,19 +212,7 @@ class DataLoader {
     const bool short_one = options_.last_batch == LastBatch::keep && total % batch_ >= options_.num_shards;
     return total / batch_ + (short_one ? 1 : 0);
   }
-  static Batch gather(const Data& d, std::span<const std::int64_t> idx) {
-    const std::size_t row = std::size_t(d.row);
-    std::vector<float> x(idx.size() * row);
-    std::vector<std::int64_t> y(idx.size());
-    for (std::size_t k = 0; k < idx.size(); ++k) {
-      if (row) std::memcpy(x.data() + k * row, d.features.data() + std::size_t(idx[k]) * row, row * sizeof(float));
-      y[k] = d.labels[std::size_t(idx[k])];
-    }
-    Shape xs{std::int64_t(idx.size())};
-    for (std::int64_t e : d.sample_shape) xs.push_back(e);
-    return Batch{Tensor<float>(std::move(x), xs), Tensor<std::int64_t>(std::move(y), Shape{std::int64_t(idx.size())}),
-                 std::int64_t(idx.size())};
-  }
+  static DEFT_DECL Batch gather(const Data& d, std::span<const std::int64_t> idx);
 
   std::shared_ptr<const Data> data_;
   std::int64_t batch_;
@@ -292,6 +220,90 @@ class DataLoader {
   std::uint64_t epoch_ = 0;
   std::vector<std::int64_t> carry_;  // rollover: samples carried into the next epoch
 };
+
+#if DEFT_DEFINE_RUNTIME
+DEFT_DECL DataLoader::DataLoader(const Tensor<float>& features, const Tensor<std::int64_t>& labels,
+                                 std::int64_t batch_size, LoaderOptions options)
+    : batch_(batch_size), options_(options) {
+  if (batch_size < 1) deft::detail::raise("DataLoader: batch_size must be at least 1, got ", batch_size);
+  if (options.num_shards < 1 || options.shard < 0 || options.shard >= options.num_shards)
+    deft::detail::raise("DataLoader: shard ", options.shard, " of ", options.num_shards,
+                        " shards; needs num_shards >= 1 and 0 <= shard < num_shards");
+  if (batch_size < options.num_shards)
+    deft::detail::raise("DataLoader: batch_size ", batch_size, " is smaller than num_shards ", options.num_shards,
+                        "; every shard needs at least one row of each batch");
+  if (features.rank() < 1)
+    deft::detail::raise("DataLoader: features need a sample axis (shape (N, ...)), got shape ", features.shape().to_string());
+  if (labels.rank() != 1)
+    deft::detail::raise("DataLoader: labels need shape (N,), got shape ", labels.shape().to_string());
+  if (features.shape()[0] != labels.shape()[0])
+    deft::detail::raise("DataLoader: ", features.shape()[0], " samples of features (shape ", features.shape().to_string(),
+                        ") but ", labels.shape()[0], " labels (shape ", labels.shape().to_string(), ")");
+  auto d = std::make_shared<Data>();
+  d->features = features.to_vector();
+  d->labels = labels.to_vector();
+  d->sample_shape = features.shape().without(0);
+  d->row = d->sample_shape.size();
+  data_ = std::move(d);
+}
+
+DEFT_DECL DataLoader::Iterator DataLoader::begin() {
+  auto e = std::make_unique<Epoch>();
+  e->data = data_;
+  e->batch = batch_;
+  e->prefetch = options_.prefetch;
+  e->shard = options_.shard;
+  e->num_shards = options_.num_shards;
+  // Nothing of the loader changes until batch 0 is gathered: a failure
+  // there (an allocation) leaves the epoch and the carried samples for a retry.
+  e->order = carry_;
+  const std::vector<std::int64_t> perm = order_of(epoch_);
+  e->order.insert(e->order.end(), perm.begin(), perm.end());
+  const std::int64_t total = std::int64_t(e->order.size());
+  e->batches = batches_of(total);
+  std::vector<std::int64_t> carry;
+  if (options_.last_batch == LastBatch::rollover) carry.assign(e->order.begin() + e->batches * batch_, e->order.end());
+  e->order.resize(std::size_t(std::min(total, e->batches * batch_)));
+  e->index = -1;
+  e->advance();  // batch 0 now (nothing to overlap with yet), batch 1 in the background
+  carry_ = std::move(carry);
+  ++epoch_;
+  return Iterator(std::move(e));
+}
+
+DEFT_DECL std::vector<std::int64_t> DataLoader::order_of(std::uint64_t e) const {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(size()));
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = std::int64_t(i);
+  if (!options_.shuffle) return order;
+  const std::uint64_t s = options_.seed;
+  std::seed_seq seq{std::uint32_t(s), std::uint32_t(s >> 32), std::uint32_t(e), std::uint32_t(e >> 32)};
+  std::mt19937_64 gen(seq);
+  // Fisher-Yates with an unbiased bounded draw (rejection of the top
+  // 2^64 mod bound values), both fixed here for portable orders.
+  for (std::size_t i = order.size(); i > 1; --i) {
+    const std::uint64_t bound = i, reject_below = (0 - bound) % bound;
+    std::uint64_t r;
+    do r = gen();
+    while (r < reject_below);
+    std::swap(order[i - 1], order[std::size_t(r % bound)]);
+  }
+  return order;
+}
+
+DEFT_DECL Batch DataLoader::gather(const Data& d, std::span<const std::int64_t> idx) {
+  const std::size_t row = std::size_t(d.row);
+  std::vector<float> x(idx.size() * row);
+  std::vector<std::int64_t> y(idx.size());
+  for (std::size_t k = 0; k < idx.size(); ++k) {
+    if (row) std::memcpy(x.data() + k * row, d.features.data() + std::size_t(idx[k]) * row, row * sizeof(float));
+    y[k] = d.labels[std::size_t(idx[k])];
+  }
+  Shape xs{std::int64_t(idx.size())};
+  for (std::int64_t e : d.sample_shape) xs.push_back(e);
+  return Batch{Tensor<float>(std::move(x), xs), Tensor<std::int64_t>(std::move(y), Shape{std::int64_t(idx.size())}),
+               std::int64_t(idx.size())};
+}
+#endif
 
 }  // namespace deft::data
 

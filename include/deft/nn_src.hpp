@@ -1,7 +1,7 @@
 // deft's nn, compiled once. In the compiled mode (deft/src.hpp) the layers'
 // key functions, and with them their vtables and forward passes, the layer
-// templates' instances, the Trainer's steps, hybridized blocks' calls,
-// parameter files and checkpoints are only declared in every
+// templates' instances, the Trainer's steps, TrainStep's core, hybridized
+// blocks' calls, parameter files and checkpoints are only declared in every
 // translation unit; exactly one .cpp of a program that uses deft/nn.hpp
 // defines them by including this header, first, before any other deft
 // header. CMake's deft::compiled does it.

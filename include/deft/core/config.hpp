@@ -72,8 +72,8 @@
 
 // Header-only by default: the runtime below the templates (the scheduler,
 // its thread pool, tasks, buffers, the host memory cache, hybridize's
-// traces and replays) is inline and compiled in every translation unit that
-// uses it. With DEFT_SEPARATE_COMPILATION defined in
+// traces and replays, and data/'s readers) is inline and compiled in every
+// translation unit that uses it. With DEFT_SEPARATE_COMPILATION defined in
 // every translation unit (CMake: link deft::compiled), those functions are
 // only declared, and defined once, where deft/src.hpp is included.
 // DEFT_DECL marks them; DEFT_DEFINE_RUNTIME says whether this translation
@@ -82,8 +82,8 @@
 // nn (deft/nn.hpp) has a switch of its own, DEFT_DEFINE_NN, set where
 // deft/nn_src.hpp is included: there its layers' key functions (so their
 // vtables and forward passes), the layer templates' instances, the
-// Trainer's steps, hybridized blocks' calls, parameter files and
-// checkpoints are compiled, and nowhere else. Programs without nn need no
+// Trainer's steps, TrainStep's core, hybridized blocks' calls, parameter
+// files and checkpoints are compiled, and nowhere else. Programs without nn need no
 // such file.
 #if defined(DEFT_SEPARATE_COMPILATION)
 #define DEFT_DECL

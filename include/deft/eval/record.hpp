@@ -137,11 +137,11 @@ void add_leaf_inputs(KernelTask& t) {
 }
 /// Builds `e` into `t` as its EvaluateInto kernel (`offset`, `keep` and
 /// `copy_base` as there), then declares its reads: `*reads` first unless
-/// null, then the leaves'; `hand_off` puts it on a worker. Not inlined:
-/// Tensor::write's three ways to record (a finished task reused, a new task
-/// in place, a copy on write) share this one construction of the tree.
+/// null, then the leaves'; `hand_off` puts it on a worker. Tensor::write's
+/// three ways to record (a finished task reused, a new task in place, a
+/// copy on write) share this construction of the tree.
 template <class E>
-DEFT_NOINLINE void build_write(KernelTask& t, E&& e, std::int64_t offset, const std::shared_ptr<Buffer>* reads,
+void build_write(KernelTask& t, E&& e, std::int64_t offset, const std::shared_ptr<Buffer>* reads,
                                std::shared_ptr<Buffer> keep, bool copy_base, bool hand_off) {
   static_assert(alignof(EvaluateInto<E>) <= KernelTask::kernel_alignment,
                 "deft: a kernel type needs more than operator new's alignment");

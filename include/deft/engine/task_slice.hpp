@@ -64,7 +64,7 @@ class TaskSlice {
  public:
   explicit TaskSlice(const Task& t) noexcept : sink_(slice_sink().load(std::memory_order_relaxed)) {
     if (!sink_) return;
-    task_ = &t;
+    bytes_ = t.bytes;
     deps_ = t.deps.size();
     unwinding_ = std::uncaught_exceptions();
     me_ = ProfiledTask{t.name, next_profiled_id()};
@@ -76,7 +76,7 @@ class TaskSlice {
     const auto end = SliceSink::Clock::now();
     current_profiled_task() = outer_;
     try {
-      sink_->add(me_, task_->bytes, begin_, end, deps_, std::uncaught_exceptions() > unwinding_, false);
+      sink_->add(me_, bytes_, begin_, end, deps_, std::uncaught_exceptions() > unwinding_, false);
     } catch (...) {  // out of memory for the slice: the trace misses it, the task's own outcome stands
     }
   }
@@ -85,9 +85,8 @@ class TaskSlice {
 
  private:
   SliceSink* sink_;
-  const Task* task_ = nullptr;
   ProfiledTask me_, outer_;
-  std::size_t deps_ = 0;
+  std::size_t bytes_ = 0, deps_ = 0;
   int unwinding_ = 0;
   SliceSink::Clock::time_point begin_;
 };

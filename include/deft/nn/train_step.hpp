@@ -57,11 +57,18 @@ template <class Label>
 class Core {
  public:
   using Output = TrainStepOutput;
-  using LossCall = Tensor<float> (*)(const void* loss, const Tensor<float>& scores, const Tensor<Label>& labels);
+  /// The calling TrainStep's loss, for the length of one call.
+  struct LossRef {
+    const void* loss;
+    Tensor<float> (*call)(const void* loss, const Tensor<float>& scores, const Tensor<Label>& labels);
+    Tensor<float> operator()(const Tensor<float>& scores, const Tensor<Label>& labels) const {
+      return call(loss, scores, labels);
+    }
+  };
 
   Core(Block& net, Trainer& trainer, HybridizeOptions options);
   /// TrainStep's data-parallel call, with its loss.
-  std::vector<Output> step(const void* loss, LossCall call, const std::vector<Tensor<float>>& xs,
+  std::vector<Output> step(const LossRef& loss, const std::vector<Tensor<float>>& xs,
                            const std::vector<Tensor<Label>>& ys, std::int64_t batch_size);
   void set_max_grad_norm(float max_norm);
   float max_grad_norm() const { return max_grad_norm_; }
@@ -106,8 +113,8 @@ class Core {
   std::int64_t batch_rows(const std::vector<Tensor<float>>& xs, std::int64_t batch_size) const;
 
   // The step as the user would write it.
-  std::vector<Output> run(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys,
-                          std::int64_t rows);
+  std::vector<Output> run(const LossRef& loss, const std::vector<Tensor<float>>& xs,
+                          const std::vector<Tensor<Label>>& ys, std::int64_t rows);
 
   // The references a state buffer has at rest: its tensor's, state_'s and
   // the traces' (1 while nothing is traced).
@@ -118,8 +125,8 @@ class Core {
   // not update it).
   bool traceable();
 
-  std::vector<Output> trace(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys,
-                            std::int64_t rows);
+  std::vector<Output> trace(const LossRef& loss, const std::vector<Tensor<float>>& xs,
+                            const std::vector<Tensor<Label>>& ys, std::int64_t rows);
 
   // Whether the traces still hold: the same learning rate and state storage,
   // and no failed replay (its error stays on the state, as a failed step()
@@ -160,8 +167,6 @@ class Core {
   float max_grad_norm_ = 0;
   Tensor<float> grad_norm_;  // the last call's (grad_norm())
   std::int64_t calls_ = 0, traces_ = 0, replays_ = 0;
-  const void* loss_ = nullptr;  // the calling TrainStep's loss, during step()
-  LossCall call_ = nullptr;
 };
 
 template <class Label>
@@ -172,10 +177,8 @@ Core<Label>::Core(Block& net, Trainer& trainer, HybridizeOptions options)
 }
 
 template <class Label>
-std::vector<TrainStepOutput> Core<Label>::step(const void* loss, LossCall call, const std::vector<Tensor<float>>& xs,
+std::vector<TrainStepOutput> Core<Label>::step(const LossRef& loss, const std::vector<Tensor<float>>& xs,
                                                const std::vector<Tensor<Label>>& ys, std::int64_t batch_size) {
-  loss_ = loss;
-  call_ = call;
   if (xs.empty() || xs.size() != ys.size())
     deft::detail::raise("TrainStep: ", xs.size(), " input parts and ", ys.size(),
                         " label parts; give one label part per input part, at least one");
@@ -190,14 +193,14 @@ std::vector<TrainStepOutput> Core<Label>::step(const void* loss, LossCall call, 
   if (it != traced_.end()) {
     if (unread()) return replay(**it, xs, ys);
     drop_traces();  // the plain step's copy-on-write gives the state new storage
-    return run(xs, ys, rows);
+    return run(loss, xs, ys, rows);
   }
   if (calls_ > 1) {
     make_room();
-    if (traceable()) return trace(xs, ys, rows);
+    if (traceable()) return trace(loss, xs, ys, rows);
   }
   drop_traces();
-  return run(xs, ys, rows);
+  return run(loss, xs, ys, rows);
 }
 
 template <class Label>
@@ -230,14 +233,14 @@ std::int64_t Core<Label>::batch_rows(const std::vector<Tensor<float>>& xs, std::
 }
 
 template <class Label>
-std::vector<TrainStepOutput> Core<Label>::run(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys,
-                                              std::int64_t rows) {
+std::vector<TrainStepOutput> Core<Label>::run(const LossRef& loss, const std::vector<Tensor<float>>& xs,
+                                              const std::vector<Tensor<Label>>& ys, std::int64_t rows) {
   std::vector<Output> out(xs.size());
   {
     autograd::record recording;
     for (std::size_t i = 0; i < xs.size(); ++i) {
       out[i].scores = net_(xs[i]);
-      out[i].loss = call_(loss_, out[i].scores, ys[i]);
+      out[i].loss = loss(out[i].scores, ys[i]);
       out[i].loss.backward();
     }
   }
@@ -272,8 +275,8 @@ bool Core<Label>::traceable() {
 }
 
 template <class Label>
-std::vector<TrainStepOutput> Core<Label>::trace(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys,
-                                                std::int64_t rows) {
+std::vector<TrainStepOutput> Core<Label>::trace(const LossRef& loss, const std::vector<Tensor<float>>& xs,
+                                                const std::vector<Tensor<Label>>& ys, std::int64_t rows) {
   auto t = std::make_unique<Traced>();
   t->rows = rows;
   t->trace.programs_allowed = options_.cuda_graph;
@@ -291,7 +294,7 @@ std::vector<TrainStepOutput> Core<Label>::trace(const std::vector<Tensor<float>>
   for (const auto& [b, rest] : state_) t->trace.own(b);
   {
     deft::detail::TraceScope scope(t->trace);
-    auto out = run(x_parts, y_parts, rows);
+    auto out = run(loss, x_parts, y_parts, rows);
     for (std::size_t i = 0; i < out.size(); ++i) {
       t->parts[i].loss = std::move(out[i].loss);
       t->parts[i].scores = std::move(out[i].scores);
@@ -480,7 +483,7 @@ class TrainStep {
   /// Returns each part's loss and scores, on its device.
   std::vector<Output> operator()(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<Label>>& ys,
                                  std::int64_t batch_size = 0) {
-    return core_.step(&loss_, &call_loss, xs, ys, batch_size);
+    return core_.step({&loss_, &call_loss}, xs, ys, batch_size);
   }
 
   /// Clips the summed gradients by their global norm before each update

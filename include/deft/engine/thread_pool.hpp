@@ -11,7 +11,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -90,7 +89,52 @@ class ThreadPool {
   };
   struct Job {
     std::shared_ptr<Task> task;
-    Loop* loop;
+    Loop* loop = nullptr;
+  };
+  // The FIFO of jobs: a ring that doubles when full and never shrinks (the
+  // queue holds a few jobs per worker at most). A std::deque would add about
+  // 7 KB of code to every program that syncs.
+  class JobRing {
+   public:
+    bool empty() const { return count_ == 0; }
+    void push_back(Job job) {
+      if (count_ == capacity_) grow();
+      slots_[(head_ + count_) & (capacity_ - 1)] = std::move(job);
+      ++count_;
+    }
+    Job pop_front() {
+      Job job = std::move(slots_[head_]);
+      head_ = (head_ + 1) & (capacity_ - 1);
+      --count_;
+      return job;
+    }
+    /// Drops the helper jobs of `loop`, keeping the others in order; returns how many it dropped.
+    int remove(const Loop* loop) {
+      std::size_t kept = 0;
+      for (std::size_t i = 0; i < count_; ++i) {
+        Job& job = slots_[(head_ + i) & (capacity_ - 1)];
+        if (job.loop == loop) continue;
+        if (kept != i) slots_[(head_ + kept) & (capacity_ - 1)] = std::move(job);
+        ++kept;
+      }
+      const auto removed = static_cast<int>(count_ - kept);
+      count_ = kept;
+      return removed;
+    }
+
+   private:
+    void grow() {
+      const std::size_t capacity = capacity_ ? capacity_ * 2 : 16;
+      auto fresh = std::make_unique<Job[]>(capacity);
+      for (std::size_t i = 0; i < count_; ++i) fresh[i] = std::move(slots_[(head_ + i) & (capacity_ - 1)]);
+      slots_ = std::move(fresh);
+      capacity_ = capacity;
+      head_ = 0;
+    }
+
+    std::unique_ptr<Job[]> slots_;
+    std::size_t capacity_ = 0;  // zero or a power of two
+    std::size_t head_ = 0, count_ = 0;
   };
 
   void notify(int jobs) {
@@ -108,7 +152,7 @@ class ThreadPool {
   std::vector<std::thread> threads_;
   std::mutex m_;
   std::condition_variable cv_;
-  std::deque<Job> jobs_;
+  JobRing jobs_;
   std::atomic<int> queued_{0};   // jobs_.size(), readable without the lock by polling workers
   std::atomic<int> polling_{0};  // workers in poll()
   int max_polling_ = 0;
@@ -183,9 +227,7 @@ DEFT_DECL void ThreadPool::run_loop(std::int64_t chunks, void* context, void (*c
   int removed = 0;
   {
     std::lock_guard lk(m_);
-    auto it = std::remove_if(jobs_.begin(), jobs_.end(), [&](const Job& j) { return j.loop == &loop; });
-    removed = static_cast<int>(jobs_.end() - it);
-    jobs_.erase(it, jobs_.end());
+    removed = jobs_.remove(&loop);
     queued_.fetch_sub(removed, std::memory_order_relaxed);
   }
   // A started helper is running its last chunk: spin a little before
@@ -224,8 +266,7 @@ DEFT_DECL void ThreadPool::work() {
       cv_.wait(lk, [&] { return stop_.load(std::memory_order_relaxed) || !jobs_.empty(); });
       --sleeping_;
       if (jobs_.empty()) return;
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
+      job = jobs_.pop_front();
       queued_.fetch_sub(1, std::memory_order_relaxed);
     }
     if (job.loop) {

@@ -1,22 +1,6 @@
 // deft's tests across processes: run under mpirun (tests/dist/CMakeLists.txt).
-// One global fixture joins the job before the first test and leaves it after
-// the last, as a program would.
+// This unit only defines the module (it generates main()); the job's global
+// fixture is in job.cpp, inside the runner's unity build, so that deft's
+// headers are compiled once per runner and not here as well.
 #define BOOST_TEST_MODULE deft_dist
 #include <boost/test/unit_test.hpp>
-
-#include <deft/dist.hpp>
-
-namespace {
-struct Job {
-  Job() { deft::dist::init(&boost::unit_test::framework::master_test_suite().argc,
-                           &boost::unit_test::framework::master_test_suite().argv); }
-  ~Job() {
-    try {
-      deft::dist::finalize();
-    } catch (...) {  // a failure was reported by the test that caused it
-    }
-  }
-};
-}  // namespace
-
-BOOST_TEST_GLOBAL_FIXTURE(Job);

@@ -277,6 +277,8 @@ class Tensor {
   friend std::shared_ptr<detail::Buffer> detail::whole_storage(const Tensor<U>&);
   template <Element U>
   friend void detail::replace_storage(const Tensor<U>&, std::shared_ptr<detail::Buffer>);
+  template <Element U, class Build>
+  friend void detail::record_whole_in_place(const Tensor<U>&, Build&&);
   template <Element U, class E>
   friend Tensor<U>& detail::assign_untracked(Tensor<U>&, E&&);
 
@@ -427,6 +429,20 @@ void replace_storage(const Tensor<T>& t, std::shared_ptr<Buffer> next) {
                             " cannot replace storage of ", v.bytes, " bytes on ", v.device);
   std::lock_guard lk(v.m);
   v.current = std::move(next);
+}
+/// Records the task `build(cur)` makes (its reads declared) as the writer of
+/// t's storage in place, cur being the storage's current version, which t
+/// covers whole: for work that is not an expression, such as a collective
+/// writing a training step's gradient where its replays read it. Under the
+/// storage's lock, as Tensor::write records.
+template <Element T, class Build>
+void record_whole_in_place(const Tensor<T>& t, Build&& build) {
+  auto& v = t.var();
+  std::lock_guard lk(v.m);
+  if (!(t.offset_ == 0 && t.covers_storage()))
+    raise<std::logic_error>("record_whole_in_place: shape ", t.shape_.to_string(), " at offset ", t.offset_,
+                            " is part of a larger storage");
+  record_in_place(build(std::as_const(v.current)), v.current, false);
 }
 }  // namespace detail
 

@@ -94,17 +94,48 @@ Tensor<T> record_collective(const Tensor<T>& t, Collective c, const Shape& out_s
   return tensor_from_buffer<T>(std::move(output), out_shape);
 }
 
-/// Makes `result` (t's shape) t's value: its storage when both are on one
-/// device and t covers a whole storage (no copy), else a copy into t. A
-/// copy into storage the recording trace owns (a training step's
-/// gradients): its replays must update that storage.
+/// Records collective `c` (allreduce or broadcast) writing t's storage in
+/// place, where the communicator runs it: for storage the recording trace
+/// owns (a training step's gradients), which each replay must update, and
+/// which would otherwise take a copy of the result on the step's critical path.
 template <Element T>
-void write_back(Tensor<T>& t, const Tensor<T>& result) {
+void record_collective_in_place(Tensor<T>& t, Collective c, const std::shared_ptr<Communicator>& comm) {
+  using namespace deft::detail;
+  autograd::pause no_recording;
+  c.device = t.device();
+  c.dtype = dtype_of<T>;
+  c.count = t.size();
+  c.shape = t.shape();
+  comm->record_next([&](std::uint64_t sequence, const std::shared_ptr<Buffer>& previous) {
+    c.sequence = sequence;
+    std::shared_ptr<Buffer> output;
+    record_whole_in_place(t, [&](const std::shared_ptr<Buffer>& cur) {
+      // The input leaf does not own `cur`: a task's reads of what it writes never do (see Leaf).
+      auto task = emplace_task<RunCollective<T>>(kind_name(c.kind), bytes_for<T>(c.shape),
+                                                 RunCollective<T>{Leaf<T>(cur.get(), 0, c.shape), previous, comm, c});
+      task->add_input(cur);  // after the gradient's writer
+      if (previous) task->add_input(previous);
+      task->hand_off = true;
+      output = cur;
+      return task;
+    });
+    return output;
+  });
+}
+
+/// Makes the result of collective `c` (of t's shape) t's value: written in
+/// place into storage the recording trace owns, else a new version of t's
+/// storage when t covers a whole storage on the device where the
+/// collective ran (no copy), else a copy into t.
+template <Element T>
+void collective_into(Tensor<T>& t, const Collective& c, const std::shared_ptr<Communicator>& comm) {
   using namespace deft::detail;
   const TraceRecorder* trace = active_trace();
   const auto whole = whole_storage(t);
-  if (t.device() == result.device() && whole && !(trace && trace->owns(whole.get())))
-    replace_storage(t, whole_storage(result));
+  const bool owned = whole && trace && trace->owns(whole.get());
+  if (owned && comm->runs_on(t.device()) == t.device()) return record_collective_in_place(t, c, comm);
+  const Tensor<T> result = record_collective(t, c, t.shape(), comm);
+  if (t.device() == result.device() && whole && !owned) replace_storage(t, whole_storage(result));
   else t.assign(result.to(t.device()));
 }
 
@@ -120,7 +151,7 @@ void allreduce(Tensor<T>& t, ReduceOp op = ReduceOp::sum, std::shared_ptr<Commun
   Collective d;
   d.kind = CollectiveKind::allreduce;
   d.op = op;
-  detail::write_back(t, detail::record_collective(t, d, t.shape(), c));
+  detail::collective_into(t, d, c);
 }
 
 /// Writes rank `root`'s value of `t` into t on every rank (same shape and
@@ -133,7 +164,7 @@ void broadcast(Tensor<T>& t, int root = 0, std::shared_ptr<Communicator> comm = 
   Collective d;
   d.kind = CollectiveKind::broadcast;
   d.root = root;
-  detail::write_back(t, detail::record_collective(t, d, t.shape(), c));
+  detail::collective_into(t, d, c);
 }
 
 /// Every rank's `t` (same shape everywhere), concatenated along axis 0 in

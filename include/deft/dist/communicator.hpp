@@ -74,7 +74,8 @@ class Communicator {
   /// Runs collective `c` on memory of c.device, on the calling thread (a
   /// worker), until it completes: `in` holds this rank's c.count elements,
   /// `out` the result (allgather: size() * count; reduce_scatter: count /
-  /// size()). Called in sequence order. Throws Error or Timeout.
+  /// size()). For allreduce and broadcast `in` may be `out` (in place).
+  /// Called in sequence order. Throws Error or Timeout.
   virtual void run(const Collective& c, const void* in, void* out) = 0;
   /// Where collectives on tensors on `d` run: `d` itself where this
   /// communicator runs them there (a GPU, through NCCL), else the host,

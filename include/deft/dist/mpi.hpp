@@ -212,8 +212,9 @@ class MpiCommunicator final : public Communicator {
     const int n = int(c.count);
     const MPI_Datatype type = detail::mpi_type(c.dtype);
     const MPI_Op op = detail::mpi_op(c.op);
-    if (c.kind == CollectiveKind::broadcast && rank_ == c.root && n > 0)
+    if (c.kind == CollectiveKind::broadcast && rank_ == c.root && n > 0 && in != out)
       std::memcpy(out, in, std::size_t(n) * dtype_size(c.dtype));
+    if (in == out && c.kind == CollectiveKind::allreduce) in = MPI_IN_PLACE;  // writing its input's storage
     // With the watchdog, the non-blocking form, polled against the timeout:
     // a peer that stops after the rendezvous cannot hold this rank forever.
     if (options_.rendezvous) {

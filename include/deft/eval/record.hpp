@@ -29,6 +29,8 @@ template <Element T>
 std::shared_ptr<Buffer> whole_storage(const Tensor<T>& t);
 template <Element T>
 void replace_storage(const Tensor<T>& t, std::shared_ptr<Buffer> next);
+template <Element T, class Build>
+void record_whole_in_place(const Tensor<T>& t, Build&& build);
 
 /// Bytes of a T tensor of shape s; std::length_error when that overflows.
 template <Element T>

@@ -56,11 +56,23 @@ Summary measure_split(const std::function<void()>& timed, const std::function<vo
   return summarise(t);
 }
 
-std::vector<Summary> measure_interleaved(const std::vector<std::function<void()>>& fs) {
+std::vector<Summary> measure_interleaved(const std::vector<std::function<void()>>& fs, int calls,
+                                         const std::function<void()>& settle) {
   for (const auto& f : fs) f();
   std::vector<std::vector<double>> t(fs.size());
+  const auto block = [&](const std::function<void()>& f) {
+    for (int c = 0; c < calls; ++c) f();
+  };
   for (int r = 0; r < opts.repeats; ++r)
-    for (std::size_t i = 0; i < fs.size(); ++i) t[i].push_back(seconds_of(fs[i]));
+    for (std::size_t i = 0; i < fs.size(); ++i) {
+      if (calls == 1) {
+        t[i].push_back(seconds_of(fs[i]));
+        continue;
+      }
+      if (settle) settle();
+      fs[i]();
+      t[i].push_back(seconds_of([&] { block(fs[i]); }) / calls);
+    }
   std::vector<Summary> out;
   for (auto& ti : t) out.push_back(summarise(std::move(ti)));
   return out;
@@ -141,6 +153,12 @@ double child_number(const std::string& command, const char* key) {
 }
 
 int hardware_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+void pause_omp_threads() {
+#if DEFT_BENCH_HAVE_OPENMP
+  omp_pause_resource_all(omp_pause_soft);
+#endif
+}
 
 void set_omp_threads([[maybe_unused]] int n) {
 #if DEFT_BENCH_HAVE_OPENMP

@@ -34,7 +34,16 @@ Summary measure_split(const std::function<void()>& timed, const std::function<vo
 /// opts.repeats rounds that time each call once in turn. For rows whose ratio
 /// matters: the VM's slow phases last seconds, longer than a row of small
 /// calls, and would otherwise fall on one library's row and not the next.
-std::vector<Summary> measure_interleaved(const std::vector<std::function<void()>>& fs);
+/// With `calls` > 1 each sample is that many calls in a row (seconds per
+/// call), after `settle` and one untimed call: for thread pools, so that
+/// each runs as it does back to back, its threads awake. `settle` can stop
+/// the other pool's threads (OpenMP's spin for milliseconds after a loop).
+std::vector<Summary> measure_interleaved(const std::vector<std::function<void()>>& fs, int calls = 1,
+                                         const std::function<void()>& settle = {});
+/// Puts OpenMP's threads to sleep (omp_pause_resource_all) where the bench
+/// has OpenMP: they spin after a loop, with OMP_WAIT_POLICY unset, on the
+/// cores the next library's threads need.
+void pause_omp_threads();
 
 struct Row {
   std::string group, name, library;

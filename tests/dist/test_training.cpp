@@ -1,6 +1,7 @@
 // Data-parallel training across ranks: N ranks at global batch B against one
 // process at batch B, computed on every rank as the reference; identical
 // parameters on every rank; sharded loading; refusals before anything is sent.
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <unistd.h>
@@ -128,6 +129,58 @@ BOOST_AUTO_TEST_CASE(a_traced_train_step_replays_its_collectives_like_the_plain_
       BOOST_TEST(std::equal(v.begin(), v.end(), all.begin() + std::ptrdiff_t(r) * std::ptrdiff_t(v.size())),
                  "rank " << r);
   }
+}
+
+// Counts the collectives that ran in place (input and output the same
+// memory), forwarding each to another communicator.
+class InPlaceCount final : public dist::Communicator {
+ public:
+  explicit InPlaceCount(std::shared_ptr<dist::Communicator> c) : inner_(std::move(c)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Device runs_on(Device d) override { return inner_->runs_on(d); }
+  void run(const dist::Collective& c, const void* in, void* out) override {
+    if (in == out) in_place.fetch_add(1);
+    inner_->run(c, in, out);
+  }
+  std::atomic<int> in_place{0};
+
+ private:
+  std::shared_ptr<dist::Communicator> inner_;
+};
+
+// A TrainStep allreduces a gradient that is a bucket of its own in place,
+// into the storage the step keeps for it (no copy of the result on each
+// replay), and trains as the written-out steps do.
+BOOST_AUTO_TEST_CASE(a_train_step_allreduces_lone_buckets_in_place) {
+  const auto [x, y] = data_set();
+  auto plain = make_net(), traced = make_net();
+  for (auto* net : {plain.get(), traced.get()}) {
+    random::seed(1000);
+    (void)(*net)(x.rows(0, 2));
+  }
+  const auto counted = std::make_shared<InPlaceCount>(dist::world());
+  nn::Trainer one(plain->collect_params(), nn::SGD{0.1f, 0.9f}), other(traced->collect_params(), nn::SGD{0.1f, 0.9f});
+  // Buckets from the last parameter back: {b3, W3, b2}, then W2 (512 bytes),
+  // b1 (W1 would not fit beside it) and W1 (320 bytes) alone.
+  one.set_allreduce_bucket_bytes(256);
+  other.set_allreduce_bucket_bytes(256);
+  const data::LoaderOptions sharded{.seed = 3, .prefetch = false, .num_shards = dist::size(), .shard = dist::rank()};
+  // The two communicators reach the same MPI one: never both in flight.
+  one.set_communicator(dist::world());
+  data::DataLoader first(x, y, 24, sharded);
+  train(*plain, one, first, 2);
+  const auto expected = values(*plain);  // a sync point after the last update, so after every collective
+  other.set_communicator(counted);
+  nn::TrainStep step(*traced, nn::SoftmaxCrossEntropyLoss(), other);
+  data::DataLoader second(x, y, 24, sharded);
+  for (int e = 0; e < 2; ++e)
+    for (const data::Batch& b : second) (void)step(b.x, b.y, b.rows);
+  const auto got = values(*traced);
+  BOOST_TEST(step.replays() == 6);  // the first of the 8 steps runs plainly, the second traces
+  BOOST_TEST(counted->in_place.load() == 3 * 7);  // the three lone gradients, traced once and replayed six times
+  const auto worst = relative_differences(expected, got);
+  for (std::size_t i = 0; i < worst.size(); ++i) BOOST_TEST(worst[i] < 1e-5, "parameter " << i << ": " << worst[i]);
 }
 
 BOOST_AUTO_TEST_CASE(set_communicator_refuses_parameters_without_values_before_sending) {

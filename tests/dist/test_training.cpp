@@ -4,6 +4,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
+#include <tuple>
 #include <unistd.h>
 
 #include "dist_support.hpp"
@@ -56,7 +57,9 @@ BOOST_AUTO_TEST_CASE(ranks_at_global_batch_b_train_like_one_process_at_batch_b) 
 // sum), and each replay gives them the communicator's next places, after
 // the collectives recorded outside the step since (a metric's allreduce).
 BOOST_AUTO_TEST_CASE(a_traced_train_step_replays_its_collectives_like_the_plain_steps) {
-  const auto [x, y] = data_set();
+  Tensor<float> x;
+  Tensor<std::int64_t> y;
+  std::tie(x, y) = data_set();  // not a structured binding: clang before 16 cannot capture one in a lambda
   auto plain = make_normalized_net(), traced = make_normalized_net();
   for (auto* net : {plain.get(), traced.get()}) {
     random::seed(1000);

@@ -11,6 +11,7 @@
 #include "nn/layers.hpp"
 #include "nn/loss.hpp"
 #include "nn/norm_layers.hpp"
+#include "nn/optimizers.hpp"
 #include "nn/resnet.hpp"
 #include "nn/schedule.hpp"
 #include "nn/serialize.hpp"

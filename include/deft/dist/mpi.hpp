@@ -32,6 +32,7 @@
 #include "../engine/api.hpp"
 #include "../eval/executor.hpp"
 #include "collectives.hpp"
+#include "ring.hpp"
 
 namespace deft::dist {
 
@@ -217,7 +218,12 @@ class MpiCommunicator final : public Communicator {
     if (in == out && c.kind == CollectiveKind::allreduce) in = MPI_IN_PLACE;  // writing its input's storage
     // With the watchdog, the non-blocking form, polled against the timeout:
     // a peer that stops after the rendezvous cannot hold this rank forever.
-    if (options_.rendezvous) {
+    const std::size_t bytes = std::size_t(n) * dtype_size(c.dtype);
+    if (options_.rendezvous && c.kind == CollectiveKind::allreduce && size_ > 1 &&
+        bytes >= thresholds::mpi_ring_allreduce_bytes) {
+      if (in != MPI_IN_PLACE) std::memcpy(out, in, bytes);
+      run_ring(c, out);
+    } else if (options_.rendezvous) {
       requests_.assign(1, MPI_REQUEST_NULL);
       MPI_Request* r = requests_.data();
       switch (c.kind) {
@@ -269,6 +275,34 @@ class MpiCommunicator final : public Communicator {
     const std::string text = detail::mpi_error_text(code);
     fail(text);
     deft::detail::raise<Error>("dist: ", describe(c), " failed on rank ", rank_, " of ", size_, ": ", text);
+  }
+
+  // A large allreduce, with the watchdog: the ring's steps (dist/ring.hpp),
+  // each a receive from the previous rank and a send to the next, polled
+  // against the timeout like any request. (Sending each block in parts, to
+  // combine one while the next travels, was no faster on 2 ranks: MPI
+  // moves data only inside the polls.)
+  void run_ring(const Collective& c, void* data) {
+    switch (c.dtype) {
+      case DType::float32: return run_ring_as<float>(c, data);
+      case DType::float64: return run_ring_as<double>(c, data);
+      case DType::int32: return run_ring_as<std::int32_t>(c, data);
+      case DType::int64: return run_ring_as<std::int64_t>(c, data);
+    }
+  }
+  template <class T>
+  void run_ring_as(const Collective& c, void* data) {
+    constexpr int tag = 0x5de7;
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    const MPI_Datatype type = detail::mpi_type(c.dtype);
+    ring_scratch_.resize((std::size_t(c.count / size_ + 1) * sizeof(T) + 7) / 8);
+    detail::ring_allreduce(static_cast<T*>(data), c.count, c.op, rank_, size_, reinterpret_cast<T*>(ring_scratch_.data()),
+                           [&](const T* send, std::int64_t send_n, T* recv, std::int64_t recv_n) {
+                             requests_.assign(2, MPI_REQUEST_NULL);
+                             check(MPI_Irecv(recv, int(recv_n), type, prev, tag, data_, &requests_[0]), c);
+                             check(MPI_Isend(send, int(send_n), type, next, tag, data_, &requests_[1]), c);
+                             await(c, {});
+                           });
   }
 
   // GPU memory, over the NCCL communicator made by the first such
@@ -466,6 +500,7 @@ class MpiCommunicator final : public Communicator {
   detail::Announcement mine_{};
   std::vector<detail::Announcement> theirs_;
   std::vector<MPI_Request> requests_;
+  std::vector<std::uint64_t> ring_scratch_;  // a block of the ring's allreduce (8-byte aligned)
   bool broken_ = false;
   std::string broken_reason_;
   std::mutex gpu_m_;

@@ -28,12 +28,12 @@ BOOST_AUTO_TEST_CASE(allreduce_matches_a_double_reference_for_every_op_and_type)
   check_allreduce<float>(dist::ReduceOp::sum, 777, Shape{3, 1 << 18});
 }
 
-// From thresholds::mpi_ring_allreduce_bytes the watchdog's allreduce runs as
-// deft's ring: blocks of unequal length (no rank count divides these sizes),
-// in place and into a new buffer (a handle kept on the input).
+// From thresholds::mpi_ring_min_bytes to mpi_ring_max_bytes the watchdog's
+// allreduce runs as deft's ring: blocks of unequal length (no rank count
+// divides these sizes), in place and into a new buffer.
 BOOST_AUTO_TEST_CASE(large_allreduces_match_the_reference_for_every_op_and_type) {
   const auto at_least = [](std::size_t element) {
-    return std::int64_t(thresholds::mpi_ring_allreduce_bytes / element) + 7;
+    return std::int64_t(thresholds::mpi_ring_min_bytes / element) + 7;
   };
   std::uint64_t key = 500;
   for (auto op : {dist::ReduceOp::sum, dist::ReduceOp::mean, dist::ReduceOp::max, dist::ReduceOp::min}) {
@@ -42,6 +42,8 @@ BOOST_AUTO_TEST_CASE(large_allreduces_match_the_reference_for_every_op_and_type)
     check_allreduce<std::int32_t>(op, key++, Shape{3, at_least(4) / 3 + 1});
     check_allreduce<std::int64_t>(op, key++, Shape{at_least(8)});
   }
+  // Past thresholds::mpi_ring_max_bytes, MPI_Iallreduce again.
+  check_allreduce<float>(dist::ReduceOp::sum, key++, Shape{std::int64_t(thresholds::mpi_ring_max_bytes / 4) + 5});
   const std::int64_t n = at_least(4);
   const auto mine = values_of<float>(dist::rank(), 600, n);
   Tensor<float> in_place(mine, Shape{n}), copied(mine, Shape{n});

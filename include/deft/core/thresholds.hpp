@@ -199,13 +199,14 @@ inline constexpr std::size_t allreduce_bucket_bytes = std::size_t(25) << 20;
 // may be far behind; NCCL's non-blocking calls end within NCCL's own setup.
 inline constexpr std::int64_t mpi_poll_max_sleep_us = 1000;
 inline constexpr std::int64_t nccl_poll_max_sleep_us = 100;
-// An allreduce over MPI of at least this many bytes, with the watchdog on,
-// runs as deft's ring of non-blocking point-to-point steps (dist/ring.hpp)
-// instead of MPI_Iallreduce: Open MPI's libnbc sends the whole buffer to one
-// rank and back for fewer than 4 ranks or in place; on 2 ranks the ring took
-// 0.85x its time at 64 KiB, the same at 256 KiB-1 MiB, 0.65-0.85x at 4-16
-// MiB. Below it the two take about the same time.
-inline constexpr std::size_t mpi_ring_allreduce_bytes = std::size_t(64) << 10;
+// An allreduce over MPI from mpi_ring_min_bytes to mpi_ring_max_bytes, with
+// the watchdog on, runs as deft's ring of non-blocking point-to-point steps
+// (dist/ring.hpp) instead of MPI_Iallreduce: Open MPI's libnbc sends the
+// whole buffer to one rank and back for fewer than 4 ranks or in place. On 2
+// ranks the ring took 0.8x its time at 1-16 MiB and about the same at 64-256
+// KiB, but 1.2x at 64 MiB, where the blocks outgrow the caches.
+inline constexpr std::size_t mpi_ring_min_bytes = std::size_t(64) << 10;
+inline constexpr std::size_t mpi_ring_max_bytes = std::size_t(16) << 20;
 
 // --- task memory (engine/task_memory.hpp) ---------------------------------
 // Freed task blocks each thread keeps for reuse, per size class of

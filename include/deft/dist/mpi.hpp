@@ -220,7 +220,7 @@ class MpiCommunicator final : public Communicator {
     // a peer that stops after the rendezvous cannot hold this rank forever.
     const std::size_t bytes = std::size_t(n) * dtype_size(c.dtype);
     if (options_.rendezvous && c.kind == CollectiveKind::allreduce && size_ > 1 &&
-        bytes >= thresholds::mpi_ring_allreduce_bytes) {
+        bytes >= thresholds::mpi_ring_min_bytes && bytes <= thresholds::mpi_ring_max_bytes) {
       if (in != MPI_IN_PLACE) std::memcpy(out, in, bytes);
       run_ring(c, out);
     } else if (options_.rendezvous) {

@@ -21,6 +21,19 @@ inline constexpr DType dtype_of = std::is_same_v<T, float>          ? DType::flo
                                   : std::is_same_v<T, std::int32_t> ? DType::int32
                                                                     : DType::int64;
 
+/// Calls f(std::type_identity<T>{}) with the element type T that `t` names:
+/// code that holds a DType at run time reaches its typed form this way.
+template <class F>
+decltype(auto) visit_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::float32: return f(std::type_identity<float>{});
+    case DType::float64: return f(std::type_identity<double>{});
+    case DType::int32: return f(std::type_identity<std::int32_t>{});
+    case DType::int64: break;
+  }
+  return f(std::type_identity<std::int64_t>{});
+}
+
 /// "float32", "float64", "int32" or "int64".
 inline constexpr const char* dtype_name(DType t) {
   switch (t) {

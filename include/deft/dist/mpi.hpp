@@ -255,12 +255,7 @@ class MpiCommunicator final : public Communicator {
   }
   // MPI has no mean: the sum, divided here.
   void divide(void* data, std::int64_t n, DType t) const {
-    switch (t) {
-      case DType::float32: return detail::divide<float>(data, n, size_);
-      case DType::float64: return detail::divide<double>(data, n, size_);
-      case DType::int32: return detail::divide<std::int32_t>(data, n, size_);
-      case DType::int64: return detail::divide<std::int64_t>(data, n, size_);
-    }
+    visit_dtype(t, [&](auto e) { detail::divide<typename decltype(e)::type>(data, n, size_); });
   }
 
   void fail(std::string reason) {
@@ -283,26 +278,21 @@ class MpiCommunicator final : public Communicator {
   // combine one while the next travels, was no faster on 2 ranks: MPI
   // moves data only inside the polls.)
   void run_ring(const Collective& c, void* data) {
-    switch (c.dtype) {
-      case DType::float32: return run_ring_as<float>(c, data);
-      case DType::float64: return run_ring_as<double>(c, data);
-      case DType::int32: return run_ring_as<std::int32_t>(c, data);
-      case DType::int64: return run_ring_as<std::int64_t>(c, data);
-    }
-  }
-  template <class T>
-  void run_ring_as(const Collective& c, void* data) {
-    constexpr int tag = 0x5de7;
-    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
-    const MPI_Datatype type = detail::mpi_type(c.dtype);
-    ring_scratch_.resize((std::size_t(c.count / size_ + 1) * sizeof(T) + 7) / 8);
-    detail::ring_allreduce(static_cast<T*>(data), c.count, c.op, rank_, size_, reinterpret_cast<T*>(ring_scratch_.data()),
-                           [&](const T* send, std::int64_t send_n, T* recv, std::int64_t recv_n) {
-                             requests_.assign(2, MPI_REQUEST_NULL);
-                             check(MPI_Irecv(recv, int(recv_n), type, prev, tag, data_, &requests_[0]), c);
-                             check(MPI_Isend(send, int(send_n), type, next, tag, data_, &requests_[1]), c);
-                             await(c, {});
-                           });
+    visit_dtype(c.dtype, [&](auto e) {
+      using T = typename decltype(e)::type;
+      constexpr int tag = 0x5de7;
+      const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+      const MPI_Datatype type = detail::mpi_type(c.dtype);
+      ring_scratch_.resize((std::size_t(c.count / size_ + 1) * sizeof(T) + 7) / 8);
+      detail::ring_allreduce(static_cast<T*>(data), c.count, c.op, rank_, size_,
+                             reinterpret_cast<T*>(ring_scratch_.data()),
+                             [&](const T* send, std::int64_t send_n, T* recv, std::int64_t recv_n) {
+                               requests_.assign(2, MPI_REQUEST_NULL);
+                               check(MPI_Irecv(recv, int(recv_n), type, prev, tag, data_, &requests_[0]), c);
+                               check(MPI_Isend(send, int(send_n), type, next, tag, data_, &requests_[1]), c);
+                               await(c, {});
+                             });
+    });
   }
 
   // GPU memory, over the NCCL communicator made by the first such

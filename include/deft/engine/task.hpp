@@ -382,8 +382,14 @@ DEFT_DECL void Task::add_input(const std::shared_ptr<Buffer>& b) {
   }
   // A task writing several buffers (a replay's chain) marks only its
   // output failed: a read of another one inherits the task's failure.
-  if (!pending && !inherited_error)
-    inherited_error = b->error ? b->error : (p && p.get() != this ? p->error : nullptr);
+  // Assigned only when set: an exception_ptr temporary per read costs
+  // more than the test.
+  if (!pending && !inherited_error) {
+    if (b->error) [[unlikely]]
+      inherited_error = b->error;
+    else if (p && p.get() != this && p->error) [[unlikely]]
+      inherited_error = p->error;
+  }
 }
 #endif
 

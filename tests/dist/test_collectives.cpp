@@ -28,6 +28,22 @@ BOOST_AUTO_TEST_CASE(allreduce_matches_a_double_reference_for_every_op_and_type)
   check_allreduce<float>(dist::ReduceOp::sum, 777, Shape{3, 1 << 18});
 }
 
+// Up to thresholds::rendezvous_data_max_bytes an allreduce's data goes with
+// its rendezvous message and each rank combines all of it: every rank must
+// still end with the same bits, at the bound and in place.
+BOOST_AUTO_TEST_CASE(small_allreduces_give_every_rank_the_same_bits) {
+  const std::int64_t n = std::int64_t(thresholds::rendezvous_data_max_bytes / 4);
+  check_allreduce<float>(dist::ReduceOp::sum, 900, Shape{n});
+  check_allreduce<float>(dist::ReduceOp::sum, 901, Shape{n + 1});  // one past: the rendezvous, then MPI
+  const auto mine = values_of<float>(dist::rank(), 902, n);
+  Tensor<float> t(mine, Shape{n});
+  dist::allreduce(t);
+  const auto all = dist::allgather(t).to_vector();
+  const auto here = t.to_vector();
+  for (int r = 0; r < dist::size(); ++r)
+    BOOST_TEST(std::equal(here.begin(), here.end(), all.begin() + std::ptrdiff_t(r) * n), "rank " << r << " differs");
+}
+
 // From thresholds::mpi_ring_min_bytes to mpi_ring_max_bytes the watchdog's
 // allreduce runs as deft's ring: blocks of unequal length (no rank count
 // divides these sizes), in place and into a new buffer.
@@ -173,6 +189,20 @@ BOOST_AUTO_TEST_CASE(ranks_with_other_shapes_are_named_on_every_rank) {
   Tensor<float> u(std::vector<float>{1.0f}, Shape{1});
   dist::allreduce(u, dist::ReduceOp::sum, comm);
   BOOST_CHECK_EXCEPTION(u.wait_to_read(), dist::Error, [](const auto& e) { return mentions(e, "allreduce #0"); });
+}
+
+// A small allreduce carries its data in the rendezvous; a peer at another
+// collective must still read the announcement and name both.
+BOOST_AUTO_TEST_CASE(a_small_allreduce_against_a_broadcast_is_named_on_every_rank) {
+  if (dist::size() < 2) return;
+  auto comm = dist_test::fresh();
+  Tensor<float> t(std::vector<float>(4, 1.0f), Shape{4});
+  if (dist::rank() == 0) dist::allreduce(t, dist::ReduceOp::sum, comm);
+  else dist::broadcast(t, 0, comm);
+  BOOST_CHECK_EXCEPTION(t.wait_to_read(), dist::Error, [](const dist::Error& e) {
+    BOOST_TEST_MESSAGE(e.what());
+    return mentions(e, "allreduce #0") && mentions(e, "broadcast #0") && mentions(e, "same order");
+  });
 }
 
 BOOST_AUTO_TEST_CASE(the_same_count_in_another_shape_is_named) {

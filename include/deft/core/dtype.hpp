@@ -1,6 +1,7 @@
 // The element types a tensor may hold and their names.
 #pragma once
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -43,6 +44,11 @@ inline constexpr const char* dtype_name(DType t) {
     case DType::int64: return "int64";
   }
   return "unknown";
+}
+
+/// The bytes of one element of type t.
+inline constexpr std::size_t dtype_size(DType t) {
+  return t == DType::float32 || t == DType::int32 ? 4 : 8;
 }
 
 /// The name of element type T's DType.

@@ -32,6 +32,7 @@
 #include "../engine/api.hpp"
 #include "../eval/executor.hpp"
 #include "collectives.hpp"
+#include "rendezvous.hpp"
 #include "ring.hpp"
 
 namespace deft::dist {
@@ -66,47 +67,6 @@ struct Options {
 };
 
 namespace detail {
-
-/// What a rank says of its next collective in the rendezvous.
-struct Announcement {
-  std::uint64_t sequence;
-  std::int64_t count;
-  std::int32_t kind, op, dtype, root, rank;
-  std::int32_t dims, device;
-  std::int64_t shape[6];
-
-  static Announcement of(const Collective& c) {
-    Announcement a{};
-    a.sequence = c.sequence;
-    a.count = c.count;
-    a.kind = std::int32_t(c.kind);
-    a.op = std::int32_t(c.op);
-    a.dtype = std::int32_t(c.dtype);
-    a.root = c.root;
-    a.device = std::int32_t(c.device.type);
-    a.rank = std::int32_t(c.shape.rank());
-    a.dims = std::min<std::int32_t>(a.rank, 6);
-    for (std::int32_t i = 0; i < a.dims; ++i) a.shape[i] = c.shape[std::size_t(i)];
-    return a;
-  }
-  bool agrees_with(const Announcement& o) const {
-    // Shapes too: (2, 3) against (3, 2) would combine elements of different meaning.
-    return sequence == o.sequence && count == o.count && kind == o.kind && op == o.op && dtype == o.dtype &&
-           root == o.root && device == o.device && rank == o.rank && std::equal(shape, shape + dims, o.shape);
-  }
-  Collective collective() const {
-    Collective c;
-    c.sequence = sequence;
-    c.count = count;
-    c.kind = CollectiveKind(kind);
-    c.op = ReduceOp(op);
-    c.dtype = DType(dtype);
-    c.root = root;
-    c.device.type = DeviceType(device);
-    for (std::int32_t i = 0; i < dims; ++i) c.shape.push_back(shape[i]);
-    return c;
-  }
-};
 
 inline MPI_Datatype mpi_type(DType t) {
   switch (t) {
@@ -206,6 +166,12 @@ class MpiCommunicator final : public Communicator {
     if (broken_)
       deft::detail::raise<Error>("dist: rank ", rank_, " cannot run ", describe(c),
                                  ": an earlier collective failed on this communicator (", broken_reason_, ")");
+    if (options_.rendezvous && detail::data_rides_rendezvous(c, size_)) {
+      rendezvous(c, in);
+      combine_received(c, out);
+      if (c.op == ReduceOp::mean) divide(out, c.count, c.dtype);
+      return;
+    }
     if (options_.rendezvous) rendezvous(c);
     if (c.device.type == DeviceType::gpu) return run_on_gpu(c, in, out);
     if (c.count > std::numeric_limits<int>::max())
@@ -250,9 +216,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  static std::size_t dtype_size(DType t) {
-    return t == DType::float32 || t == DType::int32 ? 4 : 8;
-  }
   // MPI has no mean: the sum, divided here.
   void divide(void* data, std::int64_t n, DType t) const {
     visit_dtype(t, [&](auto e) { detail::divide<typename decltype(e)::type>(data, n, size_); });
@@ -388,37 +351,61 @@ class MpiCommunicator final : public Communicator {
 
   // Sends `c`'s announcement to every other rank and receives theirs,
   // polling until all arrived or the timeout passed. Polling drives MPI's
-  // progress (Open MPI has no progress thread by default).
-  void rendezvous(const Collective& c) {
+  // progress (Open MPI has no progress thread by default). With `data`
+  // (detail::data_rides_rendezvous), c's input goes along.
+  void rendezvous(const Collective& c, const void* data = nullptr) {
     if (size_ == 1) return;
     constexpr int tag = 0x5def;
-    mine_ = detail::Announcement::of(c);
-    theirs_.assign(std::size_t(size_), {});
+    const detail::Announcement mine = detail::Announcement::of(c);
+    const std::size_t data_bytes = data ? std::size_t(c.count) * dtype_size(c.dtype) : 0;
+    const std::size_t slot = detail::rendezvous_slot_bytes(size_);
+    // 8-byte words: every slot's announcement and data start aligned.
+    sent_.resize((sizeof mine + data_bytes + 7) / 8);
+    std::memcpy(sent_.data(), &mine, sizeof mine);
+    if (data_bytes) std::memcpy(sent_.data() + sizeof mine / 8, data, data_bytes);
+    received_.resize(std::size_t(size_) * slot / 8);
     requests_.assign(std::size_t(2 * (size_ - 1)), MPI_REQUEST_NULL);
     std::vector<int> peer;  // peer[k]: the rank of receive k
     std::size_t k = 0;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       peer.push_back(r);
-      check(MPI_Irecv(&theirs_[std::size_t(r)], int(sizeof(detail::Announcement)), MPI_BYTE, r, tag, control_,
-                      &requests_[k]),
-            c);
+      std::uint64_t* into = received_.data() + std::size_t(r) * slot / 8;
+      check(MPI_Irecv(into, int(slot), MPI_BYTE, r, tag, control_, &requests_[k]), c);
       ++k;
     }
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      check(MPI_Isend(&mine_, int(sizeof(detail::Announcement)), MPI_BYTE, r, tag, control_, &requests_[k++]), c);
+      check(MPI_Isend(sent_.data(), int(sizeof mine + data_bytes), MPI_BYTE, r, tag, control_, &requests_[k++]), c);
     }
     await(c, peer);
     for (int r = 0; r < size_; ++r) {
-      if (r == rank_ || mine_.agrees_with(theirs_[std::size_t(r)])) continue;
+      if (r == rank_) continue;
+      detail::Announcement theirs;
+      std::memcpy(&theirs, received_.data() + std::size_t(r) * slot / 8, sizeof theirs);
+      if (mine.agrees_with(theirs)) continue;
       const std::string reason = "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " is at " +
                                  describe(c) + " but rank " + std::to_string(r) + " is at " +
-                                 describe(theirs_[std::size_t(r)].collective()) +
+                                 describe(theirs.collective()) +
                                  "; every rank must record the same collectives in the same order";
       fail(reason);
       deft::detail::raise<Error>("dist: ", reason);
     }
+  }
+
+  // After a rendezvous that carried every rank's data: out = their
+  // combination, in rank order (this rank's from what it sent: `out` may be
+  // its input).
+  void combine_received(const Collective& c, void* out) {
+    const std::size_t slot = detail::rendezvous_slot_bytes(size_);
+    const std::size_t skip = sizeof(detail::Announcement) / 8;
+    visit_dtype(c.dtype, [&](auto e) {
+      using T = typename decltype(e)::type;
+      detail::combine_in_rank_order(static_cast<T*>(out), c.count, c.op, size_, [&](int r) {
+        const std::uint64_t* words = r == rank_ ? sent_.data() : received_.data() + std::size_t(r) * slot / 8;
+        return reinterpret_cast<const T*>(words + skip);
+      });
+    });
   }
 
   // Polls requests_ until all completed or the timeout passed (then
@@ -487,8 +474,9 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm data_ = MPI_COMM_NULL, control_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   // Only the worker running the current collective touches these (collectives run one at a time).
-  detail::Announcement mine_{};
-  std::vector<detail::Announcement> theirs_;
+  // The rendezvous's message and those received (a slot per rank), in
+  // 8-byte words so that the data after each announcement is aligned.
+  std::vector<std::uint64_t> sent_, received_;
   std::vector<MPI_Request> requests_;
   std::vector<std::uint64_t> ring_scratch_;  // a block of the ring's allreduce (8-byte aligned)
   bool broken_ = false;

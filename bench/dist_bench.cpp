@@ -3,7 +3,8 @@
 //   1. allreduce (sum, float32) from 4 KiB to 64 MiB: dist::allreduce with
 //      the rendezvous and watchdog (the default), without them, and a bare
 //      MPI_Allreduce; interleaved repeats, medians; ratio = MPI's time / deft's
-//      (deft's share of MPI's bandwidth: 1 is equal).
+//      (deft's share of MPI's bandwidth: 1 is equal); then broadcast and
+//      allgather at 4 and 16 KiB the same way.
 //   2. the chapter's MLP (784-256-10, global batch 256 and 32) and LeNet
 //      steps (global batch 256, SGD)
 //      with two workers per process (one more than compute needs, as
@@ -133,6 +134,44 @@ void allreduce_rows(std::int64_t max_bytes) {
       std::printf("%10lld %12.1f %12.1f %12.1f %10.2f %10.3f %10.3f\n", static_cast<long long>(bytes), times[0] * 1e6,
                   times[1] * 1e6, times[2] * 1e6, double(bytes) / times[0] / 1e9, times[0] / times[1],
                   times[0] / times[2]);
+  }
+}
+
+// Small broadcasts and allgathers (up to thresholds::rendezvous_data_max_bytes
+// their data travels inside the rendezvous), as allreduce_rows times them.
+void small_rows() {
+  auto plain = std::make_shared<dist::MpiCommunicator>(MPI_COMM_WORLD, dist::Options{.rendezvous = false});
+  if (dist::rank() == 0) {
+    std::printf("\nbroadcast from rank 0 and allgather of float32, %d ranks (median of %d interleaved repeats)\n",
+                dist::size(), repeats);
+    std::printf("%-10s %10s %12s %12s %12s %10s %10s\n", "", "bytes", "MPI us", "deft us", "deft-bare us", "deft/MPI",
+                "bare/MPI");
+  }
+  for (std::int64_t bytes : {std::int64_t(4096), std::int64_t(16384)}) {
+    const std::int64_t n = bytes / 4;
+    std::vector<float> in(static_cast<std::size_t>(n), 1.0f), out(static_cast<std::size_t>(n) * dist::size());
+    Tensor<float> a(in, Shape{n}), b(in, Shape{n});
+    const auto row = [&](const char* what, const std::vector<double>& t) {
+      if (dist::rank() == 0)
+        std::printf("%-10s %10lld %12.1f %12.1f %12.1f %10.3f %10.3f\n", what, static_cast<long long>(bytes), t[0] * 1e6,
+                    t[1] * 1e6, t[2] * 1e6, t[0] / t[1], t[0] / t[2]);
+    };
+    row("broadcast", interleaved({
+                         [&] { MPI_Bcast(in.data(), int(n), MPI_FLOAT, 0, MPI_COMM_WORLD); },
+                         [&] {
+                           dist::broadcast(a, 0);
+                           a.wait_to_read();
+                         },
+                         [&] {
+                           dist::broadcast(b, 0, plain);
+                           b.wait_to_read();
+                         },
+                     }));
+    row("allgather", interleaved({
+                         [&] { MPI_Allgather(in.data(), int(n), MPI_FLOAT, out.data(), int(n), MPI_FLOAT, MPI_COMM_WORLD); },
+                         [&] { dist::allgather(a).wait_to_read(); },
+                         [&] { dist::allgather(b, plain).wait_to_read(); },
+                     }));
   }
 }
 
@@ -268,6 +307,7 @@ int main(int argc, char** argv) {
     else if (a == "--max-mib") max_mib = std::max(1, std::atoi(argv[i + 1]));
   }
   allreduce_rows(max_mib << 20);
+  small_rows();
   // Buckets of 64 KiB (the default is 25 MiB, one bucket for these models),
   // so that the first buckets' sums can overlap the rest of the backward.
   step_rows("MLP 784-256-10", mlp, {784}, std::size_t(64) << 10);

@@ -125,6 +125,43 @@ BOOST_AUTO_TEST_CASE(reduce_scatter_keeps_this_ranks_rows_of_the_sum) {
                         std::invalid_argument, [](const auto& e) { return mentions(e, "split evenly"); });
 }
 
+// Inputs up to thresholds::rendezvous_data_max_bytes travel inside the
+// rendezvous; larger ones through MPI's collectives after it: both sides.
+BOOST_AUTO_TEST_CASE(broadcast_allgather_and_reduce_scatter_on_both_sides_of_the_rendezvous_bound) {
+  const int ranks = dist::size();
+  const std::int64_t bound = std::int64_t(thresholds::rendezvous_data_max_bytes / 4);
+  for (const std::int64_t cols : {std::int64_t(3), bound / ranks + 1}) {
+    const std::int64_t rows = 2 * std::int64_t(ranks), n = rows * cols, block = n / ranks;
+    std::vector<std::vector<float>> f;
+    std::vector<std::vector<double>> d;
+    for (int r = 0; r < ranks; ++r) {
+      f.push_back(values_of<float>(r, 90 + std::uint64_t(cols), n));
+      d.push_back(values_of<double>(r, 91 + std::uint64_t(cols), n));
+    }
+    Tensor<float> b(f[std::size_t(dist::rank())], Shape{rows, cols});
+    dist::broadcast(b, ranks - 1);
+    BOOST_TEST(b.to_vector() == f[std::size_t(ranks - 1)], "broadcast of " << n);
+    std::vector<float> gathered;
+    for (const auto& v : f) gathered.insert(gathered.end(), v.begin(), v.end());
+    BOOST_TEST(dist::allgather(Tensor<float>(f[std::size_t(dist::rank())], Shape{rows, cols})).to_vector() == gathered,
+               "allgather of " << n);
+    const auto got =
+        dist::reduce_scatter(Tensor<double>(d[std::size_t(dist::rank())], Shape{rows, cols}), dist::ReduceOp::mean)
+            .to_vector();
+    BOOST_REQUIRE_EQUAL(got.size(), std::size_t(block));
+    std::int64_t bad = 0;
+    for (std::int64_t i = 0; i < block; ++i) {
+      double sum = 0, mag = 0;
+      for (const auto& v : d) {
+        sum += v[std::size_t(dist::rank() * block + i)];
+        mag += std::abs(v[std::size_t(dist::rank() * block + i)]);
+      }
+      if (std::abs(got[std::size_t(i)] - sum / ranks) > dist_test::tolerance_of<double>(mag)) ++bad;
+    }
+    BOOST_TEST(bad == 0, bad << " of " << block << " elements of a mean reduce_scatter of " << n << " differ");
+  }
+}
+
 BOOST_AUTO_TEST_CASE(bucketed_allreduce_of_many_tensors_equals_one_at_a_time) {
   // Tensors of mixed sizes: buckets of 100 bytes hold several small ones, the large ones go alone.
   const std::vector<Shape> shapes{{3}, {2, 4}, {40}, {1}, {5, 5}, {0}, {7}};

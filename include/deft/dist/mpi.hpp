@@ -167,9 +167,8 @@ class MpiCommunicator final : public Communicator {
       deft::detail::raise<Error>("dist: rank ", rank_, " cannot run ", describe(c),
                                  ": an earlier collective failed on this communicator (", broken_reason_, ")");
     if (options_.rendezvous && detail::data_rides_rendezvous(c, size_)) {
-      rendezvous(c, in);
-      combine_received(c, out);
-      if (c.op == ReduceOp::mean) divide(out, c.count, c.dtype);
+      rendezvous(c, detail::sends_data(c, rank_) ? in : nullptr);
+      finish_from_rendezvous(c, out);
       return;
     }
     if (options_.rendezvous) rendezvous(c);
@@ -393,19 +392,20 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // After a rendezvous that carried every rank's data: out = their
-  // combination, in rank order (this rank's from what it sent: `out` may be
-  // its input).
-  void combine_received(const Collective& c, void* out) {
+  // After a rendezvous that carried the ranks' inputs: c's result (this
+  // rank's input from what it sent, since `out` may be its input).
+  void finish_from_rendezvous(const Collective& c, void* out) {
     const std::size_t slot = detail::rendezvous_slot_bytes(size_);
     const std::size_t skip = sizeof(detail::Announcement) / 8;
     visit_dtype(c.dtype, [&](auto e) {
       using T = typename decltype(e)::type;
-      detail::combine_in_rank_order(static_cast<T*>(out), c.count, c.op, size_, [&](int r) {
+      detail::finish_from_inputs(c, rank_, size_, static_cast<T*>(out), [&](int r) {
         const std::uint64_t* words = r == rank_ ? sent_.data() : received_.data() + std::size_t(r) * slot / 8;
         return reinterpret_cast<const T*>(words + skip);
       });
     });
+    if (c.op == ReduceOp::mean && c.kind == CollectiveKind::allreduce) divide(out, c.count, c.dtype);
+    if (c.op == ReduceOp::mean && c.kind == CollectiveKind::reduce_scatter) divide(out, c.count / size_, c.dtype);
   }
 
   // Polls requests_ until all completed or the timeout passed (then

@@ -1,7 +1,8 @@
 // The rendezvous's message, without MPI: what a rank says of its next
 // collective, which every other rank checks against its own before the
-// collective runs. A small allreduce's data rides along: each rank then
-// combines every rank's data itself, in rank order (the same bits on every
+// collective runs. A small collective's data rides along (a broadcast's
+// from its root only): each rank then finishes the collective from the
+// messages it received, combining in rank order (the same bits on every
 // rank), and the collective costs one exchange instead of two. dist/mpi.hpp
 // sends and receives these messages.
 #pragma once
@@ -58,13 +59,19 @@ struct Announcement {
   }
 };
 
-/// Whether `c`, among `ranks` ranks, sends its data with its announcement:
-/// an allreduce of host memory of at most thresholds::rendezvous_data_max_bytes,
-/// in a world of at most thresholds::rendezvous_data_max_ranks.
+/// Whether `c`, among `ranks` ranks, runs inside its rendezvous: a
+/// collective of host memory whose input is at most
+/// thresholds::rendezvous_data_max_bytes, in a world of at most
+/// thresholds::rendezvous_data_max_ranks (a barrier always was one).
 inline bool data_rides_rendezvous(const Collective& c, int ranks) {
   const std::size_t bytes = std::size_t(c.count) * dtype_size(c.dtype);
-  return c.kind == CollectiveKind::allreduce && c.device.type != DeviceType::gpu && ranks > 1 &&
+  return c.kind != CollectiveKind::barrier && c.device.type != DeviceType::gpu && ranks > 1 &&
          ranks <= thresholds::rendezvous_data_max_ranks && bytes <= thresholds::rendezvous_data_max_bytes;
+}
+
+/// Whether this rank's message carries its input (a broadcast's root only).
+inline bool sends_data(const Collective& c, int rank) {
+  return c.kind != CollectiveKind::broadcast || rank == c.root;
 }
 
 /// The bytes a rank receives from each other rank: an announcement, and
@@ -83,6 +90,30 @@ void combine_in_rank_order(T* out, std::int64_t n, ReduceOp op, int ranks, DataO
   if (n == 0) return;
   std::memcpy(out, data(0), std::size_t(n) * sizeof(T));
   for (int r = 1; r < ranks; ++r) combine_into(out, data(r), n, op);
+}
+
+/// Finishes `c` on `rank` of `ranks` from every rank's input: `data(r)` is
+/// rank r's `c.count` elements (the root's alone for a broadcast) and none
+/// of them is `out`. A mean sums; its division comes after.
+template <class T, class DataOf>
+void finish_from_inputs(const Collective& c, int rank, int ranks, T* out, DataOf&& data) {
+  const std::int64_t n = c.count;
+  switch (c.kind) {
+    case CollectiveKind::allreduce: return combine_in_rank_order(out, n, c.op, ranks, data);
+    case CollectiveKind::broadcast:
+      if (n > 0) std::memcpy(out, data(c.root), std::size_t(n) * sizeof(T));
+      return;
+    case CollectiveKind::allgather:
+      for (int r = 0; r < ranks && n > 0; ++r)
+        std::memcpy(out + std::int64_t(r) * n, data(r), std::size_t(n) * sizeof(T));
+      return;
+    case CollectiveKind::reduce_scatter: {  // this rank's block of the combination
+      const std::int64_t block = n / ranks;
+      const auto block_of = [&](int r) { return data(r) + std::int64_t(rank) * block; };
+      return combine_in_rank_order(out, block, c.op, ranks, block_of);
+    }
+    case CollectiveKind::barrier: return;
+  }
 }
 
 }  // namespace deft::dist::detail

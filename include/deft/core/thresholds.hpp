@@ -207,10 +207,10 @@ inline constexpr std::int64_t nccl_poll_max_sleep_us = 100;
 // KiB, but 1.2x at 64 MiB, where the blocks outgrow the caches.
 inline constexpr std::size_t mpi_ring_min_bytes = std::size_t(64) << 10;
 inline constexpr std::size_t mpi_ring_max_bytes = std::size_t(16) << 20;
-// An allreduce of at most this many bytes, with the watchdog on, sends its
-// data with its rendezvous message (dist/rendezvous.hpp): one exchange, not
-// a rendezvous and then MPI_Iallreduce. Each rank receives this much from
-// every other, so only in worlds of at most rendezvous_data_max_ranks.
+// A collective whose input is at most this many bytes, with the watchdog on,
+// sends it with its rendezvous message (dist/rendezvous.hpp): one exchange,
+// not a rendezvous and then MPI's collective. Each rank receives this much
+// from every other, so only in worlds of at most rendezvous_data_max_ranks.
 inline constexpr std::size_t rendezvous_data_max_bytes = std::size_t(16) << 10;
 inline constexpr int rendezvous_data_max_ranks = 64;
 

@@ -210,14 +210,21 @@ class MpiCommunicator final : public Communicator {
         case CollectiveKind::barrier: check(MPI_Barrier(data_), c); break;
       }
     }
-    if (c.op == ReduceOp::mean && c.kind == CollectiveKind::allreduce) divide(out, c.count, c.dtype);
-    if (c.op == ReduceOp::mean && c.kind == CollectiveKind::reduce_scatter) divide(out, c.count / size_, c.dtype);
+    divide_if_mean(c, out);
   }
 
  private:
-  // MPI has no mean: the sum, divided here.
-  void divide(void* data, std::int64_t n, DType t) const {
-    visit_dtype(t, [&](auto e) { detail::divide<typename decltype(e)::type>(data, n, size_); });
+  // MPI has no mean: the sum, divided here (a reduce_scatter's output is this rank's block).
+  void divide_if_mean(const Collective& c, void* out) const {
+    if (c.op != ReduceOp::mean) return;
+    const std::int64_t n = c.kind == CollectiveKind::allreduce        ? c.count
+                           : c.kind == CollectiveKind::reduce_scatter ? c.count / size_
+                                                                      : 0;
+    visit_dtype(c.dtype, [&](auto e) { detail::divide<typename decltype(e)::type>(out, n, size_); });
+  }
+  // Where rank r's message starts in received_ (a slot per rank, 8-byte words).
+  std::uint64_t* received_from(int r) {
+    return received_.data() + std::size_t(r) * detail::rendezvous_slot_bytes(size_) / 8;
   }
 
   void fail(std::string reason) {
@@ -369,8 +376,7 @@ class MpiCommunicator final : public Communicator {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       peer.push_back(r);
-      std::uint64_t* into = received_.data() + std::size_t(r) * slot / 8;
-      check(MPI_Irecv(into, int(slot), MPI_BYTE, r, tag, control_, &requests_[k]), c);
+      check(MPI_Irecv(received_from(r), int(slot), MPI_BYTE, r, tag, control_, &requests_[k]), c);
       ++k;
     }
     for (int r = 0; r < size_; ++r) {
@@ -381,7 +387,7 @@ class MpiCommunicator final : public Communicator {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       detail::Announcement theirs;
-      std::memcpy(&theirs, received_.data() + std::size_t(r) * slot / 8, sizeof theirs);
+      std::memcpy(&theirs, received_from(r), sizeof theirs);
       if (mine.agrees_with(theirs)) continue;
       const std::string reason = "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " is at " +
                                  describe(c) + " but rank " + std::to_string(r) + " is at " +
@@ -395,17 +401,15 @@ class MpiCommunicator final : public Communicator {
   // After a rendezvous that carried the ranks' inputs: c's result (this
   // rank's input from what it sent, since `out` may be its input).
   void finish_from_rendezvous(const Collective& c, void* out) {
-    const std::size_t slot = detail::rendezvous_slot_bytes(size_);
     const std::size_t skip = sizeof(detail::Announcement) / 8;
     visit_dtype(c.dtype, [&](auto e) {
       using T = typename decltype(e)::type;
       detail::finish_from_inputs(c, rank_, size_, static_cast<T*>(out), [&](int r) {
-        const std::uint64_t* words = r == rank_ ? sent_.data() : received_.data() + std::size_t(r) * slot / 8;
+        const std::uint64_t* words = r == rank_ ? sent_.data() : received_from(r);
         return reinterpret_cast<const T*>(words + skip);
       });
     });
-    if (c.op == ReduceOp::mean && c.kind == CollectiveKind::allreduce) divide(out, c.count, c.dtype);
-    if (c.op == ReduceOp::mean && c.kind == CollectiveKind::reduce_scatter) divide(out, c.count / size_, c.dtype);
+    divide_if_mean(c, out);
   }
 
   // Polls requests_ until all completed or the timeout passed (then

@@ -242,6 +242,25 @@ BOOST_AUTO_TEST_CASE(a_small_allreduce_against_a_broadcast_is_named_on_every_ran
   });
 }
 
+// 16 KiB rides the rendezvous in several pieces; rank 1's 10 elements in
+// one. The others must name rank 1 from its first piece, not wait for the
+// pieces it never sends.
+BOOST_AUTO_TEST_CASE(a_message_in_pieces_against_a_shorter_one_is_named_at_once) {
+  if (dist::size() < 2) return;
+  auto comm = dist_test::fresh({.timeout = std::chrono::seconds(20), .on_timeout = dist::OnTimeout::raise});
+  const std::int64_t big = std::int64_t(thresholds::rendezvous_data_max_bytes / sizeof(float));
+  static_assert(thresholds::rendezvous_data_max_bytes > 2 * thresholds::rendezvous_piece_bytes);
+  const std::int64_t n = dist::rank() == 1 ? 10 : big;
+  Tensor<float> t(std::vector<float>(std::size_t(n), 1.0f), Shape{n});
+  dist::allreduce(t, dist::ReduceOp::sum, comm);
+  const auto start = std::chrono::steady_clock::now();
+  BOOST_CHECK_EXCEPTION(t.wait_to_read(), dist::Error, [&](const dist::Error& e) {
+    BOOST_TEST_MESSAGE(e.what());
+    return mentions(e, "shape (10,)") && mentions(e, "shape (" + std::to_string(big) + ",)");
+  });
+  BOOST_TEST((std::chrono::steady_clock::now() - start < std::chrono::seconds(10)));
+}
+
 BOOST_AUTO_TEST_CASE(the_same_count_in_another_shape_is_named) {
   if (dist::size() < 2) return;
   auto comm = dist_test::fresh();

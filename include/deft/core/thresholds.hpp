@@ -213,6 +213,12 @@ inline constexpr std::size_t mpi_ring_max_bytes = std::size_t(16) << 20;
 // from every other, so only in worlds of at most rendezvous_data_max_ranks.
 inline constexpr std::size_t rendezvous_data_max_bytes = std::size_t(16) << 10;
 inline constexpr int rendezvous_data_max_ranks = 64;
+// A rendezvous message goes in pieces of at most this many bytes (a multiple
+// of 8). Open MPI's shared-memory transport sends a message of up to 4 KiB,
+// its own headers included, at once; a longer one waits for the receiver's
+// acknowledgement. On 2 ranks of the 2-core VM a 4 KiB allreduce took 9-12
+// us as one message and 5-7 us at 3.75 KiB.
+inline constexpr std::size_t rendezvous_piece_bytes = 4096 - 128;
 
 // --- task memory (engine/task_memory.hpp) ---------------------------------
 // Freed task blocks each thread keeps for reuse, per size class of

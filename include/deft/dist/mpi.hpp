@@ -358,34 +358,39 @@ class MpiCommunicator final : public Communicator {
   // Sends `c`'s announcement to every other rank and receives theirs,
   // polling until all arrived or the timeout passed. Polling drives MPI's
   // progress (Open MPI has no progress thread by default). With `data`
-  // (detail::data_rides_rendezvous), c's input goes along.
+  // (detail::data_rides_rendezvous), c's input goes along. A message goes
+  // in pieces that MPI sends without waiting for the receiver
+  // (thresholds::rendezvous_piece_bytes); the first, with the announcement,
+  // is received from every rank before the rest, so that a rank at another
+  // collective, whose message may be shorter, is named, not waited for.
   void rendezvous(const Collective& c, const void* data = nullptr) {
     if (size_ == 1) return;
     constexpr int tag = 0x5def;
+    const std::size_t piece = thresholds::rendezvous_piece_bytes;
     const detail::Announcement mine = detail::Announcement::of(c);
-    const std::size_t data_bytes = data ? std::size_t(c.count) * dtype_size(c.dtype) : 0;
+    const std::size_t message = sizeof mine + (data ? std::size_t(c.count) * dtype_size(c.dtype) : 0);
     const std::size_t slot = detail::rendezvous_slot_bytes(size_);
     // 8-byte words: every slot's announcement and data start aligned.
-    sent_.resize((sizeof mine + data_bytes + 7) / 8);
+    sent_.resize((message + 7) / 8);
     std::memcpy(sent_.data(), &mine, sizeof mine);
-    if (data_bytes) std::memcpy(sent_.data() + sizeof mine / 8, data, data_bytes);
+    if (message > sizeof mine) std::memcpy(sent_.data() + sizeof mine / 8, data, message - sizeof mine);
     received_.resize(std::size_t(size_) * slot / 8);
-    requests_.assign(std::size_t(2 * (size_ - 1)), MPI_REQUEST_NULL);
+    const auto bytes_of = [](std::uint64_t* words) { return reinterpret_cast<char*>(words); };
+    const auto request = [&] { return &requests_.emplace_back(MPI_REQUEST_NULL); };  // valid until the next one
+    requests_.clear();
     std::vector<int> peer;  // peer[k]: the rank of receive k
-    std::size_t k = 0;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
+      check(MPI_Irecv(received_from(r), int(std::min(piece, slot)), MPI_BYTE, r, tag, control_, request()), c);
       peer.push_back(r);
-      check(MPI_Irecv(received_from(r), int(slot), MPI_BYTE, r, tag, control_, &requests_[k]), c);
-      ++k;
     }
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      check(MPI_Isend(sent_.data(), int(sizeof mine + data_bytes), MPI_BYTE, r, tag, control_, &requests_[k++]), c);
-    }
-    await(c, peer);
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
+    for (int r = 0; r < size_; ++r)
+      for (std::size_t at = 0; r != rank_ && at < message; at += piece)
+        check(MPI_Isend(bytes_of(sent_.data()) + at, int(std::min(piece, message - at)), MPI_BYTE, r, tag, control_,
+                        request()),
+              c);
+    await(c, peer, peer.size());
+    for (int r : peer) {
       detail::Announcement theirs;
       std::memcpy(&theirs, received_from(r), sizeof theirs);
       if (mine.agrees_with(theirs)) continue;
@@ -396,6 +401,15 @@ class MpiCommunicator final : public Communicator {
       fail(reason);
       deft::detail::raise<Error>("dist: ", reason);
     }
+    // Every rank is at c: the rest of each message, and this rank's sends.
+    for (int r : peer) {
+      const std::size_t theirs = detail::rendezvous_message_bytes(c, size_, r);
+      for (std::size_t at = piece; at < theirs; at += piece)
+        check(MPI_Irecv(bytes_of(received_from(r)) + at, int(std::min(piece, theirs - at)), MPI_BYTE, r, tag, control_,
+                        request()),
+              c);
+    }
+    await(c, {});
   }
 
   // After a rendezvous that carried the ranks' inputs: c's result (this
@@ -412,14 +426,16 @@ class MpiCommunicator final : public Communicator {
     divide_if_mean(c, out);
   }
 
-  // Polls requests_ until all completed or the timeout passed (then
-  // timed_out). `peer[k]`, when given, is the rank request k receives from.
-  // Polling drives MPI's progress (Open MPI has no progress thread by default).
-  void await(const Collective& c, const std::vector<int>& peer) {
+  // Polls the first n of requests_ (all by default) until they completed or
+  // the timeout passed (then timed_out). `peer[k]`, when given, is the rank
+  // request k receives from. Polling drives MPI's progress (Open MPI has no
+  // progress thread by default).
+  void await(const Collective& c, const std::vector<int>& peer, std::size_t n = std::size_t(-1)) {
+    n = std::min(n, requests_.size());
     const auto start = std::chrono::steady_clock::now();
     for (int polls = 0;; ++polls) {
       int done = 0;
-      check(MPI_Testall(int(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE), c);
+      check(MPI_Testall(int(n), requests_.data(), &done, MPI_STATUSES_IGNORE), c);
       if (done) return;
       if (std::chrono::steady_clock::now() - start > options_.timeout) {
         std::vector<int> missing;

@@ -73,6 +73,13 @@ inline bool sends_data(const Collective& c, int rank) {
   return c.kind != CollectiveKind::broadcast || rank == c.root;
 }
 
+/// The bytes of `rank`'s rendezvous message for `c`: its announcement, and
+/// its input where that rides along.
+inline std::size_t rendezvous_message_bytes(const Collective& c, int ranks, int rank) {
+  const bool data = data_rides_rendezvous(c, ranks) && sends_data(c, rank);
+  return sizeof(Announcement) + (data ? std::size_t(c.count) * dtype_size(c.dtype) : 0);
+}
+
 /// The bytes a rank receives from each other rank: an announcement, and
 /// room for data where a world's allreduces may carry it (every rank posts
 /// the same, so that a peer at another collective is named, not truncated).

@@ -1,6 +1,6 @@
 // deft_bench_dist: deft's collectives across processes against raw MPI on the
 // same buffers, in the same run (mpirun -np N deft_bench_dist; rank 0 prints).
-//   1. allreduce (sum, float32) from 4 KiB to 64 MiB: dist::allreduce with
+//   1. allreduce (sum, float32) from 1 KiB to 64 MiB: dist::allreduce with
 //      the rendezvous and watchdog (the default), without them, and a bare
 //      MPI_Allreduce; interleaved repeats, medians; ratio = MPI's time / deft's
 //      (deft's share of MPI's bandwidth: 1 is equal); then broadcast and
@@ -115,7 +115,7 @@ void allreduce_rows(std::int64_t max_bytes) {
     std::printf("%10s %12s %12s %12s %10s %10s %10s\n", "bytes", "MPI us", "deft us", "deft-bare us", "MPI GB/s",
                 "deft/MPI", "bare/MPI");
   }
-  for (std::int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+  for (std::int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
     const std::int64_t n = bytes / 4;
     std::vector<float> in(static_cast<std::size_t>(n), 1.0f), out(static_cast<std::size_t>(n));
     Tensor<float> a(in, Shape{n}), b(in, Shape{n});

@@ -180,8 +180,10 @@ struct CopyNode final : Node {
 // --- the hooks the operations call -----------------------------------------
 
 // Integer results carry no record: gradients stop at them, as at comparisons.
+// `e` is consumed (an rvalue: E is not a reference).
 template <class T, class E>
-void track_elementwise(Tensor<T>& out, E e) {
+void track_elementwise(Tensor<T>& out, E&& e) {
+  static_assert(!std::is_reference_v<E>, "track_elementwise consumes its expression");
   if constexpr (std::is_floating_point_v<T>) {
     std::shared_ptr<Node> node;
     if constexpr (deft::detail::has_program<E>) node = std::make_shared<ProgramNode<T>>(deft::detail::program_of(std::move(e)));

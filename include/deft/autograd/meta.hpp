@@ -86,7 +86,7 @@ Tensor<T> grad_of(const Tensor<T>& x);
 template <class T>
 void backward(const Tensor<T>& y, const Tensor<T>* head, bool retain_graph);
 template <class T, class E>
-void track_elementwise(Tensor<T>& out, E e);
+void track_elementwise(Tensor<T>& out, E&& e);
 template <class Reducer, class T, class E>
 void track_reduce(Tensor<T>& out, const E& in, int axis, bool all, bool keepdims);
 template <class T>

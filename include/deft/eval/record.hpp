@@ -198,11 +198,9 @@ DEFT_NOINLINE inline void record_copy_on_write(std::shared_ptr<Task> t, std::sha
   Engine::get().record(std::move(t));
 }
 
-/// Records the evaluation of an elementwise expression into a new tensor.
-/// Track = false for autograd's own backward work, which is never recorded
-/// (and must not instantiate derivatives of derivatives).
-template <bool Track = true, Expression E>
-Tensor<value_t<E>> record_expression(E e) {
+/// record_expression of an expression it consumes (E is not a reference).
+template <bool Track, Expression E>
+Tensor<value_t<E>> record_expression_consumed(E&& e) {
   using T = value_t<E>;
   const Shape shape = e.shape();
   const Device dev = e.device();
@@ -220,6 +218,17 @@ Tensor<value_t<E>> record_expression(E e) {
     }
   }
   return record(std::move(e));
+}
+
+/// Records the evaluation of an elementwise expression into a new tensor.
+/// Track = false for autograd's own backward work, which is never recorded
+/// (and must not instantiate derivatives of derivatives). Taken by
+/// reference and moved once, into the task: a tree taken by value costs
+/// every expression's code a move and a shell's destruction per leaf.
+template <bool Track = true, Expression X>
+Tensor<value_t<std::remove_cvref_t<X>>> record_expression(X&& x) {
+  if constexpr (std::is_lvalue_reference_v<X>) return record_expression_consumed<Track>(std::remove_cvref_t<X>(x));
+  else return record_expression_consumed<Track>(std::move(x));
 }
 
 }  // namespace deft::detail

@@ -23,6 +23,7 @@ class CountingAllocator final : public engine::HostAllocator {
     std::lock_guard lk(m_);
     ++allocations;
     live_[p] = bytes;
+    asked_alignment_[p] = alignment;
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t) noexcept override {
@@ -32,8 +33,15 @@ class CountingAllocator final : public engine::HostAllocator {
       const auto it = live_.find(p);
       if (it == live_.end() || it->second != bytes) ++mismatches;  // freed with another size, or twice
       else live_.erase(it);
+      asked_alignment_.erase(p);
     }
     std::free(p);
+  }
+  /// The alignment live block `p` was asked for (0: not one of ours).
+  std::size_t asked_alignment(const void* p) {
+    std::lock_guard lk(m_);
+    const auto it = asked_alignment_.find(const_cast<void*>(p));
+    return it == asked_alignment_.end() ? 0 : it->second;
   }
   std::size_t live() {
     std::lock_guard lk(m_);
@@ -51,6 +59,7 @@ class CountingAllocator final : public engine::HostAllocator {
  private:
   std::mutex m_;
   std::map<void*, std::size_t> live_;
+  std::map<void*, std::size_t> asked_alignment_;
 };
 
 constexpr std::size_t align = 64;
@@ -457,20 +466,26 @@ BOOST_AUTO_TEST_CASE(tensors_reuse_cached_blocks) {
 
 // Large host buffers start on a page, so that a kernel storing to one while
 // loading from another never sees them a few cache lines apart modulo
-// 4 KiB (4K aliasing); small ones on a cache line. The allocator is asked
-// for, and frees with, the same alignment and size.
+// 4 KiB (4K aliasing); others on a cache line, and the smallest where
+// malloc puts them (16 bytes). The allocator is asked for, and frees with,
+// the same alignment and size.
 BOOST_AUTO_TEST_CASE(large_buffers_start_on_a_page) {
   auto up = std::make_shared<CountingAllocator>();
   const Installed installed(up);
   std::mt19937 g(612);
-  for (const i64 n : {i64(1) << 12, i64(5000), i64(3), i64(1000)}) {  // 16 KiB, 20000 B, 12 B, 4000 B
+  const i64 small = i64(deft::thresholds::small_host_buffer_bytes / 4);
+  // 16 KiB, 20000 B, 12 B, 4000 B, and both sides of the small bound.
+  for (const i64 n : {i64(1) << 12, i64(5000), i64(3), i64(1000), small, small + 1}) {
     std::vector<Tensor<float>> ts;
     for (int k = 0; k < 4; ++k) ts.push_back(make(random_values<float>(g, n, -1, 1), Shape{n}) * 2.f);
     for (const auto& t : ts) {
       t.wait_to_read();
       const auto at = reinterpret_cast<std::uintptr_t>(t.storage()->data);
-      const std::size_t want = n * 4 >= i64(deft::thresholds::page_align_min_bytes) ? 4096 : 64;
+      const std::size_t want = n * 4 >= i64(deft::thresholds::page_align_min_bytes) ? 4096
+                               : n <= small                                         ? alignof(std::max_align_t)
+                                                                                    : 64;
       BOOST_TEST(at % want == 0u, n << " floats at " << at);
+      BOOST_TEST(up->asked_alignment(t.storage()->data) == want, n << " floats");
     }
   }
   settle();

@@ -261,6 +261,12 @@ inline constexpr std::size_t alignment = 64;
 // address bits below 4 KiB): a fused statement on 4096 floats took 1.47 us
 // instead of 1.16 with its output 64 bytes past an input modulo 4 KiB.
 inline constexpr std::size_t page_align_min_bytes = std::size_t(16) << 10;
+// Host buffers of at most this many bytes are aligned as malloc aligns
+// (16 bytes), not on a cache line: glibc's aligned_alloc then takes them
+// from its per-thread cache, as malloc does, instead of cutting them out of
+// a larger block (memalign), and a statement making a new 4-float tensor
+// executes 2,554 instructions instead of 2,993 (bench/record_cost.py).
+inline constexpr std::size_t small_host_buffer_bytes = 1024;
 inline constexpr std::size_t page_alignment = 4096;
 
 }  // namespace deft::thresholds

@@ -102,10 +102,14 @@ struct Buffer {
     counters().add_allocated(bytes);
   }
 
-  // A cache line, or a page for large host buffers (thresholds::page_align_min_bytes).
+  // A cache line; on the host, a page for large buffers
+  // (thresholds::page_align_min_bytes) and malloc's own alignment for small
+  // ones (thresholds::small_host_buffer_bytes), which glibc then serves from
+  // its per-thread cache instead of through memalign.
   std::size_t alignment() const {
-    return device.type == DeviceType::cpu && bytes >= thresholds::page_align_min_bytes ? thresholds::page_alignment
-                                                                                       : thresholds::alignment;
+    if (device.type == DeviceType::cpu && bytes >= thresholds::page_align_min_bytes) return thresholds::page_alignment;
+    if (device.type == DeviceType::cpu && bytes <= thresholds::small_host_buffer_bytes) return alignof(std::max_align_t);
+    return thresholds::alignment;
   }
   std::size_t rounded_bytes() const { return aligned_size(bytes, alignment()); }
   void release_memory() {

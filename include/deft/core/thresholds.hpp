@@ -216,8 +216,7 @@ inline constexpr int rendezvous_data_max_ranks = 64;
 // A rendezvous message goes in pieces of at most this many bytes (a multiple
 // of 8). Open MPI's shared-memory transport sends a message of up to 4 KiB,
 // its own headers included, at once; a longer one waits for the receiver's
-// acknowledgement. On 2 ranks of the 2-core VM a 4 KiB allreduce took 9-12
-// us as one message and 5-7 us at 3.75 KiB.
+// acknowledgement, which a 4 KiB allreduce paid (docs/distributed.md).
 inline constexpr std::size_t rendezvous_piece_bytes = 4096 - 128;
 
 // --- task memory (engine/task_memory.hpp) ---------------------------------

@@ -251,7 +251,9 @@ inline constexpr std::size_t max_inflight_bytes = std::size_t(128) << 20;
 // dropped in the file, so a forgotten trace cannot grow without bound.
 inline constexpr std::size_t max_trace_slices = std::size_t(1) << 22;
 
-// Storage alignment: one cache line, enough for any SIMD width deft uses.
+// Storage alignment: one cache line, enough for any SIMD width deft uses
+// (host buffers of small_host_buffer_bytes and less take malloc's 16 bytes:
+// deft's kernels load and store them unaligned).
 inline constexpr std::size_t alignment = 64;
 // Host buffers of this size and more start on a page. The heap otherwise
 // places consecutive blocks a few cache lines apart modulo 4 KiB, and a

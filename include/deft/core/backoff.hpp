@@ -29,16 +29,20 @@ inline void sleep_us(std::int64_t us) {
 }
 
 /// Waits before poll number `polls` + 1 (counted from 0): the first polls
-/// only yield the core (the other side is usually microseconds behind),
-/// later ones sleep 10 us longer each time, up to `longest_us`, so that a
-/// long wait leaves the core to the workers.
+/// follow each other at once (a peer a microsecond behind is then found
+/// without a system call; docs/distributed.md has the small collectives'
+/// times both ways), the next ones only yield the core, later ones sleep
+/// 10 us longer each time, up to `longest_us`, so that a long wait leaves
+/// the core to the workers.
 inline void back_off(int polls, std::int64_t longest_us) {
-  constexpr int yields = 256;
-  if (polls < yields) {
+  constexpr int spins = 64;    // a few microseconds of polls
+  constexpr int yields = 256;  // then a few hundred microseconds
+  if (polls < spins) return;
+  if (polls < spins + yields) {
     std::this_thread::yield();
     return;
   }
-  const std::int64_t grown = 10 * std::int64_t(polls - yields + 1);
+  const std::int64_t grown = 10 * std::int64_t(polls - spins - yields + 1);
   sleep_us(std::min(grown, longest_us));
 }
 

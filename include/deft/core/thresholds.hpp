@@ -193,10 +193,11 @@ inline constexpr std::size_t cache_large_round_bytes = std::size_t(2) << 20;
 inline constexpr std::size_t allreduce_bucket_bytes = std::size_t(25) << 20;
 
 // --- waiting for other processes (dist/mpi.hpp, device/cuda/collective.hpp) --
-// A rank polling a collective first yields, then sleeps longer each poll
-// up to this (core/backoff.hpp): longer sleeps wake later; shorter ones take
-// the core from the workers more often. MPI's requests wait on a peer that
-// may be far behind; NCCL's non-blocking calls end within NCCL's own setup.
+// A rank polling a collective first polls at once, then yields, then
+// sleeps longer each poll up to this (core/backoff.hpp): longer sleeps wake
+// later; shorter ones take the core from the workers more often. MPI's
+// requests wait on a peer that may be far behind; NCCL's non-blocking calls
+// end within NCCL's own setup.
 inline constexpr std::int64_t mpi_poll_max_sleep_us = 1000;
 inline constexpr std::int64_t nccl_poll_max_sleep_us = 100;
 // An allreduce over MPI from mpi_ring_min_bytes to mpi_ring_max_bytes, with

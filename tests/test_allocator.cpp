@@ -22,8 +22,7 @@ class CountingAllocator final : public engine::HostAllocator {
     void* p = std::aligned_alloc(alignment, bytes);
     std::lock_guard lk(m_);
     ++allocations;
-    live_[p] = bytes;
-    asked_alignment_[p] = alignment;
+    live_[p] = {bytes, alignment};
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t) noexcept override {
@@ -31,17 +30,16 @@ class CountingAllocator final : public engine::HostAllocator {
       std::lock_guard lk(m_);
       ++deallocations;
       const auto it = live_.find(p);
-      if (it == live_.end() || it->second != bytes) ++mismatches;  // freed with another size, or twice
+      if (it == live_.end() || it->second.bytes != bytes) ++mismatches;  // freed with another size, or twice
       else live_.erase(it);
-      asked_alignment_.erase(p);
     }
     std::free(p);
   }
   /// The alignment live block `p` was asked for (0: not one of ours).
   std::size_t asked_alignment(const void* p) {
     std::lock_guard lk(m_);
-    const auto it = asked_alignment_.find(const_cast<void*>(p));
-    return it == asked_alignment_.end() ? 0 : it->second;
+    const auto it = live_.find(const_cast<void*>(p));
+    return it == live_.end() ? 0 : it->second.alignment;
   }
   std::size_t live() {
     std::lock_guard lk(m_);
@@ -50,16 +48,18 @@ class CountingAllocator final : public engine::HostAllocator {
   std::size_t live_bytes() {
     std::lock_guard lk(m_);
     std::size_t n = 0;
-    for (const auto& [p, bytes] : live_) n += bytes;
+    for (const auto& [p, block] : live_) n += block.bytes;
     return n;
   }
   std::atomic<int> allocations{0}, deallocations{0}, mismatches{0};
   std::size_t refuse_above = std::size_t(-1);
 
  private:
+  struct Block {
+    std::size_t bytes, alignment;
+  };
   std::mutex m_;
-  std::map<void*, std::size_t> live_;
-  std::map<void*, std::size_t> asked_alignment_;
+  std::map<void*, Block> live_;
 };
 
 constexpr std::size_t align = 64;

@@ -174,10 +174,18 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(dot_all_rank_combinations, T, AllTypes) {
   check_dot<T>(g, {3, 10, 20}, {20});
 }
 
+// Sizes past the GEMM cache blocks (core/thresholds.hpp), with tails: in
+// every direction, and wider than two column blocks. Builds that lower the
+// blocks (the sanitizers') get smaller products through the same paths.
+constexpr i64 rows_past_blocks = deft::thresholds::gemm_mc + 65;     // 257
+constexpr i64 depth_past_blocks = 2 * deft::thresholds::gemm_kc + 1;  // 513
+constexpr i64 cols_past_blocks = 2 * deft::thresholds::gemm_nc + 52;  // 2100
+
 BOOST_AUTO_TEST_CASE(dot_large_float) {
   std::mt19937 g(502);
-  check_dot<float>(g, {257, 513}, {513, 300});  // several packed panels in every direction
-  check_dot<float>(g, {7, 300}, {300, 2100});   // wider than one column block
+  constexpr i64 m = rows_past_blocks, k = depth_past_blocks, n = cols_past_blocks;
+  check_dot<float>(g, {m, k}, {k, 300});  // several packed panels in every direction
+  check_dot<float>(g, {7, 300}, {300, n});  // wider than one column block
   check_dot<double>(g, {130, 260}, {260, 140});
   check_dot<float>(g, {100003}, {100003});
   check_dot<float>(g, {1000, 700}, {700});
@@ -200,9 +208,10 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(products_of_transposed_operands, T, AllTypes) {
 
 BOOST_AUTO_TEST_CASE(products_of_transposed_operands_large) {
   std::mt19937 g(510);
-  check_transposed_product<float>(g, {257, 513}, true, {513, 300}, false);
-  check_transposed_product<float>(g, {257, 513}, false, {513, 300}, true);
-  check_transposed_product<float>(g, {130, 700}, true, {700, 2100}, true);  // wider than one column block
+  constexpr i64 m = rows_past_blocks, k = depth_past_blocks, n = cols_past_blocks;
+  check_transposed_product<float>(g, {m, k}, true, {k, 300}, false);
+  check_transposed_product<float>(g, {m, k}, false, {k, 300}, true);
+  check_transposed_product<float>(g, {130, k + 187}, true, {k + 187, n}, true);  // wider than one column block
 }
 
 BOOST_AUTO_TEST_CASE(dot_empty_extents) {

@@ -85,9 +85,21 @@ constexpr std::int64_t gemm_mr_for(int vector_registers) {
 // Cache blocking: a gemm_mr x gemm_kc panel of A stays in L1 while it sweeps
 // a gemm_kc x gemm_nc block of B held in L2 (1 MiB in float32). Both are
 // upper bounds: k and n are cut into equal blocks no larger than these.
-inline constexpr std::int64_t gemm_kc = 256;   // depth of a packed block
-inline constexpr std::int64_t gemm_nc = 1024;  // columns of a packed B block (L2)
-inline constexpr std::int64_t gemm_mc = 192;   // rows of A packed at once per thread
+// DEFT_GEMM_KC, DEFT_GEMM_NC and DEFT_GEMM_MC override them (other caches;
+// deft's sanitizer builds, whose tests cross them with smaller products).
+#ifndef DEFT_GEMM_KC
+#define DEFT_GEMM_KC 256
+#endif
+#ifndef DEFT_GEMM_NC
+#define DEFT_GEMM_NC 1024
+#endif
+#ifndef DEFT_GEMM_MC
+#define DEFT_GEMM_MC 192
+#endif
+inline constexpr std::int64_t gemm_kc = DEFT_GEMM_KC;  // depth of a packed block
+inline constexpr std::int64_t gemm_nc = DEFT_GEMM_NC;  // columns of a packed B block (L2)
+inline constexpr std::int64_t gemm_mc = DEFT_GEMM_MC;  // rows of A packed at once per thread
+static_assert(gemm_kc >= 1 && gemm_nc >= 1 && gemm_mc >= 1, "deft: DEFT_GEMM_KC, _NC and _MC must be positive");
 // A product runs on more than one thread from this many multiply-adds
 // (m * n * k; about 20 us on one AVX-512 core), its rows split evenly.
 inline constexpr std::int64_t gemm_parallel_min_work = std::int64_t(1) << 21;

@@ -22,6 +22,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from compile_time import checkout  # noqa: E402  (the commit's tree, unpacked)
 
 LAUNCHER = """#!/bin/sh
 start=$(date +%s.%N)
@@ -44,10 +46,7 @@ def main():
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="deft_build_units_")
-    src, build, log = os.path.join(work, "src"), os.path.join(work, "build"), os.path.join(work, "units.log")
-    os.makedirs(src)
-    archive = subprocess.run(["git", "-C", ROOT, "archive", args.ref], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", src], input=archive, check=True)
+    src, build, log = checkout(args.ref, work), os.path.join(work, "build"), os.path.join(work, "units.log")
     launcher = os.path.join(work, "launcher.sh")
     with open(launcher, "w") as f:
         f.write(LAUNCHER.replace("{log}", log))

@@ -163,6 +163,11 @@ void forward_rows(const char* g) {
     add_time(g, name + " hybridized, workers sleep at once", "deft", w, size, "us", measure(loop), calls);
     engine::set_worker_poll(poll);
   }
+  if (w > 1) {  // what splitting each layer in two buys: the same loop on one thread
+    engine::set_num_workers(1);
+    add_time(g, name + " hybridized", "deft", 1, size, "us", measure(loop), calls);
+    engine::set_num_workers(w);
+  }
 #if DEFT_BENCH_HAVE_TORCH
   const auto xv = x.to_vector();
   std::vector<float> out(2);

@@ -1,6 +1,7 @@
 // The engine and the handle semantics: aliasing and snapshots, deferral and
 // discarding (via stats), failures carried to sync points, synchronous mode,
 // several user threads, and the bounds on deferred work.
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -1175,6 +1176,34 @@ BOOST_AUTO_TEST_CASE(small_loops_split_with_and_without_polling_workers) {
     }
   }
   deft::engine::set_worker_poll(default_poll);
+}
+
+// Threads running parallel loops at once share the polling workers: one
+// loop's first helper is offered to them, the other helpers are queued, and
+// each caller takes back the helpers nobody started. Every chunk runs once,
+// and a loop returns only after all of its chunks finished.
+BOOST_AUTO_TEST_CASE(concurrent_loops_run_every_chunk_once) {
+  with_workers(3, [] {
+    auto& eng = deft::detail::Engine::get();
+    std::atomic<int> failures{0};
+    auto caller = [&](int id) {
+      for (int round = 0; round < 3000; ++round) {
+        const int chunks = 2 + (round + id) % 7;
+        std::array<std::atomic<int>, 8> ran{};
+        eng.parallel_for(chunks, [&](std::int64_t i) {
+          if ((i + round) % 5 == 0) std::this_thread::yield();  // uneven chunks: helpers finish after the caller
+          ran[std::size_t(i)].fetch_add(1, std::memory_order_relaxed);
+        });
+        for (int i = 0; i < 8; ++i)
+          if (ran[std::size_t(i)].load(std::memory_order_relaxed) != (i < chunks ? 1 : 0)) failures.fetch_add(1);
+      }
+    };
+    std::vector<std::thread> callers;
+    for (int id = 0; id < 3; ++id) callers.emplace_back(caller, id);
+    caller(3);
+    for (auto& t : callers) t.join();
+    BOOST_TEST(failures.load() == 0);
+  });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

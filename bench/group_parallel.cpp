@@ -4,6 +4,7 @@
 // deft's workers beside an OpenMP pool in the same process.
 #include "common.hpp"
 
+#include <chrono>
 #include <thread>
 
 #if DEFT_BENCH_HAVE_OPENMP
@@ -104,6 +105,25 @@ void bench_parallel() {
     add(g, "fma loop, same work/thread", "hand", all, "-", "ms", many.median * 1e3, many.min * 1e3);
     add(g, "fma loop throughput gain", "hand", all, "-", "x", all * one.median / many.median,
         all * one.min / many.min);
+  }
+  {
+    // Handing half of a loop to a polling worker: two pieces that each spin
+    // for 300 ns (600 ns on one thread), 2000 loops back to back per repeat.
+    // On all threads, what a loop takes beyond 300 ns is the hand-off.
+    constexpr int loops = 2000;
+    const auto spin = [] {
+      const auto start = std::chrono::steady_clock::now();
+      while (std::chrono::steady_clock::now() - start < std::chrono::nanoseconds(300)) {
+      }
+    };
+    const auto run = [&] {
+      for (int i = 0; i < loops; ++i) detail::Engine::get().parallel_for(2, [&](std::int64_t) { spin(); });
+    };
+    const int all = engine::num_workers();
+    engine::set_num_workers(1);
+    add_time(g, "loop of two 300 ns pieces", "deft", 1, "2x300ns", "ns", measure(run), loops);
+    engine::set_num_workers(all);
+    add_time(g, "loop of two 300 ns pieces", "deft", all, "2x300ns", "ns", measure(run), loops);
   }
   {
     auto x = random::uniform<float>(0, 1, {512, 512});

@@ -15,14 +15,16 @@ namespace bench {
 namespace {
 using namespace deft;
 // --- (c) independent subtrees ----------------------------------------------------
-void speedup_rows(const char* g, const std::string& name, const std::string& size, const std::function<void()>& f) {
+// f on one worker and on all, and the speed-up; times in `unit` per `per` calls of the work f repeats.
+void speedup_rows(const char* g, const std::string& name, const std::string& size, const std::function<void()>& f,
+                  const std::string& unit = "ms", double per = 1) {
   const int all = engine::num_workers();
   engine::set_num_workers(1);
   const Summary one = measure(f);
-  add_time(g, name, "deft", 1, size, "ms", one);
+  add_time(g, name, "deft", 1, size, unit, one, per);
   engine::set_num_workers(all);
   const Summary many = measure(f);
-  add_time(g, name, "deft", all, size, "ms", many);
+  add_time(g, name, "deft", all, size, unit, many, per);
   add(g, name + " speed-up", "deft", all, size, "x", one.median / many.median, one.min / many.min);
 }
 
@@ -116,14 +118,9 @@ void bench_parallel() {
       while (std::chrono::steady_clock::now() - start < std::chrono::nanoseconds(300)) {
       }
     };
-    const auto run = [&] {
+    speedup_rows(g, "loop of two 300 ns pieces", "2x300ns", [&] {
       for (int i = 0; i < loops; ++i) detail::Engine::get().parallel_for(2, [&](std::int64_t) { spin(); });
-    };
-    const int all = engine::num_workers();
-    engine::set_num_workers(1);
-    add_time(g, "loop of two 300 ns pieces", "deft", 1, "2x300ns", "ns", measure(run), loops);
-    engine::set_num_workers(all);
-    add_time(g, "loop of two 300 ns pieces", "deft", all, "2x300ns", "ns", measure(run), loops);
+    }, "ns", loops);
   }
   {
     auto x = random::uniform<float>(0, 1, {512, 512});

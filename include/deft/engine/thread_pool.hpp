@@ -161,8 +161,8 @@ class ThreadPool {
   std::atomic<int> queued_{0};   // jobs_.size(), readable without the lock by polling workers
   std::atomic<int> polling_{0};  // workers in poll()
   // A loop whose helper a poller may take (null: none), claimed without the
-  // lock: on a 2-core VM a helper started 470-500 ns after the call this
-  // way, 620-730 ns through the FIFO's lock, queue and counters.
+  // lock: deft_bench's loop of two 300 ns pieces took 856-952 ns this way on
+  // a 2-core VM, 1018-1091 ns through the FIFO's lock, queue and counters.
   std::atomic<Loop*> offer_{nullptr};
   int max_polling_ = 0;
   int sleeping_ = 0;  // workers in cv_.wait (guarded by m_)

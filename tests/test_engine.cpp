@@ -1142,7 +1142,9 @@ BOOST_AUTO_TEST_CASE(threads_with_deferred_chains_and_bounds) {
 
 // Loops between parallel_burst_min_work and parallel_min_work are cut in
 // two; a polling worker takes the second piece, or the caller runs it. Both
-// ways, and with polling off, the results equal a naive double loop.
+// ways, and with polling off, the results equal a naive double loop. A
+// batch-1 product is cut only where its B outgrows half of one core's L2 or
+// its work reaches parallel_min_work (the wide layer: cut on every machine).
 BOOST_AUTO_TEST_CASE(small_loops_split_with_and_without_polling_workers) {
   namespace th = deft::thresholds;
   BOOST_TEST(th::parallel_chunks(th::parallel_burst_min_work - 1, 2) == 1);
@@ -1157,20 +1159,26 @@ BOOST_AUTO_TEST_CASE(small_loops_split_with_and_without_polling_workers) {
 
   std::mt19937 g(77);
   const i64 k = 512, n = 256;  // a batch-1 layer: 131072 multiply-adds, a burst-sized loop
-  const auto xv = random_values<float>(g, k, -1, 1), wv = random_values<float>(g, k * n, -1, 1);
+  const i64 wide_n = 1024;     // 2 MiB of B, 2^20 element-ops: split whatever the L2
+  const auto xv = random_values<float>(g, k, -1, 1), wv = random_values<float>(g, k * wide_n, -1, 1);
   const auto ev = random_values<float>(g, 40000, -1, 1);  // 40000 x (cost + 1): burst-sized too
-  const Tensor<float> x = make(xv, Shape{1, k}), w = make(wv, Shape{k, n}), e = make(ev, Shape{40000});
-  std::vector<double> dot_ref(n, 0), ew_ref(ev.size());
-  for (i64 j = 0; j < n; ++j)
-    for (i64 p = 0; p < k; ++p) dot_ref[j] += double(xv[p]) * wv[p * n + j];
+  const Tensor<float> x = make(xv, Shape{1, k}), w_wide = make(wv, Shape{k, wide_n}), e = make(ev, Shape{40000});
+  std::vector<float> wn(std::size_t(k * n));  // the first n columns
+  for (i64 p = 0; p < k; ++p) std::copy_n(wv.begin() + p * wide_n, n, wn.begin() + p * n);
+  const Tensor<float> w = make(wn, Shape{k, n});
+  std::vector<double> dot_ref(wide_n, 0), ew_ref(ev.size());
+  for (i64 j = 0; j < wide_n; ++j)
+    for (i64 p = 0; p < k; ++p) dot_ref[j] += double(xv[p]) * wv[p * wide_n + j];
   for (std::size_t i = 0; i < ev.size(); ++i) ew_ref[i] = double(ev[i]) * ev[i] + 1;
   for (const auto poll : {std::chrono::nanoseconds(0), default_poll}) {
     deft::engine::set_worker_poll(poll);
     for (int round = 0; round < 50; ++round) {  // back to back: later rounds find a polling worker
-      Tensor<float> y = deft::dot(x, w);
+      Tensor<float> y = deft::dot(x, w), y_wide = deft::dot(x, w_wide);
       Tensor<float> z = e * e + 1;
       if (round % 10 == 0) {
-        check_tensor(y, {1, n}, dot_ref, 1e-5, 1e-5, "burst-sized product");
+        check_tensor(y, {1, n}, std::vector<double>(dot_ref.begin(), dot_ref.begin() + n), 1e-5, 1e-5,
+                     "burst-sized product");
+        check_tensor(y_wide, {1, wide_n}, dot_ref, 1e-5, 1e-5, "wide batch-1 product");
         check_tensor(z, {40000}, ew_ref, arith_rtol<float>, 0, "burst-sized elementwise");
       }
     }

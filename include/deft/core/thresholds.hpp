@@ -106,6 +106,15 @@ inline constexpr std::int64_t gemm_parallel_min_work = std::int64_t(1) << 21;
 // Fewer rows than this skip packing: each row streams B once instead
 // (batch-1 inference is all matrix-vector-like products).
 inline constexpr std::int64_t gemm_min_rows_packed = 4;
+// Such a few-row product streams B at its cache's rate, so a second core
+// pays only where B does not stay in one core's L2: it is split (below
+// parallel_min_work) only when B is more than 1/gemm_few_rows_l2_share of
+// the L2, so that each thread's half of B stays in its own L2 from call to
+// call. A 2 MiB L2 runs a 512 x 256 layer faster on one core than split
+// (docs/benchmarks.md, the batch-1 forward); a 512 KiB L2 does not.
+inline constexpr std::int64_t gemm_few_rows_l2_share = 2;
+// One core's L2 in bytes where the system does not say.
+inline constexpr std::int64_t default_l2_bytes = std::int64_t(1) << 20;
 
 // --- convolutions (eval/cpu/conv.hpp, eval/gpu/conv.hpp) -------------------
 // CPU: images per im2col block: as many as keep the block's matrix near this many

@@ -21,6 +21,9 @@
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 
 #if defined(DEFT_BLAS) && DEFT_BLAS
 // Matrix products go to the system BLAS (cblas) instead of deft's kernel.
@@ -82,6 +85,19 @@ inline void transpose4(const float*, std::int64_t, float*, std::int64_t) {}
 inline void transpose2x4(const float*, std::int64_t, float*, std::int64_t) {}
 inline constexpr bool has_transpose4 = false;
 #endif
+
+/// One core's L2 cache in bytes (thresholds::default_l2_bytes where the
+/// system does not say).
+inline std::int64_t l2_cache_bytes() {
+  static const std::int64_t bytes = [] {
+    long n = 0;
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    n = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return n > 0 ? std::int64_t(n) : thresholds::default_l2_bytes;
+  }();
+  return bytes;
+}
 
 template <class T>
 struct GemmKernel {
@@ -346,10 +362,12 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, con
     // accumulators hide the FMA latency and the prefetcher sees one stream.
     // Every element sums over p in order, whatever the strip or the thread.
     // A column costs 2 element-ops per multiply-add (B's element is read
-    // once): a 128 x 128 batch-1 layer is then cut in two, 8 % faster.
+    // once). Below parallel_min_work the columns are split only when B would
+    // not stay in one core's L2 (thresholds::gemm_few_rows_l2_share): then
+    // each thread keeps its half of B in its own L2 from call to call.
     constexpr std::int64_t W = simd_batch<T>::size;
     constexpr int wide = simd_registers >= 32 ? 16 : 8;
-    parallel_range(n, 2 * m * k, n >= 4 * wide * W ? wide * W : 4 * W, [&](std::int64_t j0, std::int64_t j1) {
+    const auto columns = [&](std::int64_t j0, std::int64_t j1) {
       for (std::int64_t i = 0; i < m; ++i) {
         const T* arow = a + i * k;
         T* crow = c + i * n;
@@ -361,7 +379,10 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, con
         for (; j + W <= j1; j += W) gemv_strip<1>(k, arow, b + j, n, crow + j);
         for (; j < j1; ++j) crow[j] = strided_dot(k, arow, b + j, n);
       }
-    });
+    };
+    const bool b_fits_l2 = k * n * std::int64_t(sizeof(T)) <= l2_cache_bytes() / thresholds::gemm_few_rows_l2_share;
+    if (b_fits_l2 && 2 * m * k * n < thresholds::parallel_min_work) columns(0, n);
+    else parallel_range(n, 2 * m * k, n >= 4 * wide * W ? wide * W : 4 * W, columns);
     return;
   }
   // Integers: c[i, :] = sum_p a[i, p] * b[p, :].

@@ -86,6 +86,9 @@ class ThreadPool {
           if (!error) error = std::current_exception();
           next.store(count, std::memory_order_relaxed);  // stop handing out chunks
         }
+        // Claims only grow: after the last chunk none is left, and one more
+        // claim would pull the counter's line from the other thread again.
+        if (i == count - 1) return;
       }
     }
   };

@@ -6,7 +6,8 @@
 // thread at a sync point fit the cores): handing a job to a polling worker
 // costs well under a microsecond, waking a sleeping one several. A loop's
 // first helper goes to pollers through one atomic slot instead of the
-// locked FIFO: a poller claims it with one exchange.
+// locked FIFO: a poller claims it with one exchange, and runs the loop's
+// last chunk first.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -67,9 +68,17 @@ class ThreadPool {
  private:
   void run_loop(std::int64_t chunks, void* context, void (*call)(void*, std::int64_t));
 
+  // Chunks [0, shared) are claimed through `next`. When a helper is offered
+  // to the pollers, the last chunk is not among them: it belongs to whoever
+  // takes the offer (the poller that claims it, or the caller that takes it
+  // back), so that a poller runs the same chunk, and reads the same part of
+  // the operands, each time the loop comes round, and keeps them in its L2.
+  // Were every chunk claimed through `next`, which of two threads took the
+  // first would be a race, and the halves would change cores between calls.
   struct Loop {
     ProfiledTask owner;  // the task running this loop, named only while a trace records
     std::int64_t count = 0;
+    std::int64_t shared = 0;
     void* context = nullptr;
     void (*call)(void*, std::int64_t) = nullptr;
     std::atomic<std::int64_t> next{0};
@@ -77,20 +86,25 @@ class ThreadPool {
     std::mutex error_mutex;
     std::exception_ptr error;
 
-    void run_chunks() {
-      for (std::int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < count;) {
-        try {
-          call(context, i);
-        } catch (...) {
-          std::lock_guard lk(error_mutex);
-          if (!error) error = std::current_exception();
-          next.store(count, std::memory_order_relaxed);  // stop handing out chunks
-        }
-        // Claims only grow: after the last chunk none is left, and one more
-        // claim would pull the counter's line from the other thread again.
-        if (i == count - 1) return;
+    void run_chunk(std::int64_t i) {
+      try {
+        call(context, i);
+      } catch (...) {
+        std::lock_guard lk(error_mutex);
+        if (!error) error = std::current_exception();
+        next.store(shared, std::memory_order_relaxed);  // stop handing out chunks
       }
     }
+    void run_chunks() {
+      for (std::int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < shared;) {
+        run_chunk(i);
+        // Claims only grow: after the last chunk none is left, and one more
+        // claim would pull the counter's line from the other thread again.
+        if (i == shared - 1) return;
+      }
+    }
+    /// The chunk of the offered helper (see above).
+    void run_offered_chunk() { run_chunk(count - 1); }
   };
   struct Job {
     std::shared_ptr<Task> task;
@@ -151,8 +165,9 @@ class ThreadPool {
   // poll, helping each offered loop meanwhile. Returns when a job or the
   // stop arrives or the budget ends.
   void poll();
-  // Runs chunks of `loop` as one of its helpers.
-  static void help(Loop& loop);
+  // Runs chunks of `loop` as one of its helpers: `offered`, the one that
+  // took the offer, starts with the last chunk.
+  static void help(Loop& loop, bool offered);
 
   void work();
 
@@ -219,10 +234,13 @@ DEFT_DECL void ThreadPool::run_loop(std::int64_t chunks, void* context, void (*c
   // The calling thread works too (a worker, or a user thread running a task
   // at its sync point): with size() - 1 helpers at most size() threads run.
   const int helpers = static_cast<int>(std::min<std::int64_t>(chunks - 1, size() - 1));
-  // One helper is offered to the pollers first (if none is offered already).
+  // One helper is offered to the pollers first (if none is offered already),
+  // with the last chunk as its own.
   Loop* none = nullptr;
+  loop.shared = chunks - 1;  // published by the offer
   const bool offered = helpers > 0 && polling_.load(std::memory_order_relaxed) > 0 &&
                        offer_.compare_exchange_strong(none, &loop, std::memory_order_release, std::memory_order_relaxed);
+  if (!offered) loop.shared = chunks;
   const int queued = helpers - (offered ? 1 : 0);
   int sleeping, polling;
   {
@@ -240,9 +258,14 @@ DEFT_DECL void ThreadPool::run_loop(std::int64_t chunks, void* context, void (*c
   // took), so polling workers may take its helpers without a wake-up.
   if (queued > 0 && sleeping > 0 && helpers > polling) notify(queued);
   loop.run_chunks();
-  // Take back helpers no worker has started; wait for those that have.
+  // Take back helpers no worker has started (and run the offered chunk);
+  // wait for those that have.
   Loop* mine = &loop;
-  int removed = offered && offer_.compare_exchange_strong(mine, nullptr, std::memory_order_relaxed) ? 1 : 0;
+  int removed = 0;
+  if (offered && offer_.compare_exchange_strong(mine, nullptr, std::memory_order_relaxed)) {
+    removed = 1;
+    loop.run_offered_chunk();
+  }
   if (queued > 0) {
     std::lock_guard lk(m_);
     const int unstarted = jobs_.remove(&loop);
@@ -259,10 +282,17 @@ DEFT_DECL void ThreadPool::run_loop(std::int64_t chunks, void* context, void (*c
   if (loop.error) std::rethrow_exception(loop.error);
 }
 
-DEFT_DECL void ThreadPool::help(Loop& loop) {
+DEFT_DECL void ThreadPool::help(Loop& loop, bool offered) {
   {
     HelpSlice slice(loop.owner);  // the profiler's record of this help, if a trace records
-    loop.run_chunks();
+    if (offered) {
+      loop.run_offered_chunk();
+      // With two chunks the caller has the other: a claim would only pull
+      // the counter's line from the thread about to wait on it.
+      if (loop.shared > 1) loop.run_chunks();
+    } else {
+      loop.run_chunks();
+    }
   }
   loop.helpers_done.fetch_add(1, std::memory_order_release);
 }
@@ -282,7 +312,7 @@ DEFT_DECL void ThreadPool::poll() {
     // then polls again with a fresh budget.
     if (offer_.load(std::memory_order_relaxed)) {
       if (Loop* loop = offer_.exchange(nullptr, std::memory_order_acquire)) {
-        help(*loop);
+        help(*loop, true);
         i = 0;
         until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(budget);
         continue;
@@ -309,7 +339,7 @@ DEFT_DECL void ThreadPool::work() {
       queued_.fetch_sub(1, std::memory_order_relaxed);
     }
     if (job.loop) {
-      help(*job.loop);
+      help(*job.loop, false);
     } else {
       run_task_(std::move(job.task));
     }

@@ -7,6 +7,7 @@ its peers, and optionally the README's test command from a fresh clone.
   bench/compile_time.py --repeats 5 --csv ct.csv
   bench/compile_time.py --before origin/main # deft's units of that commit too, in the same rounds
   bench/compile_time.py --suite              # also the README's test command on a fresh clone of HEAD
+  bench/compile_time.py --breakdown --no-trainer  # also the hello's parts: headers, one tensor, ...
 
 Each round compiles every unit once, in turn and starting one unit further
 on than the round before, so that the machine's noise falls on all of them
@@ -69,6 +70,35 @@ def deft_units(root, workdir, args, label=""):
     return out
 
 
+# Units that split the README hello's time into its parts (--breakdown).
+ONE_TENSOR = "#include <deft/deft.hpp>\n\nint main() {\n  auto a = deft::ones({1, 2});\n  a.wait_to_read();\n}\n"
+HELLO_UNTRACKED = ("#include <deft/deft.hpp>\n#include <iostream>\n\nint main() {\n  auto a = deft::ones({1, 2});\n"
+                   "  auto b = deft::ones({1, 2});\n  deft::Tensor<float> c = deft::detail::eval_untracked(a * b + 2);\n"
+                   "  std::cout << c << '\\n';\n}\n")
+HELLO_NO_PRINT = ("#include <deft/deft.hpp>\n\nint main() {\n  auto a = deft::ones({1, 2});\n  auto b = deft::ones({1, 2});\n"
+                  "  deft::Tensor<float> c = a * b + 2;\n  c.wait_to_read();\n}\n")
+
+
+def breakdown_units(workdir, args):
+    """The parts of the README hello: the standard headers and xsimd that
+    deft.hpp includes, one tensor made and synced (the runtime it pulls in),
+    and the hello without its print or with its statement untracked."""
+    inc = ["-I" + os.path.join(ROOT, "include")]
+    probe = write(workdir, "probe.cpp", "#include <deft/deft.hpp>\n")
+    h = subprocess.run([args.cxx, "-std=c++20", *inc, "-H", "-fsyntax-only", probe], capture_output=True, text=True)
+    std = sorted({line.split()[-1] for line in h.stderr.splitlines()
+                  if re.match(r"^\.+ \S*/c\+\+/[0-9]+/[a-z_]+$", line)})
+    std_src = "".join(f"#include <{os.path.basename(p)}>\n" for p in std) + "int main() {}\n"
+    one = write(workdir, "one_tensor.cpp", ONE_TENSOR)
+    return [("breakdown: the standard headers deft.hpp includes", write(workdir, "std_only.cpp", std_src), []),
+            ("breakdown: the same and xsimd", write(workdir, "std_xsimd.cpp", "#include <xsimd/xsimd.hpp>\n" + std_src), []),
+            ("breakdown: one tensor made and synced", one, inc),
+            ("breakdown: the same, compiled mode", one, inc + ["-DDEFT_SEPARATE_COMPILATION"]),
+            ("breakdown: the same at -O0", one, inc + ["-O0"]),
+            ("breakdown: README hello without its print", write(workdir, "hello_no_print.cpp", HELLO_NO_PRINT), inc),
+            ("breakdown: README hello, its statement untracked", write(workdir, "hello_untracked.cpp", HELLO_UNTRACKED), inc)]
+
+
 def checkout(ref, workdir):
     """The tree of commit `ref`, unpacked under workdir."""
     dest = os.path.join(workdir, "before")
@@ -81,6 +111,8 @@ def checkout(ref, workdir):
 def units(workdir, args):
     """(name, source, extra flags, the header it needs or None)."""
     found = [(n, s, f, None) for n, s, f in deft_units(ROOT, workdir, args)]
+    if args.breakdown:
+        found += [(n, s, f, None) for n, s, f in breakdown_units(workdir, args)]
     if args.before:
         found += [(n, s, f, None) for n, s, f in deft_units(checkout(args.before, workdir), workdir, args, f" at {args.before}")]
     found += [
@@ -106,7 +138,9 @@ def compile_once(cxx, flags, src, obj):
     if r.returncode != 0:
         sys.exit(f"compile_time: {' '.join(cmd)} failed:\n{r.stderr[-4000:]}")
     seconds, kb = r.stderr.strip().splitlines()[-1].split()
-    return float(seconds), int(kb) / 1024
+    size = subprocess.run(["size", obj], capture_output=True, text=True).stdout.splitlines()
+    text = int(size[1].split()[0]) if len(size) > 1 else 0
+    return float(seconds), int(kb) / 1024, text
 
 
 def suite(args):
@@ -143,6 +177,8 @@ def main():
     ap.add_argument("--flags", default="-O2 -march=native", help="default: -O2 -march=native")
     ap.add_argument("--no-trainer", action="store_true", help="leave the trainer out (about a minute a round)")
     ap.add_argument("--all", action="store_true", help="also bench/group_training.cpp")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also the parts of the README hello: std headers, xsimd, one tensor synced, ...")
     ap.add_argument("--csv", help="write the rounds' figures to this file")
     ap.add_argument("--before", metavar="REF", help="also time deft's units as of this commit, in the same rounds")
     ap.add_argument("--suite", action="store_true", help="also time the README's test command on a fresh clone")
@@ -170,18 +206,19 @@ def main():
     print(f"\ncommit {commit}{' + uncommitted changes' if dirty else ''}, {time.strftime('%Y-%m-%d')}, "
           f"{os.cpu_count()} cores, {version}, {args.flags}, median of {args.repeats}")
     eigen = runs.get("Eigen Tensor: hello")
-    eigen_median = statistics.median(t for t, _ in eigen) if eigen else None
-    print("\n| translation unit | seconds (median) | min | peak MB | / Eigen hello |\n|---|---|---|---|---|")
+    eigen_median = statistics.median(t for t, _, _ in eigen) if eigen else None
+    print("\n| translation unit | seconds (median) | min | peak MB | text bytes | / Eigen hello |\n|---|---|---|---|---|---|")
     for name, rounds in runs.items():
-        med = statistics.median(t for t, _ in rounds)
+        med = statistics.median(t for t, _, _ in rounds)
         ratio = f"{med / eigen_median:.2f}" if eigen_median else "-"
-        print(f"| {name} | {med:.2f} | {min(t for t, _ in rounds):.2f} | {max(m for _, m in rounds):.0f} | {ratio} |")
+        print(f"| {name} | {med:.2f} | {min(t for t, _, _ in rounds):.2f} | {max(m for _, m, _ in rounds):.0f} | "
+              f"{rounds[-1][2]} | {ratio} |")
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("unit,round,seconds,peak_mb\n")
+            f.write("unit,round,seconds,peak_mb,text_bytes\n")
             for name, rounds in runs.items():
-                for i, (t, m) in enumerate(rounds):
-                    f.write(f"\"{name}\",{i},{t:.3f},{m:.0f}\n")
+                for i, (t, m, x) in enumerate(rounds):
+                    f.write(f"\"{name}\",{i},{t:.3f},{m:.0f},{x}\n")
     if args.suite:
         suite(args)
 

@@ -1187,8 +1187,9 @@ BOOST_AUTO_TEST_CASE(small_loops_split_with_and_without_polling_workers) {
 }
 
 // Threads running parallel loops at once share the polling workers: one
-// loop's first helper is offered to them, the other helpers are queued, and
-// each caller takes back the helpers nobody started. Every chunk runs once,
+// loop's first helper is offered to them with the loop's last chunk as its
+// own, the other helpers are queued, and each caller takes back the helpers
+// nobody started (running the offered chunk itself). Every chunk runs once,
 // and a loop returns only after all of its chunks finished.
 BOOST_AUTO_TEST_CASE(concurrent_loops_run_every_chunk_once) {
   with_workers(3, [] {

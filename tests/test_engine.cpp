@@ -1186,6 +1186,31 @@ BOOST_AUTO_TEST_CASE(small_loops_split_with_and_without_polling_workers) {
   deft::engine::set_worker_poll(default_poll);
 }
 
+// 4 threads x 3000 loops of 2-8 chunks, each run by `run(round, id, chunks,
+// body)`: how many chunks ran other than once, or had not finished when
+// their loop returned.
+template <class Run>
+int concurrent_loop_failures(Run&& run) {
+  std::atomic<int> failures{0};
+  auto caller = [&](int id) {
+    for (int round = 0; round < 3000; ++round) {
+      const int chunks = 2 + (round + id) % 7;
+      std::array<std::atomic<int>, 8> ran{};
+      run(round, id, chunks, [&](std::int64_t i) {
+        if ((i + round) % 5 == 0) std::this_thread::yield();  // uneven chunks: helpers finish after the caller
+        ran[std::size_t(i)].fetch_add(1, std::memory_order_relaxed);
+      });
+      for (int i = 0; i < 8; ++i)
+        if (ran[std::size_t(i)].load(std::memory_order_relaxed) != (i < chunks ? 1 : 0)) failures.fetch_add(1);
+    }
+  };
+  std::vector<std::thread> callers;
+  for (int id = 0; id < 3; ++id) callers.emplace_back(caller, id);
+  caller(3);
+  for (auto& t : callers) t.join();
+  return failures.load();
+}
+
 // Threads running parallel loops at once share the polling workers: one
 // loop's first helper is offered to them with the loop's last chunk as its
 // own, the other helpers are queued, and each caller takes back the helpers
@@ -1194,25 +1219,53 @@ BOOST_AUTO_TEST_CASE(small_loops_split_with_and_without_polling_workers) {
 BOOST_AUTO_TEST_CASE(concurrent_loops_run_every_chunk_once) {
   with_workers(3, [] {
     auto& eng = deft::detail::Engine::get();
-    std::atomic<int> failures{0};
-    auto caller = [&](int id) {
-      for (int round = 0; round < 3000; ++round) {
-        const int chunks = 2 + (round + id) % 7;
-        std::array<std::atomic<int>, 8> ran{};
-        eng.parallel_for(chunks, [&](std::int64_t i) {
-          if ((i + round) % 5 == 0) std::this_thread::yield();  // uneven chunks: helpers finish after the caller
-          ran[std::size_t(i)].fetch_add(1, std::memory_order_relaxed);
-        });
-        for (int i = 0; i < 8; ++i)
-          if (ran[std::size_t(i)].load(std::memory_order_relaxed) != (i < chunks ? 1 : 0)) failures.fetch_add(1);
-      }
-    };
-    std::vector<std::thread> callers;
-    for (int id = 0; id < 3; ++id) callers.emplace_back(caller, id);
-    caller(3);
-    for (auto& t : callers) t.join();
-    BOOST_TEST(failures.load() == 0);
+    BOOST_TEST(concurrent_loop_failures([&](int, int, int chunks, auto body) { eng.parallel_for(chunks, body); }) == 0);
   });
+}
+
+// The same with most callers holding one of two cores, as large tasks do:
+// their loops' helpers reserve a core first, and a poller or worker that
+// finds none leaves the chunks to the loop's own threads.
+BOOST_AUTO_TEST_CASE(concurrent_loops_with_held_cores_run_every_chunk_once) {
+  deft::detail::ThreadPool pool(3, [](std::shared_ptr<deft::detail::Task>) {}, 2);
+  BOOST_TEST(concurrent_loop_failures([&](int round, int id, int chunks, auto body) {
+               const bool hold = (round + id) % 3 != 0;
+               if (hold) pool.enter_core();
+               pool.parallel_for(chunks, body);
+               if (hold) pool.leave_core();
+             }) == 0);
+}
+
+// A loop started by a thread that holds a core (a large task) takes helpers
+// only for cores nobody holds: with both of two cores held, its chunks all
+// run on the calling thread; with one free, a worker joins.
+BOOST_AUTO_TEST_CASE(held_cores_keep_helpers_out_of_a_loop) {
+  deft::detail::ThreadPool pool(2, [](std::shared_ptr<deft::detail::Task>) {}, 2);
+  const auto me = std::this_thread::get_id();
+  // Runs 8 chunks, each until some chunk ran on another thread or `wait` passed; returns how many did.
+  const auto loop_elsewhere = [&](std::chrono::milliseconds wait) {
+    std::atomic<int> elsewhere{0};
+    pool.enter_core();
+    pool.parallel_for(8, [&](std::int64_t) {
+      if (std::this_thread::get_id() != me) elsewhere.fetch_add(1);
+      const auto until = std::chrono::steady_clock::now() + wait;
+      while (elsewhere.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    });
+    pool.leave_core();
+    return elsewhere.load();
+  };
+  std::atomic<bool> release{false}, holding{false};
+  std::thread other([&] {  // a large task on another thread
+    pool.enter_core();
+    holding = true;
+    while (!release.load()) std::this_thread::yield();
+    pool.leave_core();
+  });
+  while (!holding.load()) std::this_thread::yield();
+  BOOST_TEST(loop_elsewhere(std::chrono::milliseconds(2)) == 0);
+  release = true;
+  other.join();
+  BOOST_TEST(loop_elsewhere(std::chrono::seconds(5)) > 0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

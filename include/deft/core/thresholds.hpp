@@ -259,6 +259,15 @@ inline constexpr int task_blocks_kept = 8;
 // recording and running it in place does. At most max_recorded_tasks such
 // tasks run there at once, so recording pauses for at most a few hundred us.
 inline constexpr std::size_t inline_task_work = std::size_t(16) << 10;
+// A CPU task of at least this much work holds a core while it runs
+// (ThreadPool::enter_core), on a worker or at a sync point: the parallel
+// loops it starts take helpers only for the cores that no such task and no
+// helper holds. Without it, two independent products on two cores ran on
+// three threads (one at the sync point, one on a worker, one helping both)
+// and took longer than on one worker. Smaller tasks end before a helper
+// that shares their core would cost much, and their loops keep the fast
+// hand-off to a polling worker.
+inline constexpr std::size_t core_hold_min_work = std::size_t(1) << 20;
 
 // --- bounds on deferred work (defaults of engine::Limits) -----------------
 // Recorded but unsubmitted work is handed to the workers past these...

@@ -402,6 +402,10 @@ DEFT_DECL void Engine::execute(const std::shared_ptr<Task>& t, Ready& ready, Loc
         TaskSlice slice(*t);  // profiler: one relaxed load unless engine::trace_to is on
         if (out->device.type == DeviceType::cpu) {
           out->allocate();
+          // A large task holds a core: its loops then take helpers only for
+          // free cores (a collective or a user's map() may wait, and holds none).
+          const bool holds = t->work >= thresholds::core_hold_min_work && !t->hand_off;
+          CoreHold core(holds ? running_pool_.load(std::memory_order_acquire) : nullptr);
           t->execute(*out);
         } else {
           lanes_.run(*t, *out);

@@ -7,7 +7,8 @@
 // costs well under a microsecond, waking a sleeping one several. A loop's
 // first helper goes to pollers through one atomic slot instead of the
 // locked FIFO: a poller claims it with one exchange, and runs the loop's
-// last chunk first.
+// last chunk first. Threads running large tasks, and their loops' helpers,
+// hold cores: such a loop takes helpers only while a core is free.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -34,7 +35,8 @@ class ThreadPool {
  public:
   using TaskRunner = void (*)(std::shared_ptr<Task>);
 
-  ThreadPool(int workers, TaskRunner run_task);
+  /// `cores`: how many threads may compute at once (0: the hardware's threads).
+  ThreadPool(int workers, TaskRunner run_task, int cores = 0);
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
@@ -50,6 +52,20 @@ class ThreadPool {
   }
 
   void push(ReadyList& ready);
+
+  /// Counts this thread as computing until the matching leave_core(): a
+  /// large task on any thread, or a helper in a loop. A loop started by such
+  /// a thread takes helpers only while fewer threads compute than there are
+  /// cores: a helper beyond them would share a core with a thread the loop
+  /// waits for, and the loop's pieces would wait on each other's time slices.
+  void enter_core() {
+    busy_.fetch_add(1, std::memory_order_relaxed);
+    ++cores_held();
+  }
+  void leave_core() {
+    --cores_held();
+    busy_.fetch_sub(1, std::memory_order_relaxed);
+  }
 
   /// Runs body(i) for i in [0, chunks), on this thread and on idle workers.
   /// Returns when all chunks ran; rethrows the first exception a chunk threw.
@@ -79,6 +95,7 @@ class ThreadPool {
     ProfiledTask owner;  // the task running this loop, named only while a trace records
     std::int64_t count = 0;
     std::int64_t shared = 0;
+    bool limited = false;  // started by a thread that holds a core: helpers need a free one
     void* context = nullptr;
     void (*call)(void*, std::int64_t) = nullptr;
     std::atomic<std::int64_t> next{0};
@@ -156,6 +173,21 @@ class ThreadPool {
     std::size_t head_ = 0, count_ = 0;
   };
 
+  // Cores held by this thread (enter_core): a loop it starts is limited.
+  static int& cores_held() {
+    thread_local int held = 0;
+    return held;
+  }
+  // Takes a core for a helper of a limited loop, if one is free.
+  bool reserve_core() {
+    for (int n = busy_.load(std::memory_order_relaxed); n < cores_;)
+      if (busy_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed)) {
+        ++cores_held();
+        return true;
+      }
+    return false;
+  }
+
   void notify(int jobs) {
     if (jobs == 1) cv_.notify_one();
     else cv_.notify_all();
@@ -181,19 +213,40 @@ class ThreadPool {
   // A loop whose helper a poller may take (null: none), claimed without the
   // lock: deft_bench's loop of two 300 ns pieces took 856-952 ns this way on
   // a 2-core VM, 1018-1091 ns through the FIFO's lock, queue and counters.
-  std::atomic<Loop*> offer_{nullptr};
+  // A limited loop is offered with its address's lowest bit set, so that a
+  // poller reserves a core before it claims the offer.
+  std::atomic<std::uintptr_t> offer_{0};
   int max_polling_ = 0;
+  int cores_ = 1;
+  std::atomic<int> busy_{0};  // threads that hold a core (enter_core, reserve_core)
   int sleeping_ = 0;  // workers in cv_.wait (guarded by m_)
   std::atomic<bool> stop_{false};
 };
 
+/// Holds a core of `pool` while it lives (ThreadPool::enter_core); none for a null pool.
+class CoreHold {
+ public:
+  explicit CoreHold(ThreadPool* pool) : pool_(pool) {
+    if (pool_) pool_->enter_core();
+  }
+  ~CoreHold() {
+    if (pool_) pool_->leave_core();
+  }
+  CoreHold(const CoreHold&) = delete;
+  CoreHold& operator=(const CoreHold&) = delete;
+
+ private:
+  ThreadPool* pool_;
+};
+
 #if DEFT_DEFINE_RUNTIME
-DEFT_DECL ThreadPool::ThreadPool(int workers, TaskRunner run_task) : run_task_(run_task) {
+DEFT_DECL ThreadPool::ThreadPool(int workers, TaskRunner run_task, int cores) : run_task_(run_task) {
   workers = std::max(workers, 1);
   // Pollers plus one thread at a sync point must fit the cores: a poller
   // that took a core from a computing thread would cost more than it saves.
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (cores < 1) cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   max_polling_ = std::min(workers, cores - 1);
+  cores_ = cores;
   threads_.reserve(workers);
   for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] {
     worker_index() = i;
@@ -233,13 +286,19 @@ DEFT_DECL void ThreadPool::run_loop(std::int64_t chunks, void* context, void (*c
   loop.call = call;
   // The calling thread works too (a worker, or a user thread running a task
   // at its sync point): with size() - 1 helpers at most size() threads run.
-  const int helpers = static_cast<int>(std::min<std::int64_t>(chunks - 1, size() - 1));
+  int helpers = static_cast<int>(std::min<std::int64_t>(chunks - 1, size() - 1));
+  // A loop of a thread that holds a core takes helpers only for the cores
+  // no one holds (the caller's is among the held ones), through the queue,
+  // where each reserves its core before it starts.
+  loop.limited = cores_held() > 0;
+  if (loop.limited) helpers = std::min(helpers, std::max(0, cores_ - busy_.load(std::memory_order_relaxed)));
   // One helper is offered to the pollers first (if none is offered already),
   // with the last chunk as its own.
-  Loop* none = nullptr;
+  const std::uintptr_t mine = reinterpret_cast<std::uintptr_t>(&loop) | (loop.limited ? 1 : 0);
+  std::uintptr_t none = 0;
   loop.shared = chunks - 1;  // published by the offer
   const bool offered = helpers > 0 && polling_.load(std::memory_order_relaxed) > 0 &&
-                       offer_.compare_exchange_strong(none, &loop, std::memory_order_release, std::memory_order_relaxed);
+                       offer_.compare_exchange_strong(none, mine, std::memory_order_release, std::memory_order_relaxed);
   if (!offered) loop.shared = chunks;
   const int queued = helpers - (offered ? 1 : 0);
   int sleeping, polling;
@@ -260,9 +319,8 @@ DEFT_DECL void ThreadPool::run_loop(std::int64_t chunks, void* context, void (*c
   loop.run_chunks();
   // Take back helpers no worker has started (and run the offered chunk);
   // wait for those that have.
-  Loop* mine = &loop;
   int removed = 0;
-  if (offered && offer_.compare_exchange_strong(mine, nullptr, std::memory_order_relaxed)) {
+  if (std::uintptr_t expected = mine; offered && offer_.compare_exchange_strong(expected, 0, std::memory_order_relaxed)) {
     removed = 1;
     loop.run_offered_chunk();
   }
@@ -310,9 +368,15 @@ DEFT_DECL void ThreadPool::poll() {
     // exchange that still finds it claims it. A poller stays counted while
     // it helps (one fewer counter update on the way to the loop's chunks),
     // then polls again with a fresh budget.
-    if (offer_.load(std::memory_order_relaxed)) {
-      if (Loop* loop = offer_.exchange(nullptr, std::memory_order_acquire)) {
-        help(*loop, true);
+    if (const std::uintptr_t seen = offer_.load(std::memory_order_relaxed)) {
+      // A limited loop's offer is left to its caller while every core is held.
+      const bool reserved = (seen & 1) && reserve_core();
+      const std::uintptr_t taken = (seen & 1) && !reserved ? 0 : offer_.exchange(0, std::memory_order_acquire);
+      const bool holds = reserved || (taken & 1);  // another limited loop came in between: it holds one anyway
+      if (holds && !reserved) enter_core();
+      if (Loop* loop = reinterpret_cast<Loop*>(taken & ~std::uintptr_t(1))) help(*loop, true);
+      if (holds) leave_core();
+      if (taken) {
         i = 0;
         until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(budget);
         continue;
@@ -339,7 +403,14 @@ DEFT_DECL void ThreadPool::work() {
       queued_.fetch_sub(1, std::memory_order_relaxed);
     }
     if (job.loop) {
-      help(*job.loop, false);
+      if (!job.loop->limited) {
+        help(*job.loop, false);
+      } else if (reserve_core()) {
+        help(*job.loop, false);
+        leave_core();
+      } else {  // every core is held: the loop's own threads run its chunks
+        job.loop->helpers_done.fetch_add(1, std::memory_order_release);
+      }
     } else {
       run_task_(std::move(job.task));
     }

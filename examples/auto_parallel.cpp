@@ -89,9 +89,9 @@ static Finish watch_two_products(const Tensor<float>& a, const Tensor<float>& b,
 
 static void two_products(int all) {
   std::printf("\n== 2. s = dot(a, b) + dot(c, d): both products at once ==\n");
-  // 64-row products: each is also split into row blocks, but the trace
-  // (--trace) shows the two tasks running side by side, an idle worker
-  // helping with the blocks.
+  // 64-row products: each could also be split into row blocks, but the
+  // trace (--trace) shows the two tasks running side by side, one on each
+  // core, with no helper while both cores are held.
   auto a = random::uniform<float>(0, 1, {64, 4096});
   auto b = random::uniform<float>(0, 1, {4096, 1024});
   auto c = random::uniform<float>(0, 1, {64, 4096});
@@ -110,9 +110,8 @@ static void two_products(int all) {
                 w, w == 1 ? " " : "s", f.p, f.q, f.s, median(total));
   }
 
-  // 1000 x 1000: here one product alone already uses every worker (its rows
-  // are split), so the gain is the same whether it comes from inside a
-  // product or from running both at once.
+  // 1000 x 1000: one product alone would split its rows across every core;
+  // two at once run side by side, one on each core.
   auto a2 = random::uniform<float>(0, 1, {1000, 1000});
   auto b2 = random::uniform<float>(0, 1, {1000, 1000});
   auto c2 = random::uniform<float>(0, 1, {1000, 1000});

@@ -288,8 +288,8 @@ DEFT_DECL void ThreadPool::run_loop(std::int64_t chunks, void* context, void (*c
   // at its sync point): with size() - 1 helpers at most size() threads run.
   int helpers = static_cast<int>(std::min<std::int64_t>(chunks - 1, size() - 1));
   // A loop of a thread that holds a core takes helpers only for the cores
-  // no one holds (the caller's is among the held ones), through the queue,
-  // where each reserves its core before it starts.
+  // no one holds (the caller's is among the held ones); each reserves its
+  // core before it starts (poll, work).
   loop.limited = cores_held() > 0;
   if (loop.limited) helpers = std::min(helpers, std::max(0, cores_ - busy_.load(std::memory_order_relaxed)));
   // One helper is offered to the pollers first (if none is offered already),

@@ -301,8 +301,8 @@ DEFT_DECL void ThreadPool::run_loop(std::int64_t chunks, void* context, void (*c
                        offer_.compare_exchange_strong(none, mine, std::memory_order_release, std::memory_order_relaxed);
   if (!offered) loop.shared = chunks;
   const int queued = helpers - (offered ? 1 : 0);
-  int sleeping, polling;
-  {
+  int sleeping = 0, polling = 0;
+  if (queued > 0) {  // an offered helper alone needs neither the lock nor the queue's counter
     std::lock_guard lk(m_);
     for (int i = 0; i < queued; ++i) jobs_.push_back(Job{nullptr, &loop});
     // Counted before the jobs are published: a poller leaves poll() as soon
